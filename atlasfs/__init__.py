@@ -1,0 +1,9 @@
+"""atlasfs: read, write, verify and mount Atlas datasets."""
+
+from .dataset import AtlasDataset, Shard
+from .errors import AtlasFormatError, UnsafePickleError
+from .meta import CompressionStrategy
+from .writer import AtlasWriter
+
+__all__ = ["AtlasDataset", "AtlasFormatError", "AtlasWriter", "CompressionStrategy", "Shard", "UnsafePickleError"]
+__version__ = "0.1.0"

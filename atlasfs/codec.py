@@ -1,0 +1,124 @@
+"""Turning a block's bytes on disk into its list of examples."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import zstandard
+
+from . import safepickle
+from .errors import AtlasFormatError
+from .meta import CompressionStrategy
+
+#: Default bound on one decompressed block. Real blocks are KBs to tens of MBs;
+#: a frame claiming more is treated as a decompression bomb.
+DEFAULT_MAX_BLOCK_BYTES = 1 << 30
+_READ_CHUNK = 1 << 20
+
+
+class ZstdDictionary:
+    """A zstd dictionary file, read on first use and shared by every reader."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._lock = threading.Lock()
+        self._dict: zstandard.ZstdCompressionDict | None = None
+
+    def get(self) -> zstandard.ZstdCompressionDict:
+        """The loaded dictionary; raises :class:`AtlasFormatError` if unreadable."""
+        with self._lock:
+            if self._dict is None:
+                try:
+                    with open(self.path, "rb") as f:
+                        data = f.read()
+                except OSError as exc:
+                    raise AtlasFormatError(f"{self.path}: cannot read dictionary ({exc.strerror})") from None
+                if not data:
+                    raise AtlasFormatError(f"{self.path}: dictionary is empty")
+                self._dict = zstandard.ZstdCompressionDict(data)
+            return self._dict
+
+
+class BlockCodec:
+    """Decompresses and unpickles the blocks of one shard.
+
+    Safe to share between threads: each thread gets its own zstd decompression
+    context, since one context must not be used by two threads at once.
+    """
+
+    def __init__(self, strategy: CompressionStrategy, dictionary: ZstdDictionary | None,
+                 *, trust_pickle: bool = False, max_block_bytes: int = DEFAULT_MAX_BLOCK_BYTES) -> None:
+        self.strategy = strategy
+        self.dictionary = dictionary
+        self.trust_pickle = trust_pickle
+        self.max_block_bytes = max_block_bytes
+        self._local = threading.local()
+
+    def _context(self) -> zstandard.ZstdDecompressor:
+        dctx = getattr(self._local, "dctx", None)
+        if dctx is None:
+            if self.dictionary is None:
+                dctx = zstandard.ZstdDecompressor()
+            else:
+                dctx = zstandard.ZstdDecompressor(dict_data=self.dictionary.get())
+            self._local.dctx = dctx
+        return dctx
+
+    def decompress(self, raw: bytes, where: str) -> bytes:
+        """The pickle bytes of a block, never allocating more than ``max_block_bytes``."""
+        if self.strategy == CompressionStrategy.NO_COMPRESSION:
+            return raw
+        try:
+            params = zstandard.get_frame_parameters(raw)
+        except zstandard.ZstdError as exc:
+            raise AtlasFormatError(f"{where}: not a zstd frame ({exc})") from None
+        self._check_dictionary(params.dict_id, where)
+        limit = self.max_block_bytes
+        if params.content_size > limit:
+            raise AtlasFormatError(
+                f"{where}: zstd frame claims {params.content_size} bytes, over the "
+                f"{limit}-byte block limit (corrupt, or a decompression bomb)")
+        dctx = self._context()
+        try:
+            if params.content_size != zstandard.CONTENTSIZE_UNKNOWN:
+                return dctx.decompress(raw)
+            return self._decompress_unknown_size(dctx, raw, where)
+        except zstandard.ZstdError as exc:
+            raise AtlasFormatError(f"{where}: corrupt zstd frame ({exc})") from None
+
+    def _check_dictionary(self, frame_dict_id: int, where: str) -> None:
+        if frame_dict_id == 0:
+            return
+        if self.dictionary is None:
+            raise AtlasFormatError(
+                f"{where}: frame needs zstd dictionary {frame_dict_id}, but compression "
+                f"strategy {int(self.strategy)} uses none")
+        own_id = self.dictionary.get().dict_id()
+        if own_id != frame_dict_id:
+            raise AtlasFormatError(
+                f"{where}: frame needs zstd dictionary {frame_dict_id}, but "
+                f"{self.dictionary.path} is dictionary {own_id}")
+
+    def _decompress_unknown_size(self, dctx: zstandard.ZstdDecompressor, raw: bytes, where: str) -> bytes:
+        chunks = []
+        total = 0
+        with dctx.stream_reader(raw) as reader:
+            while chunk := reader.read(_READ_CHUNK):
+                total += len(chunk)
+                if total > self.max_block_bytes:
+                    raise AtlasFormatError(
+                        f"{where}: zstd frame expands past the {self.max_block_bytes}-byte block "
+                        "limit (corrupt, or a decompression bomb)")
+                chunks.append(chunk)
+        return b"".join(chunks)
+
+    def decode(self, raw: bytes, expected_len: int, where: str) -> tuple[list[Any], int]:
+        """Decode a block to its examples; returns ``(examples, decompressed size)``."""
+        payload = self.decompress(raw, where)
+        examples = safepickle.loads(payload, trust=self.trust_pickle, where=where)
+        if type(examples) is not list:
+            raise AtlasFormatError(f"{where}: block is a {type(examples).__name__}, not a list of examples")
+        if len(examples) != expected_len:
+            raise AtlasFormatError(f"{where}: block holds {len(examples)} examples, expected {expected_len}")
+        return examples, len(payload)

@@ -1,0 +1,322 @@
+"""Reading Atlas v1 datasets: random access, iteration, thread safety.
+
+Differences from the reference reader (EIDOSLAB/torch-atlas-ds v0.1.0), by design:
+
+* Shard folders are ordered by number, not by name, so unpadded names work.
+* A negative index wraps once, like a Python list; the reference wraps a
+  second time inside the shard, so ``ds[-len(ds) - 1]`` returned an example
+  there and raises :class:`IndexError` here.
+* An unknown compression strategy is an error; the reference read it as raw.
+* Reads are positioned (``os.pread``) and zstd contexts are per thread, so
+  one dataset object may be shared by any number of threads.
+* Blocks are unpickled with an allow-list unless ``trust_pickle=True``.
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+import os
+import re
+import threading
+from typing import Any, Iterator
+
+import numpy as np
+
+from .blockcache import BlockCache
+from .codec import DEFAULT_MAX_BLOCK_BYTES, BlockCodec, ZstdDictionary
+from .errors import AtlasFormatError
+from .meta import CompressionStrategy, RootMeta, ShardMeta, parse_root_meta, parse_shard_meta
+
+#: Default bound of the decoded-block cache.
+DEFAULT_CACHE_BYTES = 256 << 20
+DICT_NAME = "zstd_dict.bin"
+_SHARD_NAME = re.compile(r"[0-9]+")
+
+
+def _stat_signature(path: str) -> tuple[int, int] | None:
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return None
+    return (st.st_size, st.st_mtime_ns)
+
+
+def _load_index(path: str, num_blocks: int, mmap: bool) -> np.ndarray:
+    try:
+        index = np.load(path, mmap_mode="r" if mmap else None, allow_pickle=False)
+    except FileNotFoundError:
+        raise AtlasFormatError(f"{path}: missing") from None
+    except Exception as exc:  # numpy raises many types on a bad header
+        raise AtlasFormatError(f"{path}: not a valid .npy file ({exc})") from None
+    if not isinstance(index, np.ndarray) or index.ndim != 1:
+        raise AtlasFormatError(f"{path}: index must be a 1-D array")
+    if index.dtype.kind != "u":
+        raise AtlasFormatError(f"{path}: index dtype is {index.dtype}, expected an unsigned integer type")
+    if len(index) != num_blocks + 1:
+        raise AtlasFormatError(
+            f"{path}: index has {len(index)} entries, expected {num_blocks + 1} "
+            f"({num_blocks} blocks from meta.json's stored_examples and block_size)")
+    if index[0] != 0:
+        raise AtlasFormatError(f"{path}: index starts at {int(index[0])}, expected 0")
+    if num_blocks and not bool(np.all(index[1:] > index[:-1])):
+        bad = int(np.argmin(index[1:] > index[:-1]))
+        raise AtlasFormatError(
+            f"{path}: index is not increasing (entry {bad + 1} is {int(index[bad + 1])}, after {int(index[bad])})")
+    return index
+
+
+class Shard:
+    """One shard folder: its meta, its block index and its ``data.bin``.
+
+    Usually reached through :attr:`AtlasDataset.shards`. ``shard[i]`` and
+    iteration go through the dataset's block cache.
+    """
+
+    def __init__(self, path: str, number: int, shared_dict: ZstdDictionary | None, cache: BlockCache,
+                 *, trust_pickle: bool = False, max_block_bytes: int = DEFAULT_MAX_BLOCK_BYTES,
+                 mmap_index: bool = True) -> None:
+        self.path = path
+        self.name = os.path.basename(path)
+        self.number = number
+        self.meta: ShardMeta = parse_shard_meta(path)
+        self.data_path = os.path.join(path, "data.bin")
+        self.index_path = os.path.join(path, "index.npy")
+        self.index = _load_index(self.index_path, self.num_blocks, mmap_index)
+        self._signature = self._read_signature()
+        data_size = self._signature[0][0] if self._signature[0] else None
+        expected = int(self.index[-1])
+        if data_size is None and expected:
+            raise AtlasFormatError(f"{self.data_path}: missing ({self.meta.stored_examples} examples in meta.json)")
+        if data_size is not None and data_size != expected:
+            raise AtlasFormatError(
+                f"{self.data_path}: {data_size} bytes, but {self.index_path} ends at {expected}"
+                f" ({'truncated' if data_size < expected else 'trailing data'})")
+        self.codec = BlockCodec(self.meta.compression_strategy, self._dictionary(shared_dict),
+                                trust_pickle=trust_pickle, max_block_bytes=max_block_bytes)
+        self._cache = cache
+        self._fd: int | None = None
+        self._fd_lock = threading.Lock()
+
+    def _dictionary(self, shared: ZstdDictionary | None) -> ZstdDictionary | None:
+        strategy = self.meta.compression_strategy
+        if strategy == CompressionStrategy.DICTIONARY_COMPRESSION:
+            path = os.path.join(self.path, DICT_NAME)
+            if not os.path.isfile(path):
+                raise AtlasFormatError(f"{path}: missing (shard uses compression strategy 3, per-shard dictionary)")
+            return ZstdDictionary(path)
+        if strategy == CompressionStrategy.SHARED_DICTIONARY_COMPRESSION:
+            if shared is None:
+                raise AtlasFormatError(
+                    f"{os.path.join(os.path.dirname(self.path), DICT_NAME)}: missing "
+                    f"(shard {self.name} uses compression strategy 2, shared dictionary)")
+            return shared
+        return None
+
+    def _read_signature(self) -> tuple[tuple[int, int] | None, tuple[int, int] | None]:
+        return (_stat_signature(self.data_path), _stat_signature(self.index_path))
+
+    @property
+    def num_blocks(self) -> int:
+        """Number of blocks in ``data.bin``."""
+        return self.meta.num_blocks
+
+    @property
+    def mtime(self) -> float:
+        """Modification time of the shard's data (seconds since the epoch)."""
+        sig = self._signature[0] or self._signature[1]
+        return sig[1] / 1e9 if sig else 0.0
+
+    @property
+    def data_size(self) -> int:
+        """Bytes in ``data.bin`` (0 when there is none)."""
+        return int(self.index[-1])
+
+    def __len__(self) -> int:
+        return self.meta.stored_examples
+
+    def block_length(self, block: int) -> int:
+        """Number of examples in ``block`` (the last block may be partial)."""
+        size = self.meta.block_size
+        return min(size, self.meta.stored_examples - block * size)
+
+    def locate(self, i: int) -> tuple[int, int]:
+        """``(block, position in block)`` of the shard's example ``i`` (0 <= i < len)."""
+        return divmod(i, self.meta.block_size)
+
+    def check_unchanged(self) -> None:
+        """Raise :class:`AtlasFormatError` if ``data.bin`` or ``index.npy`` changed since open."""
+        if self._read_signature() != self._signature:
+            raise AtlasFormatError(
+                f"{self.path}: data.bin or index.npy changed since the dataset was opened; reopen it")
+
+    def _descriptor(self) -> int:
+        with self._fd_lock:
+            if self._fd is None:
+                try:
+                    self._fd = os.open(self.data_path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+                except OSError as exc:
+                    raise AtlasFormatError(f"{self.data_path}: cannot open ({exc.strerror})") from None
+            return self._fd
+
+    def read_raw(self, block: int) -> bytes:
+        """The block's bytes as stored in ``data.bin`` (compressed or not)."""
+        if not 0 <= block < self.num_blocks:
+            raise IndexError(f"block {block} out of range for shard {self.name} ({self.num_blocks} blocks)")
+        start, end = int(self.index[block]), int(self.index[block + 1])
+        self.check_unchanged()
+        try:
+            raw = os.pread(self._descriptor(), end - start, start)
+        except OSError as exc:
+            raise AtlasFormatError(f"{self.data_path}: read of block {block} failed ({exc.strerror})") from None
+        if len(raw) != end - start:
+            raise AtlasFormatError(
+                f"{self.data_path}: block {block} truncated (expected {end - start} bytes at offset {start}, "
+                f"got {len(raw)})")
+        return raw
+
+    def decode_block(self, block: int) -> tuple[list[Any], int]:
+        """Read and decode ``block``, bypassing the cache: ``(examples, decoded bytes)``."""
+        raw = self.read_raw(block)
+        return self.codec.decode(raw, self.block_length(block), f"{self.data_path} block {block}")
+
+    def block(self, block: int) -> list[Any]:
+        """The examples of ``block``, through the dataset's block cache."""
+        return self._cache.get((self.path, block), lambda: self.decode_block(block))
+
+    def __getitem__(self, i: int) -> Any:
+        n = len(self)
+        if i < 0:
+            i += n
+        if not 0 <= i < n:
+            raise IndexError(f"index out of range for shard {self.name} ({n} examples)")
+        block, pos = self.locate(i)
+        return self.block(block)[pos]
+
+    def __iter__(self) -> Iterator[Any]:
+        for b in range(self.num_blocks):
+            yield from self.block(b)
+
+    def close(self) -> None:
+        """Close the ``data.bin`` descriptor (reopened on the next read)."""
+        with self._fd_lock:
+            if self._fd is not None:
+                os.close(self._fd)
+                self._fd = None
+
+    def __repr__(self) -> str:
+        return f"Shard({self.path!r}, examples={len(self)}, blocks={self.num_blocks})"
+
+
+def find_shard_dirs(root: str) -> list[tuple[int, str]]:
+    """``(number, name)`` of each shard folder under ``root``, ordered by number.
+
+    Hidden folders are not shards; any other folder must be named by digits.
+    """
+    try:
+        entries = list(os.scandir(root))
+    except FileNotFoundError:
+        raise AtlasFormatError(f"{root}: no such dataset folder") from None
+    except NotADirectoryError:
+        raise AtlasFormatError(f"{root}: not a folder") from None
+    except OSError as exc:
+        raise AtlasFormatError(f"{root}: cannot list ({exc.strerror})") from None
+    found: dict[int, str] = {}
+    for entry in entries:
+        if entry.name.startswith(".") or not entry.is_dir():
+            continue
+        if not _SHARD_NAME.fullmatch(entry.name):
+            raise AtlasFormatError(f"{entry.path}: shard folder name is not a number")
+        number = int(entry.name)
+        if number in found:
+            raise AtlasFormatError(f"{entry.path}: same shard number as {os.path.join(root, found[number])}")
+        found[number] = entry.name
+    return sorted(found.items())
+
+
+class AtlasDataset:
+    """A read-only Atlas v1 dataset.
+
+    ``len(ds)``, ``ds[i]`` (negative indices wrap once; out of range raises
+    :class:`IndexError`), iteration in order, and ``ds.shards`` for per-shard
+    access. Any malformed part raises :class:`AtlasFormatError` naming the
+    file: cheap checks at open, block checks when a block is decoded.
+
+    Parameters:
+        root: the dataset folder (holding the root ``meta.json``).
+        cache_bytes: bound of the decoded-block cache, in bytes of decoded pickle.
+        trust_pickle: unpickle blocks without the allow-list (runs code from the data).
+        max_block_bytes: refuse blocks that decompress to more than this.
+        mmap_index: memory-map ``index.npy`` instead of reading it into memory.
+    """
+
+    def __init__(self, root: str | os.PathLike[str], *, cache_bytes: int = DEFAULT_CACHE_BYTES,
+                 trust_pickle: bool = False, max_block_bytes: int = DEFAULT_MAX_BLOCK_BYTES,
+                 mmap_index: bool = True) -> None:
+        self.root = os.fspath(root)
+        self.trust_pickle = trust_pickle
+        if not os.path.isdir(self.root):
+            raise AtlasFormatError(f"{self.root}: no such dataset folder")
+        self.meta: RootMeta = parse_root_meta(self.root)
+        self.cache: BlockCache[list[Any]] = BlockCache(cache_bytes)
+        shard_dirs = find_shard_dirs(self.root)
+        dict_path = os.path.join(self.root, DICT_NAME)
+        shared = ZstdDictionary(dict_path) if os.path.isfile(dict_path) else None
+        if self.meta.compression_strategy == CompressionStrategy.SHARED_DICTIONARY_COMPRESSION and shared is None:
+            raise AtlasFormatError(f"{dict_path}: missing (meta.json says compression strategy 2, shared dictionary)")
+        self.shards: list[Shard] = [
+            Shard(os.path.join(self.root, name), number, shared, self.cache, trust_pickle=trust_pickle,
+                  max_block_bytes=max_block_bytes, mmap_index=mmap_index)
+            for number, name in shard_dirs
+        ]
+        self._ends = list(itertools.accumulate(len(s) for s in self.shards))
+
+    def __len__(self) -> int:
+        return self._ends[-1] if self._ends else 0
+
+    def locate(self, i: int) -> tuple[int, int, int]:
+        """``(shard position, block, position in block)`` of global example ``i``."""
+        n = len(self)
+        if i < 0:
+            i += n
+        if not 0 <= i < n:
+            raise IndexError(f"index out of range ({n} examples)")
+        s = bisect.bisect_right(self._ends, i)
+        start = self._ends[s - 1] if s else 0
+        block, pos = self.shards[s].locate(i - start)
+        return s, block, pos
+
+    def shard_start(self, s: int) -> int:
+        """Global index of the first example of shard position ``s``."""
+        return self._ends[s - 1] if s else 0
+
+    def __getitem__(self, i: int) -> Any:
+        if not isinstance(i, (int, np.integer)) or isinstance(i, bool):
+            raise TypeError(f"dataset indices must be integers, not {type(i).__name__}")
+        s, block, pos = self.locate(int(i))
+        return self.shards[s].block(block)[pos]
+
+    def __iter__(self) -> Iterator[Any]:
+        for shard in self.shards:
+            yield from shard
+
+    @property
+    def num_blocks(self) -> int:
+        """Blocks over all shards."""
+        return sum(s.num_blocks for s in self.shards)
+
+    def close(self) -> None:
+        """Release file descriptors and cached blocks."""
+        for shard in self.shards:
+            shard.close()
+        self.cache.clear()
+
+    def __enter__(self) -> "AtlasDataset":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"AtlasDataset({self.root!r}, examples={len(self)}, shards={len(self.shards)})"
+

@@ -1,0 +1,60 @@
+"""Shared test helpers: where the reference fixtures are, and deep equality."""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parent.parent
+#: ../shared beside the repository, as CI lays it out; ATLASFS_SHARED overrides.
+SHARED = Path(os.environ.get("ATLASFS_SHARED", REPO.parent / "shared"))
+REFERENCE = SHARED / "fixtures" / "reference"
+
+
+def reference_names() -> list[str]:
+    """Names of the reference fixtures, from their manifest."""
+    with open(REFERENCE / "manifest.json") as f:
+        return [entry["name"] for entry in json.load(f)]
+
+
+def reference_manifest() -> dict[str, dict[str, Any]]:
+    with open(REFERENCE / "manifest.json") as f:
+        return {entry["name"]: entry for entry in json.load(f)}
+
+
+def expected_examples(name: str) -> list[Any]:
+    """The examples a reference fixture must yield (a trusted pickle)."""
+    with open(REFERENCE / name / "expected.pkl", "rb") as f:
+        return pickle.load(f)
+
+
+def deep_equal(a: Any, b: Any) -> bool:
+    """Equality with exact types; arrays by dtype, shape and values (NaN == NaN)."""
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, np.ndarray):
+        if a.dtype != b.dtype or a.shape != b.shape:
+            return False
+        if a.dtype.kind == "O":
+            return all(deep_equal(x, y) for x, y in zip(a.ravel(), b.ravel()))
+        if a.dtype.kind in "fc":
+            return bool(np.array_equal(a, b, equal_nan=True))
+        if a.dtype.kind == "M" or a.dtype.kind == "m":
+            return bool(np.array_equal(a.view("i8"), b.view("i8")))
+        return bool(np.array_equal(a, b))
+    if isinstance(a, np.generic):
+        return a.dtype == b.dtype and deep_equal(a.tobytes(), b.tobytes())
+    if isinstance(a, dict):
+        return list(a) == list(b) and all(deep_equal(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return len(a) == len(b) and all(deep_equal(x, y) for x, y in zip(a, b))
+    if isinstance(a, float):
+        return (a != a and b != b) or (a == b and np.copysign(1, a) == np.copysign(1, b))
+    if isinstance(a, complex):
+        return deep_equal(a.real, b.real) and deep_equal(a.imag, b.imag)
+    return bool(a == b)
