@@ -234,6 +234,19 @@ def find_shard_dirs(root: str) -> list[tuple[int, str]]:
     return sorted(found.items())
 
 
+def shared_dictionary(root: str, meta: RootMeta) -> ZstdDictionary | None:
+    """The root ``zstd_dict.bin`` (strategy 2), or None if there is none.
+
+    Raises :class:`AtlasFormatError` if the root meta says strategy 2 and it is missing.
+    """
+    path = os.path.join(root, DICT_NAME)
+    if os.path.isfile(path):
+        return ZstdDictionary(path)
+    if meta.compression_strategy == CompressionStrategy.SHARED_DICTIONARY_COMPRESSION:
+        raise AtlasFormatError(f"{path}: missing (meta.json says compression strategy 2, shared dictionary)")
+    return None
+
+
 class AtlasDataset:
     """A read-only Atlas v1 dataset.
 
@@ -260,10 +273,7 @@ class AtlasDataset:
         self.meta: RootMeta = parse_root_meta(self.root)
         self.cache: BlockCache[list[Any]] = BlockCache(cache_bytes)
         shard_dirs = find_shard_dirs(self.root)
-        dict_path = os.path.join(self.root, DICT_NAME)
-        shared = ZstdDictionary(dict_path) if os.path.isfile(dict_path) else None
-        if self.meta.compression_strategy == CompressionStrategy.SHARED_DICTIONARY_COMPRESSION and shared is None:
-            raise AtlasFormatError(f"{dict_path}: missing (meta.json says compression strategy 2, shared dictionary)")
+        shared = shared_dictionary(self.root, self.meta)
         self.shards: list[Shard] = [
             Shard(os.path.join(self.root, name), number, shared, self.cache, trust_pickle=trust_pickle,
                   max_block_bytes=max_block_bytes, mmap_index=mmap_index)

@@ -1,0 +1,219 @@
+"""The ``atlasfs`` command line."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from typing import Callable, Sequence
+
+from . import __version__
+from .dataset import AtlasDataset
+from .errors import AtlasFormatError
+from .mount import MountError, MountOptions, mount, unmount
+from .progress import Progress
+from .sizes import format_size, parse_size
+
+log = logging.getLogger("atlasfs")
+
+
+class UsageError(Exception):
+    """Bad arguments, reported as one line."""
+
+
+def _open(path: str, trust_pickle: bool = False) -> AtlasDataset:
+    return AtlasDataset(path, trust_pickle=trust_pickle)
+
+
+def cmd_info(args: argparse.Namespace) -> int:
+    from .inspection import info_lines
+    with _open(args.dataset) as dataset:
+        print("\n".join(info_lines(dataset)))
+    return 0
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    from .inspection import verify
+    progress: Progress | None = None
+
+    def on_total(total: int) -> None:
+        nonlocal progress
+        progress = Progress("verify", total, "blocks")
+
+    report = verify(args.dataset, trust_pickle=args.trust_pickle, on_total=on_total,
+                    on_block=lambda: progress.advance() if progress else None)
+    if progress:
+        progress.close()
+    for line in report.warnings:
+        print(f"warning: {line}")
+    for line in report.problems:
+        print(line)
+    counts = f"{report.shards} shards, {report.blocks} blocks, {report.examples} examples"
+    if report.problems:
+        print(f"verify: {len(report.problems)} problem(s) ({counts} checked)")
+        return 1
+    print(f"verify: OK ({counts})")
+    return 0
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    from .inspection import describe
+    with _open(args.dataset, args.trust_pickle) as dataset:
+        try:
+            s, block, pos = dataset.locate(args.index)
+        except IndexError:
+            raise UsageError(f"index {args.index} out of range: the dataset has {len(dataset)} examples") from None
+        example = dataset[args.index]
+        print(f"example {args.index} (shard {dataset.shards[s].name}, block {block}, position {pos})")
+        print("\n".join(describe(example)))
+    return 0
+
+
+def cmd_mount(args: argparse.Namespace) -> int:
+    options = MountOptions(foreground=args.foreground, trust_pickle=args.trust_pickle,
+                           allow_other=args.allow_other)
+    for text in args.options:
+        options.apply(text)
+    if args.cache_size is not None:
+        options.cache_bytes = args.cache_size
+    return mount(args.dataset, args.mountpoint, options)
+
+
+def cmd_umount(args: argparse.Namespace) -> int:
+    unmount(args.mountpoint, lazy=args.lazy)
+    return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from .atlas_tree import AtlasTree
+    from .export import write_shard_tar
+    with _open(args.dataset, args.trust_pickle) as dataset:
+        names = [s.name for s in dataset.shards]
+        chosen = args.shards or names
+        unknown = [n for n in chosen if n not in names]
+        if unknown:
+            raise UsageError(f"no shard named {unknown[0]!r} in {args.dataset} (shards: {', '.join(names)})")
+        tree = AtlasTree(dataset, cache_bytes=args.cache_size)
+        os.makedirs(args.outdir, exist_ok=True)
+        failed = 0
+        for name in chosen:
+            out = os.path.join(args.outdir, f"{name}.tar")
+            total = sum(1 for _ in tree.walk(f"/{name}"))
+            progress = Progress(f"export {name}.tar", total, "files")
+            try:
+                count = write_shard_tar(tree, f"/{name}", out, progress.advance)
+            except OSError as exc:
+                progress.close()
+                print(f"atlasfs: export of shard {name} failed: {exc.strerror or exc}", file=sys.stderr)
+                failed += 1
+                continue
+            progress.close()
+            print(f"{out}: {count} files, {format_size(os.path.getsize(out))}")
+        return 1 if failed else 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from .demo import write_demo
+    write_demo(args.path, args.count)
+    print(f"wrote the demo dataset to {args.path}")
+    return 0
+
+
+def _size(text: str) -> int:
+    try:
+        return parse_size(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of ``atlasfs``."""
+    parser = argparse.ArgumentParser(
+        prog="atlasfs",
+        description="Read, check, export and mount Atlas datasets as WebDataset-style file trees.")
+    parser.add_argument("--version", action="version", version=f"atlasfs {__version__}")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log more (debug level)")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def command(name: str, func: Callable[[argparse.Namespace], int], help: str) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help, description=help)
+        p.set_defaults(func=func)
+        return p
+
+    def trust(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--trust-pickle", action="store_true",
+                       help="unpickle blocks without the allow-list: runs code from the dataset; "
+                            "only for datasets you trust")
+
+    p = command("info", cmd_info, "summarise a dataset: shards, examples, blocks, strategies, sizes")
+    p.add_argument("dataset", help="dataset folder (holding meta.json)")
+    p = command("verify", cmd_verify, "decode every block and check everything; exit 1 if anything is wrong")
+    p.add_argument("dataset", help="dataset folder")
+    trust(p)
+    p = command("show", cmd_show, "print one example readably")
+    p.add_argument("dataset", help="dataset folder")
+    p.add_argument("index", type=int, help="global example index (negative counts from the end)")
+    trust(p)
+
+    p = command("mount", cmd_mount, "mount a dataset read-only as a WebDataset-style tree")
+    p.add_argument("dataset", help="dataset folder")
+    p.add_argument("mountpoint", help="empty folder to mount on")
+    p.add_argument("-f", "--foreground", action="store_true",
+                   help="stay in the foreground until unmounted or signalled (for systemd: Type=notify)")
+    p.add_argument("-o", dest="options", action="append", default=[], metavar="OPT[,OPT...]",
+                   help="mount options: cache_size=SIZE, allow_other, trust_pickle, nothreads, debug, "
+                        "and libfuse options such as default_permissions or max_read=N")
+    p.add_argument("--cache-size", type=_size, metavar="SIZE",
+                   help="bound of the decoded-block cache, e.g. 512M or 2G (default 256M)")
+    p.add_argument("--allow-other", action="store_true", help="let other users read the mount")
+    trust(p)
+
+    p = command("umount", cmd_umount, "unmount an atlasfs mount")
+    p.add_argument("mountpoint")
+    p.add_argument("-z", "--lazy", action="store_true",
+                   help="detach now even if busy or dead (the mount goes once nothing uses it)")
+
+    p = command("export", cmd_export, "write each shard as a WebDataset tar (<shard>.tar), without FUSE")
+    p.add_argument("dataset", help="dataset folder")
+    p.add_argument("outdir", help="folder for the tar files (created if missing)")
+    p.add_argument("--shards", nargs="+", metavar="SHARD", help="shard folder names to export (default: all)")
+    p.add_argument("--cache-size", type=_size, default=256 << 20, metavar="SIZE",
+                   help="bound of the block cache (default 256M)")
+    trust(p)
+
+    p = command("demo", cmd_demo, "write the small built-in demo dataset")
+    p.add_argument("path", help="where to write it (must not exist)")
+    p.add_argument("--count", type=int, default=200, help="number of examples (default 200)")
+    return parser
+
+
+def _setup_logging(verbose: bool) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("atlasfs: %(message)s"))
+    root = logging.getLogger("atlasfs")
+    root.addHandler(handler)
+    root.setLevel(logging.DEBUG if verbose else logging.INFO)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run ``atlasfs``; returns the exit code."""
+    args = build_parser().parse_args(argv)
+    _setup_logging(args.verbose)
+    try:
+        return args.func(args)
+    except (AtlasFormatError, MountError, UsageError) as exc:
+        print(f"atlasfs: {exc}", file=sys.stderr)
+    except FileExistsError as exc:
+        print(f"atlasfs: {exc}", file=sys.stderr)
+    except OSError as exc:
+        where = f"{exc.filename}: " if exc.filename else ""
+        print(f"atlasfs: {where}{exc.strerror or exc}", file=sys.stderr)
+    except KeyboardInterrupt:
+        print("atlasfs: interrupted", file=sys.stderr)
+        return 130
+    return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

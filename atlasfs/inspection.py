@@ -1,0 +1,160 @@
+"""``atlasfs info``, ``verify`` and ``show``: looking at a dataset without mounting it."""
+
+from __future__ import annotations
+
+import os
+import reprlib
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+import zstandard
+
+from .blockcache import BlockCache
+from .dataset import AtlasDataset, Shard, find_shard_dirs, shared_dictionary
+from .errors import AtlasFormatError
+from .meta import CompressionStrategy, parse_root_meta
+
+#: Above this many blocks, ``info`` skips reading frame headers for the ratio.
+RATIO_MAX_BLOCKS = 100_000
+_FRAME_HEADER_MAX = 18
+
+
+def _files_bytes(path: str) -> int:
+    total = 0
+    for folder, _, files in os.walk(path):
+        for name in files:
+            try:
+                total += os.lstat(os.path.join(folder, name)).st_size
+            except OSError:
+                pass
+    return total
+
+
+def _decoded_size(shard: Shard) -> int | None:
+    """Sum of the blocks' decompressed sizes from their zstd frame headers, or None."""
+    if shard.meta.compression_strategy == CompressionStrategy.NO_COMPRESSION:
+        return shard.data_size
+    total = 0
+    with open(shard.data_path, "rb") as f:
+        for b in range(shard.num_blocks):
+            header = os.pread(f.fileno(), _FRAME_HEADER_MAX, int(shard.index[b]))
+            try:
+                size = zstandard.frame_content_size(header)
+            except zstandard.ZstdError:
+                return None
+            if size < 0:
+                return None
+            total += size
+    return total
+
+
+def info_lines(dataset: AtlasDataset) -> list[str]:
+    """A readable summary of ``dataset``: totals, then one line per shard."""
+    on_disk = _files_bytes(dataset.root)
+    stored = sum(s.data_size for s in dataset.shards)
+    lines = [
+        f"dataset      {dataset.root}",
+        f"examples     {len(dataset)}",
+        f"shards       {len(dataset.shards)}",
+        f"blocks       {dataset.num_blocks}",
+        f"strategy     {int(dataset.meta.compression_strategy)} ({dataset.meta.compression_strategy.name.lower()}) at the root",
+        f"on disk      {on_disk} bytes ({stored} in data.bin files)",
+    ]
+    decoded: list[int | None] = [None] * len(dataset.shards)
+    if dataset.num_blocks <= RATIO_MAX_BLOCKS:
+        decoded = [_decoded_size(s) for s in dataset.shards]
+        if stored and all(d is not None for d in decoded):
+            total = sum(d for d in decoded if d is not None)
+            lines.append(f"decoded      {total} bytes of pickle (compression ratio {total / stored:.2f})")
+    lines.append("")
+    lines.append(f"{'shard':>8} {'examples':>10} {'blocks':>8} {'block_size':>10} {'strategy':>8} {'data.bin':>12} {'ratio':>6}")
+    for shard, size in zip(dataset.shards, decoded):
+        ratio = f"{size / shard.data_size:.2f}" if size is not None and shard.data_size else "-"
+        lines.append(f"{shard.name:>8} {len(shard):>10} {shard.num_blocks:>8} {shard.meta.block_size:>10} "
+                     f"{int(shard.meta.compression_strategy):>8} {shard.data_size:>12} {ratio:>6}")
+    return lines
+
+
+@dataclass
+class VerifyReport:
+    """What ``verify`` found: problems (each one line naming a file) and what was checked."""
+
+    problems: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    shards: int = 0
+    blocks: int = 0
+    examples: int = 0
+
+
+def verify(root: str, *, trust_pickle: bool = False,
+           on_block: Callable[[], None] | None = None,
+           on_total: Callable[[int], None] | None = None) -> VerifyReport:
+    """Check everything: metas, indexes and every block of every shard.
+
+    Unlike opening a dataset, a bad shard does not stop the check; each
+    problem is reported and the other shards are still decoded.
+    """
+    report = VerifyReport()
+    try:
+        meta = parse_root_meta(root)
+        shard_dirs = find_shard_dirs(root)
+        shared = shared_dictionary(root, meta)
+    except AtlasFormatError as exc:
+        report.problems.append(str(exc))
+        return report
+    cache: BlockCache[list[Any]] = BlockCache(0)
+    shards = []
+    for number, name in shard_dirs:
+        try:
+            shards.append(Shard(os.path.join(root, name), number, shared, cache, trust_pickle=trust_pickle,
+                                mmap_index=False))
+        except AtlasFormatError as exc:
+            report.problems.append(str(exc))
+    sizes = [len(s) for s in shards]
+    if not report.problems and list(meta.shard_sizes) != sizes:
+        report.warnings.append(
+            f"{os.path.join(root, 'meta.json')}: shard_sizes {list(meta.shard_sizes)} differ from the shards' "
+            f"stored_examples {sizes} (informational only; the shards' values are used)")
+    if on_total is not None:
+        on_total(sum(s.num_blocks for s in shards))
+    for shard in shards:
+        report.shards += 1
+        for b in range(shard.num_blocks):
+            try:
+                examples, _ = shard.decode_block(b)
+                report.examples += len(examples)
+            except AtlasFormatError as exc:
+                report.problems.append(str(exc))
+            report.blocks += 1
+            if on_block is not None:
+                on_block()
+        shard.close()
+    return report
+
+
+def describe(value: Any, indent: str = "") -> list[str]:
+    """Readable lines for one example: fields with types, sizes and a short preview."""
+    if isinstance(value, dict):
+        lines = [f"{indent}{type(value).__name__} with {len(value)} fields"]
+        for name, field_value in value.items():
+            lines.append(f"{indent}  {name!r}: {_summary(field_value)}")
+        return lines
+    return [f"{indent}{_summary(value)}"]
+
+
+_short = reprlib.Repr()
+_short.maxstring = 80
+_short.maxother = 80
+_short.maxlist = _short.maxtuple = _short.maxdict = _short.maxset = 8
+
+
+def _summary(value: Any) -> str:
+    if isinstance(value, (bytes, bytearray)):
+        return f"{type(value).__name__}, {len(value)} bytes: {_short.repr(bytes(value[:48]))}"
+    if isinstance(value, np.ndarray):
+        preview = np.array2string(value, threshold=8, edgeitems=2, max_line_width=60).replace("\n", " ")
+        return f"ndarray {value.dtype} {value.shape}: {preview}"
+    if isinstance(value, str):
+        return f"str, {len(value)} chars: {_short.repr(value)}"
+    return f"{type(value).__name__}: {_short.repr(value)}"

@@ -1,0 +1,313 @@
+"""Mounting and unmounting: checks, the daemon's life cycle, readiness.
+
+``atlasfs mount`` without ``-f`` forks a daemon and returns only when the
+mount answers (exit 0) or has failed (exit 1 with the reason). With ``-f``
+it serves in the foreground and tells systemd ``READY=1`` once the mount is
+live and ``STOPPING=1`` on the way down. SIGTERM, SIGINT and SIGHUP make
+libfuse leave its loop and unmount.
+"""
+
+from __future__ import annotations
+
+import ctypes.util
+import errno
+import logging
+import logging.handlers
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+from .atlas_tree import AtlasTree
+from .dataset import DEFAULT_CACHE_BYTES, AtlasDataset
+from .errors import AtlasFormatError
+from .fuse_adapter import FuseAdapter
+from .sdnotify import notify
+from .sizes import parse_size
+from .tree import Tree
+
+log = logging.getLogger("atlasfs")
+
+#: The dataset never changes under a mount, so the kernel may cache
+#: attributes, names, misses and pages for as long as it likes.
+KERNEL_CACHE_SECONDS = 86400
+#: How long ``atlasfs mount`` waits for the daemon's mount to answer.
+READY_TIMEOUT = 60.0
+
+#: Options mount(8) and fstab pass along that mean nothing to a FUSE daemon.
+_MOUNT_ONLY_OPTIONS = {
+    "defaults", "auto", "noauto", "nofail", "_netdev", "user", "users", "nouser", "owner", "group",
+    "ro", "sync", "async", "atime", "noatime", "relatime", "norelatime", "strictatime", "nodiratime",
+    "diratime", "lazytime", "nolazytime",
+}
+_MOUNT_ONLY_PREFIXES = ("x-", "comment=", "_")
+#: libfuse options handed through unchanged.
+_FUSE_OPTIONS = {
+    "allow_root", "default_permissions", "nosuid", "suid", "nodev", "dev", "noexec", "exec",
+    "max_read", "max_readahead", "uid", "gid", "umask", "attr_timeout", "entry_timeout",
+    "negative_timeout", "kernel_cache", "auto_cache", "fsname", "max_background",
+    "congestion_threshold", "async_read", "sync_read", "noforget", "remember",
+}
+
+
+class MountError(Exception):
+    """A reason not to mount, for the user (one line)."""
+
+
+@dataclass
+class MountOptions:
+    """What ``atlasfs mount`` was asked for."""
+
+    cache_bytes: int = DEFAULT_CACHE_BYTES
+    trust_pickle: bool = False
+    allow_other: bool = False
+    foreground: bool = False
+    debug: bool = False
+    threads: bool = True
+    fuse_options: dict[str, str | bool] = field(default_factory=dict)
+
+    def apply(self, option_text: str) -> None:
+        """Apply a ``-o`` argument (comma-separated, as FUSE tools take them)."""
+        for item in filter(None, (part.strip() for part in option_text.split(","))):
+            name, has_value, value = item.partition("=")
+            if name in _MOUNT_ONLY_OPTIONS or item.startswith(_MOUNT_ONLY_PREFIXES):
+                continue
+            if name == "rw":
+                raise MountError("atlasfs mounts are read-only: drop the 'rw' option")
+            if name == "cache_size" and has_value:
+                try:
+                    self.cache_bytes = parse_size(value)
+                except ValueError as exc:
+                    raise MountError(f"-o cache_size: {exc}") from None
+            elif name in ("trust_pickle", "allow_other", "debug") and not has_value:
+                setattr(self, name, True)
+            elif name == "nothreads" and not has_value:
+                self.threads = False
+            elif name in _FUSE_OPTIONS:
+                self.fuse_options[name] = value if has_value else True
+            else:
+                raise MountError(f"unknown mount option {item!r}")
+
+
+def mounted_filesystems() -> dict[str, str]:
+    """Mount point -> file system type, from ``/proc/self/mountinfo``."""
+    found = {}
+    try:
+        with open("/proc/self/mountinfo") as f:
+            for line in f:
+                before, _, after = line.partition(" - ")
+                point = before.split()[4]
+                # mountinfo escapes space, tab, newline and backslash as octal
+                point = point.encode().decode("unicode_escape").encode("latin-1").decode("utf-8", "replace")
+                found[point] = after.split()[0]
+    except OSError:
+        pass
+    return found
+
+
+def check_mountpoint(mountpoint: str) -> None:
+    """Raise :class:`MountError` unless ``mountpoint`` is an empty folder with nothing mounted on it."""
+    fstype = mounted_filesystems().get(mountpoint)
+    if fstype == "fuse.atlasfs":
+        raise MountError(f"{mountpoint}: already an atlasfs mount (unmount it first: atlasfs umount {mountpoint})")
+    try:
+        os.stat(mountpoint)
+    except FileNotFoundError:
+        raise MountError(f"{mountpoint}: mount point does not exist") from None
+    except OSError as exc:
+        if exc.errno == errno.ENOTCONN:
+            raise MountError(f"{mountpoint}: a dead mount is left here; clear it with: atlasfs umount -z {mountpoint}") from None
+        raise MountError(f"{mountpoint}: {exc.strerror}") from None
+    if fstype is not None:
+        raise MountError(f"{mountpoint}: already a mount point ({fstype})")
+    if not os.path.isdir(mountpoint):
+        raise MountError(f"{mountpoint}: mount point is not a folder")
+    if os.listdir(mountpoint):
+        raise MountError(f"{mountpoint}: mount point is not empty")
+
+
+def check_fuse(allow_other: bool) -> None:
+    """Raise :class:`MountError` if FUSE cannot be used here, saying what to install or change."""
+    if ctypes.util.find_library("fuse") is None and not os.environ.get("FUSE_LIBRARY_PATH"):
+        raise MountError("libfuse 2 not found: install it (Debian/Ubuntu: apt-get install fuse libfuse2)")
+    try:
+        os.close(os.open("/dev/fuse", os.O_RDWR))
+    except OSError as exc:
+        raise MountError(
+            f"/dev/fuse: {exc.strerror} (load the fuse kernel module; in a container, pass the device in)") from None
+    if os.geteuid() != 0:
+        if shutil.which("fusermount") is None:
+            raise MountError("fusermount not found: install it (Debian/Ubuntu: apt-get install fuse)")
+        if allow_other and not _user_allow_other():
+            raise MountError("allow_other needs 'user_allow_other' in /etc/fuse.conf when not mounting as root")
+
+
+def _user_allow_other() -> bool:
+    try:
+        with open("/etc/fuse.conf") as f:
+            return any(line.split("#")[0].strip() == "user_allow_other" for line in f)
+    except OSError:
+        return False
+
+
+def _wait_until_live(mountpoint: str, timeout: float) -> bool:
+    """True once ``mountpoint`` is a different file system from its parent (a
+    ``stat`` answered by the new mount), False after ``timeout`` seconds."""
+    parent_dev = os.stat(os.path.dirname(mountpoint.rstrip("/")) or "/").st_dev
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if os.stat(mountpoint).st_dev != parent_dev:
+                return True
+        except OSError:
+            pass
+        time.sleep(0.005)
+    return False
+
+
+def serve(tree: Tree, mountpoint: str, options: MountOptions, fsname: str,
+          on_ready: Callable[[], None]) -> None:
+    """Mount ``tree`` at ``mountpoint`` and serve until unmounted or signalled.
+
+    ``on_ready`` runs (in another thread) once the mount answers requests.
+    """
+    import fuse  # imported here: it fails without libfuse, and only mounting needs it
+
+    def on_init() -> None:
+        def watch() -> None:
+            if _wait_until_live(mountpoint, READY_TIMEOUT):
+                on_ready()
+            else:
+                log.error("%s: the mount did not answer within %.0f s", mountpoint, READY_TIMEOUT)
+        threading.Thread(target=watch, name="atlasfs-ready", daemon=True).start()
+
+    fuse_kwargs: dict[str, str | bool | int] = {
+        "fsname": fsname.replace(",", "_"),
+        "subtype": "atlasfs",
+        "ro": True,
+        "use_ino": True,
+        "kernel_cache": True,
+        "attr_timeout": KERNEL_CACHE_SECONDS,
+        "entry_timeout": KERNEL_CACHE_SECONDS,
+        "negative_timeout": KERNEL_CACHE_SECONDS,
+        "allow_other": options.allow_other,
+    }
+    fuse_kwargs.update(options.fuse_options)
+    fuse.FUSE(FuseAdapter(tree, on_init), mountpoint, foreground=True, nothreads=not options.threads,
+              debug=options.debug, **fuse_kwargs)
+
+
+def open_tree(dataset_path: str, options: MountOptions) -> AtlasTree:
+    """Open the dataset for mounting; :class:`MountError` if it is invalid."""
+    try:
+        # The tree caches encoded blocks itself; the index is read into memory
+        # because a mapped index.npy truncated under us would kill the daemon (SIGBUS).
+        dataset = AtlasDataset(dataset_path, cache_bytes=0, trust_pickle=options.trust_pickle, mmap_index=False)
+    except AtlasFormatError as exc:
+        raise MountError(str(exc)) from None
+    return AtlasTree(dataset, cache_bytes=options.cache_bytes)
+
+
+def mount(dataset_path: str, mountpoint: str, options: MountOptions) -> int:
+    """``atlasfs mount``: returns the exit code; :class:`MountError` for a refused mount."""
+    dataset_path = os.path.abspath(dataset_path)
+    mountpoint = os.path.abspath(mountpoint)
+    check_mountpoint(mountpoint)
+    check_fuse(options.allow_other)
+    tree = open_tree(dataset_path, options)
+    if options.foreground:
+        return _serve_foreground(tree, mountpoint, options, dataset_path)
+    return _serve_background(tree, mountpoint, options, dataset_path)
+
+
+def _serve_foreground(tree: Tree, mountpoint: str, options: MountOptions, dataset_path: str) -> int:
+    def ready() -> None:
+        log.info("mounted %s at %s", dataset_path, mountpoint)
+        notify("READY=1")
+
+    try:
+        serve(tree, mountpoint, options, dataset_path, ready)
+    except RuntimeError:
+        raise MountError(f"{mountpoint}: libfuse could not mount (see its message above)") from None
+    finally:
+        notify("STOPPING=1")
+    log.info("unmounted %s", mountpoint)
+    return 0
+
+
+def _serve_background(tree: Tree, mountpoint: str, options: MountOptions, dataset_path: str) -> int:
+    read_end, write_end = os.pipe()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid:
+        os.close(write_end)
+        with os.fdopen(read_end) as pipe:
+            message = pipe.readline().strip()
+        if message == "ready":
+            return 0
+        raise MountError(message or f"{mountpoint}: the mount daemon exited before the mount was ready")
+    # The daemon: its own session, no terminal; stderr stays open until ready
+    # so that libfuse's own complaints still reach the user.
+    os.close(read_end)
+    os.setsid()
+    os.chdir("/")
+    _redirect(0, os.O_RDONLY)
+    _log_to_syslog()
+    code = 1
+    with os.fdopen(write_end, "w") as pipe:
+        def ready() -> None:
+            log.info("mounted %s at %s", dataset_path, mountpoint)
+            pipe.write("ready\n")
+            pipe.flush()
+            _redirect(1, os.O_WRONLY)
+            _redirect(2, os.O_WRONLY)
+        try:
+            serve(tree, mountpoint, options, dataset_path, ready)
+            code = 0
+        except RuntimeError:
+            pipe.write(f"{mountpoint}: libfuse could not mount (see its message above)\n")
+        except BaseException as exc:  # the parent must hear about any failure
+            pipe.write(f"{mountpoint}: {exc}\n")
+    os._exit(code)
+
+
+def _redirect(fd: int, flags: int) -> None:
+    null = os.open(os.devnull, flags)
+    os.dup2(null, fd)
+    os.close(null)
+
+
+def _log_to_syslog() -> None:
+    root = logging.getLogger("atlasfs")
+    for handler in list(root.handlers):
+        root.removeHandler(handler)
+    if os.path.exists("/dev/log"):
+        handler: logging.Handler = logging.handlers.SysLogHandler("/dev/log")
+        handler.setFormatter(logging.Formatter("atlasfs[%(process)d]: %(message)s"))
+    else:
+        handler = logging.NullHandler()
+    root.addHandler(handler)
+
+
+def unmount(mountpoint: str, lazy: bool = False) -> None:
+    """Unmount ``mountpoint``; :class:`MountError` says why not (busy, not mounted...)."""
+    mountpoint = os.path.abspath(mountpoint)
+    if mountpoint not in mounted_filesystems():
+        raise MountError(f"{mountpoint}: not mounted")
+    if shutil.which("fusermount"):
+        command = ["fusermount", "-u"] + (["-z"] if lazy else []) + [mountpoint]
+    else:
+        command = ["umount"] + (["-l"] if lazy else []) + [mountpoint]
+    result = subprocess.run(command, capture_output=True, text=True)
+    if result.returncode != 0:
+        detail = result.stderr.strip().splitlines()[-1] if result.stderr.strip() else "failed"
+        if "busy" in detail.lower():
+            raise MountError(
+                f"{mountpoint}: busy (a program has a file open or its working folder inside); "
+                f"close it, or detach now and clean up when it lets go: atlasfs umount -z {mountpoint}")
+        raise MountError(f"{mountpoint}: {detail}")

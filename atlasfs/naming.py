@@ -1,0 +1,348 @@
+"""How an example becomes WebDataset-style files: names and bytes.
+
+Pure functions, no I/O. The contract is written down in ``docs/layout.md``;
+in short, a dict example ``{"__key__": "a/b", "jpg": b"...", "cls": 3}``
+becomes the files ``a/b.jpg`` and ``a/b.cls``, whose bytes are what the
+WebDataset writer would have written, so that ``webdataset.WebDataset(...)
+.decode()`` gives the values back.
+
+Every encoding here is deterministic (same value, same bytes, in any
+process): the mount reports exact sizes before reading, re-encodes blocks
+after cache eviction, and ``atlasfs export`` must match it byte for byte.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import pickle
+import re
+import unicodedata
+import zipfile
+from typing import Any
+
+import numpy as np
+
+#: Index keys have at least this many digits (WebDataset's habit).
+INDEX_KEY_MIN_WIDTH = 6
+#: Longest file name component Linux accepts (NAME_MAX).
+MAX_NAME_BYTES = 255
+#: Longest accepted ``__key__``, so that paths stay far below PATH_MAX.
+MAX_KEY_BYTES = 1024
+#: Pickles written for ``.pickle`` files use the oldest protocol with framing
+#: that every supported Python reads.
+PICKLE_PROTOCOL = 4
+
+INT_EXTS = frozenset({"cls", "cls2", "index", "inx", "id"})
+TEXT_EXTS = frozenset({"txt", "text", "transcript"})
+JSON_EXTS = frozenset({"json", "jsn"})
+PICKLE_EXTS = frozenset({"pickle", "pyd", "pkl"})
+
+_METADATA = re.compile(r"__.+__", re.DOTALL)
+
+
+def is_metadata(name: object) -> bool:
+    """Fields named ``__like_this__`` (``__key__``, ``__url__``...) are not shown as files."""
+    return isinstance(name, str) and _METADATA.fullmatch(name) is not None
+
+
+def index_key_width(num_examples: int) -> int:
+    """Digits of the index keys of a dataset with ``num_examples`` examples."""
+    return max(INDEX_KEY_MIN_WIDTH, len(str(max(num_examples - 1, 0))))
+
+
+def index_key(index: int, width: int) -> str:
+    """The key of the example at global ``index``, zero-padded to ``width``."""
+    return str(index).zfill(width)
+
+
+def _utf8(text: str) -> bytes | None:
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError:  # lone surrogates
+        return None
+
+
+def _has_control(text: str) -> bool:
+    return any(unicodedata.category(c) == "Cc" for c in text)
+
+
+# ---------------------------------------------------------------- values -> bytes
+
+
+class _CanonicalPickler(pickle._Pickler):  # type: ignore[name-defined]
+    """The pure-Python pickler, with sets in a stable order.
+
+    Set iteration order depends on string hashing, which differs between
+    processes; sorting makes ``.pickle`` files identical everywhere.
+    """
+
+    dispatch = pickle._Pickler.dispatch.copy()  # type: ignore[attr-defined]
+
+    def _save_sorted(self, obj: set[Any] | frozenset[Any]) -> None:
+        try:
+            items = sorted(obj)
+        except TypeError:
+            items = sorted(obj, key=lambda item: (type(item).__qualname__, canonical_pickle(item)))
+        self.save_reduce(type(obj), (items,), obj=obj)
+
+    dispatch[set] = _save_sorted
+    dispatch[frozenset] = _save_sorted
+
+
+def canonical_pickle(value: Any) -> bytes:
+    """``pickle.dumps`` with a deterministic byte output."""
+    buffer = io.BytesIO()
+    _CanonicalPickler(buffer, protocol=PICKLE_PROTOCOL).dump(value)
+    return buffer.getvalue()
+
+
+def _plain_array(value: Any) -> bool:
+    return type(value) is np.ndarray and not value.dtype.hasobject
+
+
+def _npy_bytes(array: np.ndarray) -> bytes:
+    buffer = io.BytesIO()
+    np.lib.format.write_array(buffer, array, allow_pickle=False)
+    return buffer.getvalue()
+
+
+def _npz_bytes(arrays: dict[str, np.ndarray]) -> bytes:
+    # np.savez stamps the current time into the zip; fixed timestamps keep it deterministic.
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_STORED) as archive:
+        for name, array in arrays.items():
+            info = zipfile.ZipInfo(f"{name}.npy", date_time=(1980, 1, 1, 0, 0, 0))
+            with archive.open(info, "w", force_zip64=True) as member:
+                np.lib.format.write_array(member, array, allow_pickle=False)
+    return buffer.getvalue()
+
+
+def _is_npz_dict(value: Any) -> bool:
+    return (type(value) is dict and all(
+        isinstance(k, str) and k and "/" not in k and _plain_array(v) for k, v in value.items()))
+
+
+def json_exact(value: Any) -> bool:
+    """True if ``json.loads(json.dumps(value))`` gives back ``value`` with the same types."""
+    kind = type(value)
+    if value is None or kind in (bool, int, float, str):
+        return kind is not int or _int_text(value) is not None
+    if kind is list:
+        return all(json_exact(v) for v in value)
+    if kind is dict:
+        return all(type(k) is str and json_exact(v) for k, v in value.items())
+    return False
+
+
+def _int_text(value: int) -> str | None:
+    try:
+        return str(value)
+    except ValueError:  # more digits than int -> str allows
+        return None
+
+
+def _encode_known(ext: str, value: Any) -> bytes | None:
+    """Bytes for ``value`` under a known extension, or None if it does not fit that extension."""
+    if ext in INT_EXTS and type(value) is int:
+        text = _int_text(value)
+        return None if text is None else text.encode("ascii")
+    if ext in TEXT_EXTS and type(value) is str:
+        return _utf8(value)
+    if ext in JSON_EXTS and _json_roundtrips(value):
+        return json.dumps(value).encode("ascii")
+    if ext in PICKLE_EXTS:
+        return canonical_pickle(value)
+    if ext == "npy" and _plain_array(value):
+        return _npy_bytes(value)
+    if ext == "npz" and _is_npz_dict(value):
+        return _npz_bytes(value)
+    return None
+
+
+def _json_roundtrips(value: Any) -> bool:
+    try:
+        return json_exact(value)
+    except RecursionError:
+        return False
+
+
+def type_extension(value: Any) -> str:
+    """The extension appended to a field whose name has no fitting one."""
+    kind = type(value)
+    if kind is str and _utf8(value) is not None:
+        return "txt"
+    if kind is int and _int_text(value) is not None:
+        return "cls"
+    if kind in (bool, float) or (kind in (dict, list) and _json_roundtrips(value)):
+        return "json"
+    if _plain_array(value):
+        return "npy"
+    return "pickle"
+
+
+def encode_field(name: str, value: Any) -> tuple[str, bytes]:
+    """``(file suffix, bytes)`` of one field: the name, plus a type extension when needed.
+
+    bytes are written unchanged under any name; other values keep the name if
+    its extension fits the value, else get ``.<type extension>`` appended.
+    """
+    if type(value) is bytes:
+        return name, value
+    ext = name.rsplit(".", 1)[-1].lower()  # WebDataset lower-cases suffixes
+    data = _encode_known(ext, value)
+    if data is not None:
+        return name, data
+    ext = type_extension(value)
+    data = _encode_known(ext, value)
+    assert data is not None, ext  # type_extension only names extensions that fit
+    return f"{name}.{ext}", data
+
+
+def encode_value(value: Any) -> tuple[str, bytes]:
+    """``(extension, bytes)`` of a non-dict example: its type extension, ``bin`` for bytes."""
+    if type(value) is bytes:
+        return "bin", value
+    ext = type_extension(value)
+    data = _encode_known(ext, value)
+    assert data is not None, ext
+    return ext, data
+
+
+# ---------------------------------------------------------------- names
+
+
+def field_name_problem(name: object) -> str | None:
+    """Why ``name`` cannot be a file name suffix as it is, or None if it can."""
+    if not isinstance(name, str):
+        return f"field name {name!r} is not a string"
+    if not name:
+        return "a field name is empty"
+    if name.startswith("."):
+        return f"field name {name!r} starts with '.'"
+    if "/" in name or "\x00" in name or _has_control(name):
+        return f"field name {name!r} contains '/', NUL or a control character"
+    if _utf8(name) is None:
+        return f"field name {name!r} is not valid UTF-8"
+    return None
+
+
+def example_files(example: Any, max_suffix_bytes: int) -> tuple[list[tuple[str, bytes]], str | None]:
+    """The files of one example: ``([(suffix, bytes)...] sorted by suffix, note)``.
+
+    A file is named ``<key>.<suffix>``. When the fields cannot all be shown
+    faithfully (a non-string, unsafe, too long or clashing name, or no visible
+    field at all), the whole example becomes one ``pickle`` file and ``note``
+    says why; otherwise ``note`` is None.
+    """
+    if not isinstance(example, dict):
+        ext, data = encode_value(example)
+        return [(ext, data)], None
+    problem = None
+    files: list[tuple[str, bytes]] = []
+    for name, value in example.items():
+        if is_metadata(name):
+            continue
+        problem = field_name_problem(name)
+        if problem:
+            break
+        files.append(encode_field(name, value))
+    if not problem:
+        problem = _suffix_problem(files, max_suffix_bytes)
+    if problem:
+        return [("pickle", canonical_pickle(example))], f"{problem}; the example is shown whole as .pickle"
+    files.sort(key=lambda f: f[0].encode("utf-8"))
+    return files, None
+
+
+def _suffix_problem(files: list[tuple[str, bytes]], max_suffix_bytes: int) -> str | None:
+    if not files:
+        return "no field to show"
+    seen: set[str] = set()
+    for suffix, _ in files:
+        if len(suffix.encode("utf-8")) > max_suffix_bytes:
+            return f"field file name {suffix[:40]!r}... is too long"
+        folded = suffix.lower()  # WebDataset lower-cases suffixes, so case clashes collide there
+        if folded in seen:
+            return f"two fields would both be named {suffix!r}"
+        seen.add(folded)
+    return None
+
+
+def key_problem(key: object, longest_suffix_bytes: int) -> str | None:
+    """Why ``key`` is not a safe sample key, or None if it is.
+
+    Safe: a string, valid UTF-8, no control characters, relative, no empty,
+    ``.`` or ``..`` component, no ``.`` inside a component (WebDataset splits
+    names at the first dot), not starting with a ``__name__`` component, each
+    component within NAME_MAX together with the longest file suffix.
+    """
+    if not isinstance(key, str):
+        return f"__key__ {key!r} is not a string"
+    encoded = _utf8(key)
+    if encoded is None:
+        return f"__key__ {key!r} is not valid UTF-8"
+    if _has_control(key):
+        return f"__key__ {key!r} contains a control character"
+    if len(encoded) > MAX_KEY_BYTES:
+        return f"__key__ is longer than {MAX_KEY_BYTES} bytes"
+    if key.startswith("/"):
+        return f"__key__ {key!r} is absolute"
+    parts = key.split("/")
+    if any(not part for part in parts):
+        return f"__key__ {key!r} has an empty component"
+    if any("." in part for part in parts):
+        return f"__key__ {key!r} contains a '.'"
+    if is_metadata(parts[0]):
+        return f"__key__ {key!r} starts with a reserved __name__ component"
+    if any(len(part.encode("utf-8")) > MAX_NAME_BYTES for part in parts):
+        return f"__key__ {key[:40]!r}... has a component longer than {MAX_NAME_BYTES} bytes"
+    if len(parts[-1].encode("utf-8")) + 1 + longest_suffix_bytes > MAX_NAME_BYTES:
+        return f"__key__ {key[:40]!r}... is too long for its file names"
+    return None
+
+
+#: Stands for the ``__key__`` of an example that has none.
+NO_KEY = object()
+
+
+def declared_key(example: Any) -> object:
+    """The example's ``__key__`` value, or :data:`NO_KEY`."""
+    if isinstance(example, dict) and "__key__" in example:
+        return example["__key__"]
+    return NO_KEY
+
+
+class KeyAssigner:
+    """Gives each example of one shard its key, in order.
+
+    A dict example with a safe, unused string ``__key__`` keeps it; any other
+    example gets its index key. A ``__key__`` shaped like an index key (all
+    digits, index-key width) is used only if it is the example's own index key,
+    so explicit keys and index keys can never collide.
+    """
+
+    def __init__(self, width: int) -> None:
+        self.width = width
+        self._used: set[str] = set()
+        self._index_shape = re.compile(r"[0-9]{%d}" % width)
+
+    def assign(self, declared: object, index: int, longest_suffix_bytes: int) -> tuple[str, str | None]:
+        """``(key, note)`` for the example at global ``index`` whose ``__key__`` is
+        ``declared`` (:data:`NO_KEY` if it has none); ``note`` says why
+        ``__key__`` was not used, when it was not."""
+        fallback = index_key(index, self.width)
+        note = None
+        if declared is not NO_KEY:
+            note = key_problem(declared, longest_suffix_bytes)
+            if note is None and declared in self._used:
+                note = f"__key__ {declared!r} is already used in this shard"
+            if note is None and self._index_shape.fullmatch(declared) and declared != fallback:
+                note = f"__key__ {declared!r} looks like another example's index key"
+            if note is None:
+                assert isinstance(declared, str)
+                self._used.add(declared)
+                return declared, None
+            note += f"; using index key {fallback}"
+        self._used.add(fallback)
+        return fallback, note

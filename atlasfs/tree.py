@@ -1,0 +1,72 @@
+"""The tree interface every mountable source answers.
+
+A source maps slash-separated paths ("/", "/00", "/00/000001.jpg") to
+entries and reads bytes from files. The FUSE adapter and ``atlasfs export``
+only ever talk to this interface, so a new source (another format, several
+datasets joined) plugs in without touching either.
+
+Errors are ``OSError`` with an errno: ENOENT for unknown paths, ENOTDIR,
+EIO for data that cannot be read.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One file or folder. ``ref`` is the source's own handle for reading it."""
+
+    is_dir: bool
+    size: int
+    mtime: float
+    ino: int
+    ref: Any = None
+
+
+class Tree(ABC):
+    """A read-only tree of folders and files."""
+
+    @abstractmethod
+    def lookup(self, path: str) -> Entry:
+        """The entry at ``path``; raises ``OSError(ENOENT)`` if there is none."""
+
+    @abstractmethod
+    def listdir(self, path: str) -> list[tuple[str, Entry]]:
+        """``(name, entry)`` of each child of the folder ``path``, sorted by name bytes."""
+
+    @abstractmethod
+    def read(self, entry: Entry, offset: int, size: int) -> bytes:
+        """Up to ``size`` bytes of the file ``entry`` from ``offset``."""
+
+    def total_bytes(self) -> int:
+        """Bytes the tree's data occupies on disk (for ``statfs``); 0 if unknown."""
+        return 0
+
+    def walk(self, path: str = "/") -> Iterator[tuple[str, Entry]]:
+        """Every file below ``path`` as ``(path relative to it, entry)``, depth first in
+        listing order: the order ``tar`` archives a folder in."""
+        for name, entry in self.listdir(path):
+            child = f"{path.rstrip('/')}/{name}"
+            if entry.is_dir:
+                for sub, sub_entry in self.walk(child):
+                    yield f"{name}/{sub}", sub_entry
+            else:
+                yield name, entry
+
+
+def split_path(path: str) -> list[str]:
+    """Components of an absolute tree path; ``"/"`` has none."""
+    if not path.startswith("/"):
+        raise OSError(errno.ENOENT, os.strerror(errno.ENOENT), path)
+    return [part for part in path.split("/") if part]
+
+
+def not_found(path: str) -> OSError:
+    """The error for a path that is not in the tree."""
+    return OSError(errno.ENOENT, os.strerror(errno.ENOENT), path)
