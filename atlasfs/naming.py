@@ -102,6 +102,10 @@ def _plain_array(value: Any) -> bool:
 
 
 def _npy_bytes(array: np.ndarray) -> bytes:
+    if array.dtype.metadata is not None and array.dtype.names is None:
+        # numpy 1 pickles give datetime dtypes an empty metadata dict, which
+        # .npy cannot store (numpy warns); the values are unaffected.
+        array = array.view(np.dtype(array.dtype.str))
     buffer = io.BytesIO()
     np.lib.format.write_array(buffer, array, allow_pickle=False)
     return buffer.getvalue()

@@ -58,3 +58,52 @@ def deep_equal(a: Any, b: Any) -> bool:
     if isinstance(a, complex):
         return deep_equal(a.real, b.real) and deep_equal(a.imag, b.imag)
     return bool(a == b)
+
+
+# ---------------------------------------------------------------- the layout contract, as an oracle
+
+#: Extensions webdataset's default decoder decodes; bytes under them do not come back as bytes.
+WDS_DECODED_EXTS = frozenset(
+    "txt text transcript cls cls2 index inx id json jsn pkl pickle pyd pth ten tb mp msg npy npz cbor".split())
+#: Marks a file whose decoded value is not promised (only its bytes are).
+BYTES_ONLY = object()
+
+
+def contract_files(examples: list[Any], shard_sizes: list[int]) -> list[dict[str, tuple[bytes, Any]]]:
+    """Per shard: relative path -> (bytes, value webdataset's .decode() must return or BYTES_ONLY).
+
+    Built from the naming layer's primitives applied to the expected examples,
+    independently of the dataset reader and the tree.
+    """
+    from atlasfs.naming import (MAX_NAME_BYTES, KeyAssigner, declared_key, encode_field, example_files,
+                                index_key_width, is_metadata)
+    width = index_key_width(len(examples))
+    shards = []
+    start = 0
+    for size in shard_sizes:
+        assigner = KeyAssigner(width)
+        files: dict[str, tuple[bytes, Any]] = {}
+        for index in range(start, start + size):
+            example = examples[index]
+            encoded, note = example_files(example, MAX_NAME_BYTES - 1 - width)
+            longest = max(len(s.encode()) for s, _ in encoded)
+            key, _ = assigner.assign(declared_key(example), index, longest)
+            if isinstance(example, dict) and note is None:
+                pairs = [(encode_field(k, v), v) for k, v in example.items() if not is_metadata(k)]
+            else:  # one file holding the whole example
+                pairs = [(encoded[0], example)]
+            for (suffix, data), value in pairs:
+                ext = suffix.rsplit(".", 1)[-1].lower()
+                promised: Any = value
+                if value is None or (type(value) is bytes and ext in WDS_DECODED_EXTS):
+                    promised = BYTES_ONLY
+                files[f"{key}.{suffix}"] = (data, promised)
+        shards.append(files)
+        start += size
+    return shards
+
+
+def shard_sizes(name: str) -> list[int]:
+    """stored_examples of each shard of a reference fixture, in order."""
+    with open(REFERENCE / name / "info.json") as f:
+        return [s["meta"]["stored_examples"] for s in json.load(f)["shards"]]

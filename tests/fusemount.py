@@ -1,0 +1,76 @@
+"""Mounting for real in tests: FUSE is required in CI and skipped only elsewhere."""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes.util
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+IN_CI = os.environ.get("CI", "").lower() == "true"
+
+
+def fuse_unavailable() -> str | None:
+    """Why FUSE cannot be used on this machine, or None."""
+    if ctypes.util.find_library("fuse") is None:
+        return "libfuse 2 is not installed (apt-get install fuse libfuse2)"
+    try:
+        os.close(os.open("/dev/fuse", os.O_RDWR))
+    except OSError as exc:
+        return f"/dev/fuse is not usable: {exc.strerror}"
+    return None
+
+
+def require_fuse() -> None:
+    """Skip the test without FUSE, except in CI, where that is a failure."""
+    reason = fuse_unavailable()
+    if reason:
+        if IN_CI:
+            pytest.fail(f"FUSE test cannot mount in CI: {reason}")
+        pytest.skip(reason)
+
+
+def atlasfs(*args: str, **kwargs) -> subprocess.CompletedProcess[str]:
+    """Run the ``atlasfs`` command line in a subprocess."""
+    return subprocess.run([sys.executable, "-m", "atlasfs", *args], capture_output=True, text=True,
+                          timeout=kwargs.pop("timeout", 120), **kwargs)
+
+
+def is_mounted(path: str | Path) -> bool:
+    """True if ``path`` is a mount point (per /proc/self/mountinfo)."""
+    target = os.path.abspath(path)
+    with open("/proc/self/mountinfo") as f:
+        return any(line.split()[4] == target for line in f)
+
+
+def force_unmount(path: str | Path) -> None:
+    """Unmount ``path`` whatever its state, and wait until it is gone."""
+    for command in (["fusermount", "-u", str(path)], ["fusermount", "-uz", str(path)]):
+        if not is_mounted(path):
+            return
+        subprocess.run(command, capture_output=True)
+    deadline = time.monotonic() + 10
+    while is_mounted(path) and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+@contextlib.contextmanager
+def mounted(dataset: str | Path, *args: str) -> Iterator[Path]:
+    """Mount ``dataset`` with ``atlasfs mount`` (background mode) for the duration."""
+    require_fuse()
+    mountpoint = Path(tempfile.mkdtemp(prefix="atlasfs-test-mnt-"))
+    result = atlasfs("mount", str(dataset), str(mountpoint), *args)
+    try:
+        assert result.returncode == 0, f"mount failed: {result.stderr}"
+        assert is_mounted(mountpoint)
+        yield mountpoint
+    finally:
+        force_unmount(mountpoint)
+        mountpoint.rmdir()

@@ -1,0 +1,174 @@
+"""The mount, for real: every reference fixture through FUSE, driven by real programs."""
+
+from __future__ import annotations
+
+import errno
+import os
+import random
+import subprocess
+import tarfile
+import threading
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+import webdataset as wds
+
+from fusemount import atlasfs, mounted
+from helpers import BYTES_ONLY, REFERENCE, contract_files, deep_equal, expected_examples, reference_names, shard_sizes
+
+pytestmark = pytest.mark.fuse
+
+
+@pytest.fixture(scope="module", params=reference_names())
+def fixture_mount(request: pytest.FixtureRequest) -> Iterator[tuple[str, Path]]:
+    name = request.param
+    with mounted(REFERENCE / name / "dataset", "-o", "cache_size=64K") as mnt:
+        yield name, mnt
+
+
+def contract(name: str) -> dict[str, dict[str, tuple[bytes, Any]]]:
+    """shard folder -> relative path -> (bytes, promised value)."""
+    dirs = sorted(p.name for p in (REFERENCE / name / "dataset").iterdir() if p.is_dir())
+    return dict(zip(dirs, contract_files(expected_examples(name), shard_sizes(name))))
+
+
+def test_find_lists_exactly_the_contract_names_and_sizes(fixture_mount: tuple[str, Path]) -> None:
+    name, mnt = fixture_mount
+    expected = {f"{shard}/{path}": len(data) for shard, files in contract(name).items()
+                for path, (data, _) in files.items()}
+    found = subprocess.run(["find", ".", "-type", "f", "-printf", r"%P\t%s\n"], cwd=mnt,
+                           capture_output=True, text=True, check=True).stdout.splitlines()
+    listed = dict(line.rsplit("\t", 1) for line in found)
+    assert {k: int(v) for k, v in listed.items()} == expected
+    shards = subprocess.run(["ls", "-1"], cwd=mnt, capture_output=True, text=True, check=True).stdout.split()
+    assert shards == sorted(contract(name))
+
+
+def test_ls_lR_shows_modes_sizes_and_byte_sorted_order(fixture_mount: tuple[str, Path]) -> None:
+    name, mnt = fixture_mount
+    listing = subprocess.run(["ls", "-lRn", "--time-style=+%s"], cwd=mnt, capture_output=True, text=True,
+                             check=True, env={**os.environ, "LC_ALL": "C"}).stdout
+    for line in listing.splitlines():
+        if line.startswith("-"):
+            assert line.startswith("-r--r--r-- 1 "), line
+        elif line.startswith("d"):
+            assert line.startswith("dr-xr-xr-x 1 "), line
+    for folder, dirs, files in os.walk(mnt):
+        names = os.listdir(folder)
+        assert names == sorted(names, key=lambda n: n.encode()), folder
+
+
+def test_cat_returns_the_contract_bytes(fixture_mount: tuple[str, Path]) -> None:
+    name, mnt = fixture_mount
+    for shard, files in contract(name).items():
+        paths = sorted(files)
+        for chunk in range(0, len(paths), 200):
+            batch = paths[chunk:chunk + 200]
+            out = subprocess.run(["cat", *batch], cwd=mnt / shard, capture_output=True, check=True).stdout
+            assert out == b"".join(files[p][0] for p in batch)
+        for path in paths:
+            st = os.stat(mnt / shard / path)
+            assert st.st_size == len(files[path][0])
+            assert st.st_blocks == -(-st.st_size // 512)
+            assert st.st_uid == os.getuid()
+
+
+def _check_samples(samples: list[dict[str, Any]], files: dict[str, tuple[bytes, Any]], raw: dict[str, bytes]) -> None:
+    """Every sample's decoded values equal the contract's promise; raw bytes equal everywhere."""
+    assert raw == {p: d for p, (d, _) in files.items()}
+    by_key: dict[str, dict[str, tuple[bytes, Any]]] = {}
+    for path, item in files.items():
+        folder, _, base = path.rpartition("/")
+        stem, _, suffix = base.partition(".")
+        by_key.setdefault(f"{folder}/{stem}" if folder else stem, {})[suffix.lower()] = item
+    assert len(samples) == len(by_key)
+    for sample in samples:
+        fields = by_key[sample["__key__"]]
+        shown = {k: v for k, v in sample.items() if not k.startswith("__")}
+        assert set(shown) == set(fields), sample["__key__"]
+        for suffix, (data, promised) in fields.items():
+            if promised is BYTES_ONLY:
+                continue
+            assert deep_equal(shown[suffix], promised), (sample["__key__"], suffix)
+
+
+def _tar_members(path: Path, strip: str = "") -> tuple[list[str], dict[str, bytes]]:
+    with tarfile.open(path) as archive:
+        members = [m for m in archive if m.isfile()]
+        names = [m.name[len(strip):] if m.name.startswith(strip) else m.name for m in members]
+        return names, {n: archive.extractfile(m).read() for n, m in zip(names, members)}
+
+
+def test_plain_tar_and_export_give_the_examples_through_webdataset(
+        fixture_mount: tuple[str, Path], tmp_path: Path) -> None:
+    name, mnt = fixture_mount
+    result = atlasfs("export", str(REFERENCE / name / "dataset"), str(tmp_path / "export"))
+    assert result.returncode == 0, result.stderr
+    for shard, files in contract(name).items():
+        plain = tmp_path / f"plain-{shard}.tar"
+        subprocess.run(["tar", "cf", str(plain), "-C", str(mnt / shard), "."], check=True)
+        exported = tmp_path / "export" / f"{shard}.tar"
+        plain_names, plain_raw = _tar_members(plain, strip="./")
+        export_names, export_raw = _tar_members(exported)
+        assert export_names == plain_names  # same members, same order
+        assert export_raw == plain_raw  # byte-identical
+        examples_in_shard = dict(zip(sorted(contract(name)), shard_sizes(name)))[shard]
+        for path, strip in ((plain, "./"), (exported, "")):
+            dataset = wds.WebDataset(str(path), shardshuffle=False, empty_check=False).decode()
+            samples = [{**s, "__key__": s["__key__"].removeprefix(strip)} for s in dataset]
+            assert len(samples) == examples_in_shard
+            _check_samples(samples, files, export_raw)
+        with tarfile.open(exported) as archive:
+            assert all(m.mode == 0o444 and not m.name.startswith("./") for m in archive)
+
+
+def test_writes_fail_with_erofs_and_missing_paths_with_enoent(fixture_mount: tuple[str, Path]) -> None:
+    name, mnt = fixture_mount
+    some_file = next((Path(d) / f for d, _, fs in os.walk(mnt) for f in fs), None)
+    attempts = [
+        lambda: open(mnt / "new-file", "w"),
+        lambda: os.mkdir(mnt / "new-folder"),
+    ]
+    if some_file is not None:
+        attempts += [
+            lambda: open(some_file, "r+b"),
+            lambda: os.rename(some_file, some_file.with_name("renamed")),
+            lambda: os.chmod(some_file, 0o777),
+            lambda: os.unlink(some_file),
+            lambda: os.setxattr(some_file, "user.test", b"x"),
+            lambda: os.truncate(some_file, 0),
+        ]
+    for attempt in attempts:
+        with pytest.raises(OSError) as info:
+            attempt()
+        assert info.value.errno == errno.EROFS
+    for missing in (mnt / "no-such-shard", mnt / sorted(os.listdir(mnt))[0] / "no-such-file.txt"):
+        with pytest.raises(FileNotFoundError):
+            os.stat(missing)
+    result = subprocess.run(["cat", str(mnt / "nope")], capture_output=True, text=True)
+    assert result.returncode != 0 and "No such file" in result.stderr
+
+
+def test_eight_concurrent_readers_get_correct_bytes(fixture_mount: tuple[str, Path]) -> None:
+    name, mnt = fixture_mount
+    files = {f"{shard}/{p}": d for shard, fs in contract(name).items() for p, (d, _) in fs.items()}
+    if not files:  # the empty dataset: its shard folders must list empty
+        assert all(os.listdir(mnt / shard) == [] for shard in os.listdir(mnt))
+        return
+    errors: list[str] = []
+
+    def reader(seed: int) -> None:
+        order = list(files)
+        random.Random(seed).shuffle(order)
+        for path in order * 2:
+            with open(mnt / path, "rb") as f:
+                if f.read() != files[path]:
+                    errors.append(path)
+
+    threads = [threading.Thread(target=reader, args=(seed,)) for seed in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
