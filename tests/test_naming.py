@@ -1,0 +1,180 @@
+"""The naming contract (docs/layout.md), rule by rule, with literal expectations."""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import pickle
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from webdataset.autodecode import Decoder, basichandlers
+
+from atlasfs.naming import (NO_KEY, KeyAssigner, canonical_pickle, encode_field, encode_value, example_files,
+                            index_key_width, key_problem)
+from helpers import deep_equal
+
+
+def wds_decode(suffix: str, data: bytes) -> object:
+    """What webdataset's default .decode() makes of one file."""
+    return Decoder([basichandlers])({"__key__": "k", suffix.lower(): data})[suffix.lower()]
+
+
+@pytest.mark.parametrize("name, value, suffix, data", [
+    ("cls", 7, "cls", b"7"),
+    ("label.cls", -3, "label.cls", b"-3"),
+    ("id", 2**63, "id", b"9223372036854775808"),
+    ("txt", "héllo", "txt", "héllo".encode()),
+    ("caption.transcript", "x", "caption.transcript", b"x"),
+    ("json", {"a": [1, 2.5, None, True]}, "json", b'{"a": [1, 2.5, null, true]}'),
+    ("jsn", "s", "jsn", b'"s"'),
+    ("jpg", b"\xff\xd8raw", "jpg", b"\xff\xd8raw"),
+    ("UPPER.JPG", b"raw", "UPPER.JPG", b"raw"),
+    ("anything.xyz", b"raw", "anything.xyz", b"raw"),
+    ("image", b"raw", "image", b"raw"),
+    ("txt", b"already bytes", "txt", b"already bytes"),
+    ("name", "str", "name.txt", b"str"),
+    ("count", 5, "count.cls", b"5"),
+    ("flag", True, "flag.json", b"true"),
+    ("score", 0.5, "score.json", b"0.5"),
+    ("meta", {"a": 1}, "meta.json", b'{"a": 1}'),
+    ("items", [1, "a"], "items.json", b'[1, "a"]'),
+    ("cls", "not an int", "cls.txt", b"not an int"),
+    ("cls", True, "cls.json", b"true"),
+    ("json", (1, 2), "json.pickle", None),
+    ("meta", {1: "int key"}, "meta.pickle", None),
+    ("pair", (1, 2), "pair.pickle", None),
+    ("none", None, "none.pickle", None),
+    ("scalar", np.float32(1.5), "scalar.pickle", None),
+    ("ordered", collections.OrderedDict(a=1), "ordered.pickle", None),
+    ("blob", bytearray(b"x"), "blob.pickle", None),
+    ("pkl", {"any": (1,)}, "pkl", None),
+])
+def test_field_encoding(name: str, value: object, suffix: str, data: bytes | None) -> None:
+    got_suffix, got_data = encode_field(name, value)
+    assert got_suffix == suffix
+    if data is not None:
+        assert got_data == data
+    if suffix.endswith(("pickle", "pkl")):
+        assert deep_equal(pickle.loads(got_data), value)
+
+
+@pytest.mark.parametrize("value", [
+    7, -2**100, "tëxt", b"\x00bytes", 1.5, -0.0, float("inf"), True, {"a": [1, {"b": None}]}, [1, 2],
+    np.arange(6, dtype=np.int16).reshape(2, 3), np.zeros((0, 3)), np.array(3.5), np.asfortranarray(np.eye(2)),
+    np.array(["ab", "c"]), np.array([(1, 2.0)], dtype=[("x", "i4"), ("y", "f8")]),
+    np.array(["2020-01-01"], dtype="datetime64[D]"), (1, "t"), {1, 2}, frozenset({"a"}), 3 + 4j,
+    bytearray(b"ab"), np.int64(5), collections.OrderedDict(b=2, a=1),
+])
+def test_values_come_back_from_webdataset_decode(value: object) -> None:
+    for suffix, data in (encode_value(value), encode_field("field", value)):
+        assert deep_equal(wds_decode(suffix, data), value), (suffix, value)
+
+
+def test_npz_round_trip_and_determinism() -> None:
+    arrays = {"a": np.arange(3), "b": np.ones((2, 2), dtype=np.float32)}
+    suffix, data = encode_field("npz", arrays)
+    assert suffix == "npz"
+    assert encode_field("npz", arrays)[1] == data
+    assert deep_equal(wds_decode("npz", data), arrays)
+
+
+def test_none_is_the_documented_exception() -> None:
+    # webdataset's decoder treats a None result as "not decoded" and returns the raw bytes.
+    suffix, data = encode_value(None)
+    assert suffix == "pickle" and pickle.loads(data) is None
+    assert wds_decode(suffix, data) == data
+
+
+def test_non_dict_examples_get_one_file_named_by_type() -> None:
+    assert encode_value(b"raw") == ("bin", b"raw")
+    assert encode_value("s") == ("txt", b"s")
+    assert encode_value(3) == ("cls", b"3")
+    assert encode_value(2.0)[0] == "json"
+    assert encode_value([1, (2,)])[0] == "pickle"
+    assert encode_value(np.array([object()], dtype=object))[0] == "pickle"
+    assert example_files("s", 200) == ([("txt", b"s")], None)
+
+
+def test_metadata_fields_are_hidden_and_files_sorted_by_bytes() -> None:
+    files, note = example_files({"__key__": "k", "__url__": "u", "txt": "t", "Z": b"z", "a.jpg": b"j"}, 200)
+    assert note is None
+    assert [s for s, _ in files] == ["Z", "a.jpg", "txt"]
+
+
+@pytest.mark.parametrize("example, reason", [
+    ({"__key__": "k"}, "no field"),
+    ({}, "no field"),
+    ({0: "int name"}, "not a string"),
+    ({"": "empty"}, "empty"),
+    ({"with/slash": "x"}, "'/'"),
+    ({"nul\x00": "x"}, "NUL"),
+    ({"new\nline": "x"}, "control"),
+    ({".hidden": "x"}, "starts with '.'"),
+    ({"a": 1, "a.cls": 2}, "both be named"),
+    ({"A.txt": "x", "a.txt": "y"}, "both be named"),
+    ({"x" * 300: b"long"}, "too long"),
+])
+def test_unshowable_fields_make_the_whole_example_one_pickle(example: dict, reason: str) -> None:
+    files, note = example_files(example, 200)
+    assert note is not None and reason in note
+    assert [s for s, _ in files] == ["pickle"]
+    assert deep_equal(pickle.loads(files[0][1]), example)
+
+
+@pytest.mark.parametrize("key, reason", [
+    (12345, "not a string"), (b"bytes", "not a string"), ("", "empty component"), ("a//b", "empty component"),
+    ("trailing/", "empty component"), ("/abs", "absolute"), ("../up", "'.'"), ("a/./b", "'.'"), ("a.b", "'.'"),
+    ("dir.x/file", "'.'"), ("nul\x00", "control"), ("tab\t", "control"), ("__key__/x", "reserved"),
+    ("__meta__", "reserved"), ("k" * 256, "longer than 255"), ("a/" * 600, "longer than 1024"),
+    ("bad\udc80", "UTF-8"),
+])
+def test_unsafe_keys(key: object, reason: str) -> None:
+    problem = key_problem(key, 3)
+    assert problem is not None and reason in problem
+
+
+@pytest.mark.parametrize("key", ["a", "images17/image194", "ünï/例子", "with space", "x-y_z", "__notmeta", "0042"])
+def test_safe_keys(key: str) -> None:
+    assert key_problem(key, 3) is None
+
+
+def test_key_must_leave_room_for_the_longest_suffix() -> None:
+    assert key_problem("k" * 250, 4) is None
+    assert "too long" in key_problem("k" * 250, 5)
+
+
+def test_key_assignment_falls_back_to_index_keys_and_never_collides() -> None:
+    assigner = KeyAssigner(index_key_width(100))
+    assert index_key_width(100) == 6 and index_key_width(10_000_001) == 8
+    assert assigner.assign("a/b", 0, 3) == ("a/b", None)
+    key, note = assigner.assign("a/b", 1, 3)
+    assert key == "000001" and "already used" in note
+    key, note = assigner.assign("000005", 2, 3)  # another example's index key: refused
+    assert key == "000002" and "index key" in note
+    assert assigner.assign("000003", 3, 3) == ("000003", None)  # its own: fine
+    assert assigner.assign(NO_KEY, 5, 3) == ("000005", None)
+    key, note = assigner.assign("../x", 6, 3)
+    assert key == "000006" and "using index key 000006" in note
+
+
+def test_canonical_pickle_is_the_same_in_every_process() -> None:
+    value = {"s": {"alpha", "beta", "gamma", "delta"}, "f": frozenset({("x", 1), ("y", 2)}), "m": {1, "a"}}
+    script = ("import sys; from atlasfs.naming import canonical_pickle; "
+              "v={'s': {'alpha','beta','gamma','delta'}, 'f': frozenset({('x',1),('y',2)}), 'm': {1,'a'}}; "
+              "sys.stdout.buffer.write(canonical_pickle(v))")
+    outputs = {subprocess.run([sys.executable, "-c", script], capture_output=True, check=True,
+                              env={**os.environ, "PYTHONHASHSEED": str(seed)}).stdout for seed in range(5)}
+    assert outputs == {canonical_pickle(value)}
+    assert pickle.loads(canonical_pickle(value)) == value
+
+
+def test_json_is_only_used_when_it_round_trips_exactly() -> None:
+    for value in ({"a": (1,)}, [np.int64(1)], {"k": b"x"}, [collections.OrderedDict()]):
+        assert encode_field("x", value)[0] == "x.pickle"
+    nested = {"a": [{"b": [1.5, None, "s", False]}]}
+    suffix, data = encode_field("x", nested)
+    assert suffix == "x.json" and json.loads(data) == nested
