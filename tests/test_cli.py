@@ -1,0 +1,98 @@
+"""The library-level command line: info, verify, show, export, demo."""
+
+from __future__ import annotations
+
+import shutil
+import tarfile
+from pathlib import Path
+
+import numpy as np
+
+from fusemount import atlasfs
+from helpers import REFERENCE
+
+SHARED_DICT = REFERENCE / "s2_shared_dict" / "dataset"
+
+
+def test_help_lists_every_command() -> None:
+    result = atlasfs("--help")
+    assert result.returncode == 0
+    for command in ("info", "verify", "show", "mount", "umount", "export", "demo"):
+        assert command in result.stdout
+
+
+def test_info_summarises_shards() -> None:
+    result = atlasfs("info", str(SHARED_DICT))
+    assert result.returncode == 0, result.stderr
+    assert "examples     75" in result.stdout
+    assert "blocks       19" in result.stdout
+    assert "compression ratio" in result.stdout
+    rows = [line.split() for line in result.stdout.splitlines() if line.strip()[:1].isdigit()]
+    assert [(r[0], r[1], r[2], r[4]) for r in rows] == [("0", "32", "8", "2"), ("1", "32", "8", "2"),
+                                                          ("2", "11", "3", "2")]
+
+
+def test_verify_passes_every_reference_fixture() -> None:
+    for dataset in sorted(REFERENCE.glob("*/dataset")):
+        result = atlasfs("verify", str(dataset))
+        assert result.returncode == 0, (dataset, result.stdout, result.stderr)
+        assert "verify: OK" in result.stdout
+        assert "\r" not in result.stderr  # no progress bar when not on a terminal
+
+
+def test_verify_reports_each_problem_and_fails(tmp_path: Path) -> None:
+    bad = tmp_path / "bad"
+    shutil.copytree(SHARED_DICT, bad)
+    data = bytearray((bad / "0" / "data.bin").read_bytes())
+    index = np.load(bad / "0" / "index.npy")
+    data[int(index[1]) + 10:int(index[1]) + 30] = b"\x00" * 20  # damage block 1 of shard 0
+    (bad / "0" / "data.bin").write_bytes(bytes(data))
+    (bad / "2" / "meta.json").write_text('{"version": 2}')
+    result = atlasfs("verify", str(bad))
+    assert result.returncode == 1
+    lines = result.stdout.splitlines()
+    assert any(line.startswith(f"{bad / '0' / 'data.bin'} block 1") for line in lines), lines
+    assert any(line.startswith(str(bad / "2" / "meta.json")) for line in lines), lines
+    assert lines[-1].startswith("verify: 2 problem(s)")
+    assert "Traceback" not in result.stderr
+
+
+def test_show_prints_one_example_readably() -> None:
+    result = atlasfs("show", str(REFERENCE / "s0_wds_keyed_dicts" / "dataset"), "-1")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("example -1 (shard 2, block 0, position 2)")
+    assert "'__key__'" in result.stdout
+    result = atlasfs("show", str(SHARED_DICT), "75")
+    assert result.returncode == 1 and "out of range" in result.stderr
+
+
+def test_errors_are_one_line_without_traceback(tmp_path: Path) -> None:
+    for args in (("info", str(tmp_path / "missing")), ("show", str(tmp_path), "0"),
+                 ("export", str(tmp_path), str(tmp_path / "out"))):
+        result = atlasfs(*args)
+        assert result.returncode == 1
+        assert len(result.stderr.strip().splitlines()) == 1 and result.stderr.startswith("atlasfs: "), result.stderr
+    # verify reports on stdout: one line per problem, then the summary
+    result = atlasfs("verify", str(tmp_path))
+    assert result.returncode == 1 and result.stderr == ""
+    assert result.stdout.splitlines() == [f"{tmp_path / 'meta.json'}: missing",
+                                          "verify: 1 problem(s) (0 shards, 0 blocks, 0 examples checked)"]
+
+
+def test_export_writes_one_tar_per_shard(tmp_path: Path) -> None:
+    result = atlasfs("export", str(SHARED_DICT), str(tmp_path / "out"), "--shards", "0", "2")
+    assert result.returncode == 0, result.stderr
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["0.tar", "2.tar"]
+    with tarfile.open(tmp_path / "out" / "2.tar") as archive:
+        names = archive.getnames()
+    assert len({n.split(".")[0] for n in names}) == 11
+    result = atlasfs("export", str(SHARED_DICT), str(tmp_path / "out"), "--shards", "9")
+    assert result.returncode == 1 and "no shard named '9'" in result.stderr
+
+
+def test_demo_writes_a_valid_dataset(tmp_path: Path) -> None:
+    result = atlasfs("demo", str(tmp_path / "demo"))
+    assert result.returncode == 0, result.stderr
+    result = atlasfs("verify", str(tmp_path / "demo"))
+    assert result.returncode == 0 and "200 examples" in result.stdout
+    assert (tmp_path / "demo" / "zstd_dict.bin").exists()
