@@ -77,6 +77,8 @@ def cmd_mount(args: argparse.Namespace) -> int:
         options.apply(text)
     if args.cache_size is not None:
         options.cache_bytes = args.cache_size
+    if args.log_file is not None:
+        options.log_file = args.log_file
     return mount(args.dataset, args.mountpoint, options)
 
 
@@ -162,11 +164,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-f", "--foreground", action="store_true",
                    help="stay in the foreground until unmounted or signalled (for systemd: Type=notify)")
     p.add_argument("-o", dest="options", action="append", default=[], metavar="OPT[,OPT...]",
-                   help="mount options: cache_size=SIZE, allow_other, trust_pickle, nothreads, debug, "
-                        "and libfuse options such as default_permissions or max_read=N")
+                   help="mount options: cache_size=SIZE, allow_other, trust_pickle, log_file=PATH, nothreads, "
+                        "debug, and libfuse options such as default_permissions or max_read=N; "
+                        "fstab-only options (nofail, noauto, x-systemd.*...) are ignored")
     p.add_argument("--cache-size", type=_size, metavar="SIZE",
                    help="bound of the decoded-block cache, e.g. 512M or 2G (default 256M)")
     p.add_argument("--allow-other", action="store_true", help="let other users read the mount")
+    p.add_argument("--log-file", metavar="PATH",
+                   help="append the daemon's log here (default: stderr with -f, else syslog)")
     trust(p)
 
     p = command("umount", cmd_umount, "unmount an atlasfs mount")
@@ -194,6 +199,23 @@ def _setup_logging(verbose: bool) -> None:
     root = logging.getLogger("atlasfs")
     root.addHandler(handler)
     root.setLevel(logging.DEBUG if verbose else logging.INFO)
+
+
+def mount_helper(argv: Sequence[str] | None = None) -> int:
+    """``mount.fuse.atlasfs SOURCE MOUNTPOINT [-sfnv] [-o OPTS]``: what mount(8) runs for
+    ``fuse.atlasfs`` lines in /etc/fstab. Returns once the mount is live."""
+    parser = argparse.ArgumentParser(prog="mount.fuse.atlasfs", description=mount_helper.__doc__)
+    parser.add_argument("dataset")
+    parser.add_argument("mountpoint")
+    parser.add_argument("-o", dest="options", action="append", default=[])
+    parser.add_argument("-t", dest="type")  # the type mount(8) was given; nothing to do with it
+    parser.add_argument("-N", dest="namespace")
+    for flag in ("-s", "-f", "-n", "-v"):  # sloppy, fake, no mtab, verbose: mount(8)'s own
+        parser.add_argument(flag, action="store_true")
+    args = parser.parse_args(argv)
+    if args.f:
+        return 0
+    return main(["mount", args.dataset, args.mountpoint, *(f"-o{o}" for o in args.options)])
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -185,6 +185,10 @@ class Shard:
         return self._cache.get((self.path, block), lambda: self.decode_block(block))
 
     def __getitem__(self, i: int) -> Any:
+        """Example ``i`` of this shard; negative indices wrap once, like the dataset's."""
+        if not isinstance(i, (int, np.integer)) or isinstance(i, bool):
+            raise TypeError(f"shard indices must be integers, not {type(i).__name__}")
+        i = int(i)
         n = len(self)
         if i < 0:
             i += n

@@ -68,7 +68,16 @@ class MountOptions:
     foreground: bool = False
     debug: bool = False
     threads: bool = True
+    log_file: str | None = None
     fuse_options: dict[str, str | bool] = field(default_factory=dict)
+
+    def describe(self) -> str:
+        """The settings that matter, for the log."""
+        from .sizes import format_size
+        flags = [f"cache {format_size(self.cache_bytes)}", "threads" if self.threads else "single thread"]
+        flags += [name for name in ("allow_other", "trust_pickle") if getattr(self, name)]
+        flags += [k if v is True else f"{k}={v}" for k, v in self.fuse_options.items()]
+        return ", ".join(flags)
 
     def apply(self, option_text: str) -> None:
         """Apply a ``-o`` argument (comma-separated, as FUSE tools take them)."""
@@ -83,6 +92,8 @@ class MountOptions:
                     self.cache_bytes = parse_size(value)
                 except ValueError as exc:
                     raise MountError(f"-o cache_size: {exc}") from None
+            elif name == "log_file" and has_value:
+                self.log_file = value
             elif name in ("trust_pickle", "allow_other", "debug") and not has_value:
                 setattr(self, name, True)
             elif name == "nothreads" and not has_value:
@@ -216,6 +227,8 @@ def mount(dataset_path: str, mountpoint: str, options: MountOptions) -> int:
     """``atlasfs mount``: returns the exit code; :class:`MountError` for a refused mount."""
     dataset_path = os.path.abspath(dataset_path)
     mountpoint = os.path.abspath(mountpoint)
+    if options.log_file is not None:
+        _log_to_file(options.log_file)
     check_mountpoint(mountpoint)
     check_fuse(options.allow_other)
     tree = open_tree(dataset_path, options)
@@ -226,7 +239,7 @@ def mount(dataset_path: str, mountpoint: str, options: MountOptions) -> int:
 
 def _serve_foreground(tree: Tree, mountpoint: str, options: MountOptions, dataset_path: str) -> int:
     def ready() -> None:
-        log.info("mounted %s at %s", dataset_path, mountpoint)
+        log.info("mounted %s at %s (%s)", dataset_path, mountpoint, options.describe())
         notify("READY=1")
 
     try:
@@ -257,11 +270,12 @@ def _serve_background(tree: Tree, mountpoint: str, options: MountOptions, datase
     os.setsid()
     os.chdir("/")
     _redirect(0, os.O_RDONLY)
-    _log_to_syslog()
+    if options.log_file is None:
+        _log_to_syslog()
     code = 1
     with os.fdopen(write_end, "w") as pipe:
         def ready() -> None:
-            log.info("mounted %s at %s", dataset_path, mountpoint)
+            log.info("mounted %s at %s (%s)", dataset_path, mountpoint, options.describe())
             pipe.write("ready\n")
             pipe.flush()
             _redirect(1, os.O_WRONLY)
@@ -292,6 +306,15 @@ def _log_to_syslog() -> None:
     else:
         handler = logging.NullHandler()
     root.addHandler(handler)
+
+
+def _log_to_file(path: str) -> None:
+    try:
+        handler = logging.FileHandler(os.path.abspath(path))
+    except OSError as exc:
+        raise MountError(f"{path}: cannot open log file ({exc.strerror})") from None
+    handler.setFormatter(logging.Formatter("%(asctime)s atlasfs[%(process)d]: %(message)s"))
+    logging.getLogger("atlasfs").addHandler(handler)
 
 
 def unmount(mountpoint: str, lazy: bool = False) -> None:

@@ -160,7 +160,9 @@ class AtlasWriter:
         self.block_size = block_size
         self.strategy = CompressionStrategy(compression_strategy)
         self.level = compression_level
-        self.dict_fraction = float(compression_dict_size)
+        # Recorded as given, like the reference: 0 or 1 is written as 0 / 1, not 0.0 / 1.0.
+        size = compression_dict_size
+        self.dict_fraction = size if type(size) is int else float(size)
         if os.path.lexists(self.path):
             raise FileExistsError(f"{self.path}: already exists")
         parent, name = os.path.split(self.path)

@@ -1,0 +1,28 @@
+# The two set-up commands of the README: `make demo` and `make test`.
+# Both install what they need (Debian packages, a virtualenv) and are idempotent.
+VENV ?= .venv
+PYTHON ?= python3
+BIN := $(VENV)/bin
+
+.PHONY: install demo test bench clean
+
+install: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	./scripts/install-system-packages.sh fuse libfuse2
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[test]'
+	touch $@
+
+demo: install
+	./scripts/demo.sh $(BIN)
+
+# systemd provides systemd-analyze, which the unit tests use (systemd itself is not started).
+# pytest exits 5 when it collected no tests: that is a failure here, not a pass.
+test: install
+	./scripts/install-system-packages.sh systemd
+	$(BIN)/python -m pytest -q $(PYTEST_ARGS); rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests" >&2; exit 1; fi; exit $$rc
+
+clean:
+	rm -rf $(VENV) .pytest_cache
