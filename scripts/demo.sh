@@ -4,7 +4,7 @@
 set -euo pipefail
 bin=${1:-.venv/bin}
 atlasfs="$bin/atlasfs"
-work=$(mktemp -d /tmp/atlasfs-demo.XXXXXX)
+work=$(mktemp -d /tmp/atlasfs-demo-XXXXXX)
 mnt="$work/mnt"
 cleanup() {
     if grep -qs " $mnt " /proc/self/mountinfo; then "$atlasfs" umount -z "$mnt" || true; fi
@@ -26,7 +26,8 @@ ls "$mnt"
 step "ls $mnt/0  (samples grouped by their __key__ folders)"
 ls "$mnt/0"
 first=$(find "$mnt/0" -type f | LC_ALL=C sort | head -n 1)
-sample=${first%%.*}
+base=$(basename "$first")
+sample="$(dirname "$first")/${base%%.*}"   # a sample is <key>.<field>...
 step "one sample's files: ls -l ${sample#$mnt/}.*"
 ls -l "$sample".*
 step "its label and metadata: cat ${sample#$mnt/}.cls ${sample#$mnt/}.json"
