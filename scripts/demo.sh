@@ -25,7 +25,7 @@ step "ls $mnt  (one folder per shard)"
 ls "$mnt"
 step "ls $mnt/0  (samples grouped by their __key__ folders)"
 ls "$mnt/0"
-first=$(find "$mnt/0" -type f | LC_ALL=C sort | head -n 1)
+first=$(find "$mnt/0" -type f | LC_ALL=C sort | sed -n 1p)   # not head: SIGPIPE under pipefail
 base=$(basename "$first")
 sample="$(dirname "$first")/${base%%.*}"   # a sample is <key>.<field>...
 step "one sample's files: ls -l ${sample#$mnt/}.*"
