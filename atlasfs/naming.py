@@ -29,6 +29,9 @@ INDEX_KEY_MIN_WIDTH = 6
 MAX_NAME_BYTES = 255
 #: Longest accepted ``__key__``, so that paths stay far below PATH_MAX.
 MAX_KEY_BYTES = 1024
+#: Values whose JSON text would exceed this go to ``.pickle`` instead (see :func:`json_exact`).
+MAX_JSON_BYTES = 16 << 20
+MAX_JSON_DEPTH = 200
 #: Pickles written for ``.pickle`` files use the oldest protocol with framing
 #: that every supported Python reads.
 PICKLE_PROTOCOL = 4
@@ -127,16 +130,41 @@ def _is_npz_dict(value: Any) -> bool:
         isinstance(k, str) and k and "/" not in k and _plain_array(v) for k, v in value.items()))
 
 
-def json_exact(value: Any) -> bool:
-    """True if ``json.loads(json.dumps(value))`` gives back ``value`` with the same types."""
-    kind = type(value)
-    if value is None or kind in (bool, int, float, str):
-        return kind is not int or _int_text(value) is not None
-    if kind is list:
-        return all(json_exact(v) for v in value)
-    if kind is dict:
-        return all(type(k) is str and json_exact(v) for k, v in value.items())
-    return False
+def json_exact(value: Any, budget: int = MAX_JSON_BYTES) -> bool:
+    """True if ``json.loads(json.dumps(value))`` gives back ``value`` with the same types,
+    and its JSON text would stay within about ``budget`` bytes.
+
+    The budget matters because unpickled data can share objects: a list holding
+    the same list twice, 60 levels deep, is tiny as a pickle and astronomically
+    large as JSON. The walk stops as soon as the budget is spent.
+    """
+    remaining = budget
+    stack = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        kind = type(item)
+        remaining -= 8
+        if kind is str:
+            remaining -= len(item)
+        elif kind is int:
+            if _int_text(item) is None:
+                return False
+        elif kind in (list, dict):
+            if depth >= MAX_JSON_DEPTH:  # json.dumps would hit the recursion limit
+                return False
+            if kind is list:
+                stack.extend((sub, depth + 1) for sub in item)
+            else:
+                for key, sub in item.items():
+                    if type(key) is not str:
+                        return False
+                    remaining -= len(key)
+                    stack.append((sub, depth + 1))
+        elif not (item is None or kind in (bool, float)):
+            return False
+        if remaining < 0:
+            return False
+    return True
 
 
 def _int_text(value: int) -> str | None:
@@ -153,7 +181,7 @@ def _encode_known(ext: str, value: Any) -> bytes | None:
         return None if text is None else text.encode("ascii")
     if ext in TEXT_EXTS and type(value) is str:
         return _utf8(value)
-    if ext in JSON_EXTS and _json_roundtrips(value):
+    if ext in JSON_EXTS and json_exact(value):
         return json.dumps(value).encode("ascii")
     if ext in PICKLE_EXTS:
         return canonical_pickle(value)
@@ -164,13 +192,6 @@ def _encode_known(ext: str, value: Any) -> bytes | None:
     return None
 
 
-def _json_roundtrips(value: Any) -> bool:
-    try:
-        return json_exact(value)
-    except RecursionError:
-        return False
-
-
 def type_extension(value: Any) -> str:
     """The extension appended to a field whose name has no fitting one."""
     kind = type(value)
@@ -178,7 +199,7 @@ def type_extension(value: Any) -> str:
         return "txt"
     if kind is int and _int_text(value) is not None:
         return "cls"
-    if kind in (bool, float) or (kind in (dict, list) and _json_roundtrips(value)):
+    if kind in (bool, float) or (kind in (dict, list) and json_exact(value)):
         return "json"
     if _plain_array(value):
         return "npy"

@@ -178,3 +178,18 @@ def test_json_is_only_used_when_it_round_trips_exactly() -> None:
     nested = {"a": [{"b": [1.5, None, "s", False]}]}
     suffix, data = encode_field("x", nested)
     assert suffix == "x.json" and json.loads(data) == nested
+
+
+def test_shared_references_cannot_blow_up_json() -> None:
+    # 64 levels of a list holding the same list twice: a few hundred bytes as a
+    # pickle, 2**64 elements as JSON. It must be pickled, and quickly.
+    value: list = [1]
+    for _ in range(64):
+        value = [value, value]
+    suffix, data = encode_field("meta", value)
+    assert suffix == "meta.pickle" and len(data) < 10_000
+    deep: list = []
+    for _ in range(300):  # deeper than json_exact accepts, within pickle's reach
+        deep = [deep]
+    suffix, data = encode_field("x", deep)
+    assert suffix == "x.pickle" and pickle.loads(data) == deep
