@@ -7,7 +7,9 @@ from a cache of encoded blocks bounded in bytes, re-decoding evicted blocks.
 
 A block that cannot be decoded is logged once; its examples appear as
 ``<index key>.unreadable`` entries whose lookups and reads fail with EIO,
-while everything else keeps serving.
+while everything else keeps serving. A shard that cannot even be opened
+(open the dataset with ``tolerate_broken_shards=True``) is a folder whose
+listing fails with EIO.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .blockcache import BlockCache
-from .dataset import DEFAULT_CACHE_BYTES, AtlasDataset
+from .dataset import DEFAULT_CACHE_BYTES, AtlasDataset, BrokenShard
 from .errors import AtlasFormatError
 from .naming import MAX_NAME_BYTES, NO_KEY, KeyAssigner, declared_key, example_files, index_key_width
 from .tree import Entry, Tree, not_found, split_path
@@ -143,9 +145,17 @@ class AtlasTree(Tree):
 
     def _encode_block(self, s: int, block: int) -> tuple[list[EncodedExample], int]:
         shard = self.dataset.shards[s]
+        limit = shard.codec.max_block_bytes
         try:
             examples, _ = shard.decode_block(block)
-            encoded = [self._encode_example(example) for example in examples]
+            encoded = []
+            total = 0
+            for example in examples:
+                encoded.append(self._encode_example(example))
+                total += sum(len(d) for d in encoded[-1].data)
+                if total > limit:  # shared references can make files far larger than the pickle
+                    raise AtlasFormatError(
+                        f"{shard.data_path} block {block}: its files would take more than {limit} bytes")
         except AtlasFormatError as exc:
             raise self._fail(s, block, str(exc)) from None
         except Exception as exc:  # an example the encoders cannot handle
@@ -158,6 +168,7 @@ class AtlasTree(Tree):
         return EncodedExample(declared_key(example), tuple(f[0] for f in files), tuple(f[1] for f in files), note)
 
     def _fail(self, s: int, block: int, message: str) -> OSError:
+        """Remember and log (once) that block ``block`` of shard ``s`` (-1: the whole shard) fails."""
         with self._failed_lock:
             if (s, block) not in self._failed:
                 self._failed[(s, block)] = message
@@ -167,6 +178,9 @@ class AtlasTree(Tree):
     # -- file tables
 
     def _table(self, s: int) -> ShardTable:
+        shard = self.dataset.shards[s]
+        if isinstance(shard, BrokenShard):
+            raise self._fail(s, -1, str(shard.error))
         table = self._tables.get(s)
         if table is None:
             with self._table_locks[s]:

@@ -212,6 +212,52 @@ class Shard:
         return f"Shard({self.path!r}, examples={len(self)}, blocks={self.num_blocks})"
 
 
+class BrokenShard(Shard):
+    """Stands for a shard folder that could not be opened: every read raises its error.
+
+    Its length is the root meta's ``shard_sizes`` entry (0 if there is none),
+    so the global indices of the shards after it do not move.
+    """
+
+    def __init__(self, path: str, number: int, error: AtlasFormatError, size_hint: int) -> None:
+        self.path = path
+        self.name = os.path.basename(path)
+        self.number = number
+        self.error = error
+        self._size_hint = size_hint
+
+    def __len__(self) -> int:
+        return self._size_hint
+
+    num_blocks = 0  # type: ignore[assignment]
+    data_size = 0  # type: ignore[assignment]
+
+    @property
+    def mtime(self) -> float:
+        try:
+            return os.stat(self.path).st_mtime
+        except OSError:
+            return 0.0
+
+    def locate(self, i: int) -> tuple[int, int]:
+        raise self.error
+
+    def read_raw(self, block: int) -> bytes:
+        raise self.error
+
+    def block(self, block: int) -> list[Any]:
+        raise self.error
+
+    def __iter__(self) -> Iterator[Any]:
+        raise self.error
+
+    def close(self) -> None:
+        pass
+
+    def __repr__(self) -> str:
+        return f"BrokenShard({self.path!r}, {self.error})"
+
+
 def find_shard_dirs(root: str) -> list[tuple[int, str]]:
     """``(number, name)`` of each shard folder under ``root``, ordered by number.
 
@@ -265,11 +311,15 @@ class AtlasDataset:
         trust_pickle: unpickle blocks without the allow-list (runs code from the data).
         max_block_bytes: refuse blocks that decompress to more than this.
         mmap_index: memory-map ``index.npy`` instead of reading it into memory.
+        tolerate_broken_shards: instead of raising, stand a :class:`BrokenShard`
+            in ``shards`` for each shard folder that cannot be opened, so that
+            the others stay usable (the mount and ``verify`` use this). Root
+            problems (meta.json, folder names, shared dictionary) still raise.
     """
 
     def __init__(self, root: str | os.PathLike[str], *, cache_bytes: int = DEFAULT_CACHE_BYTES,
                  trust_pickle: bool = False, max_block_bytes: int = DEFAULT_MAX_BLOCK_BYTES,
-                 mmap_index: bool = True) -> None:
+                 mmap_index: bool = True, tolerate_broken_shards: bool = False) -> None:
         self.root = os.fspath(root)
         self.trust_pickle = trust_pickle
         if not os.path.isdir(self.root):
@@ -278,11 +328,19 @@ class AtlasDataset:
         self.cache: BlockCache[list[Any]] = BlockCache(cache_bytes)
         shard_dirs = find_shard_dirs(self.root)
         shared = shared_dictionary(self.root, self.meta)
-        self.shards: list[Shard] = [
-            Shard(os.path.join(self.root, name), number, shared, self.cache, trust_pickle=trust_pickle,
-                  max_block_bytes=max_block_bytes, mmap_index=mmap_index)
-            for number, name in shard_dirs
-        ]
+        self.shards: list[Shard] = []
+        for position, (number, name) in enumerate(shard_dirs):
+            path = os.path.join(self.root, name)
+            try:
+                shard = Shard(path, number, shared, self.cache, trust_pickle=trust_pickle,
+                              max_block_bytes=max_block_bytes, mmap_index=mmap_index)
+            except AtlasFormatError as exc:
+                if not tolerate_broken_shards:
+                    raise
+                # The root's shard_sizes keeps later shards' global indices right.
+                sizes = self.meta.shard_sizes
+                shard = BrokenShard(path, number, exc, sizes[position] if position < len(sizes) else 0)
+            self.shards.append(shard)
         self._ends = list(itertools.accumulate(len(s) for s in self.shards))
 
     def __len__(self) -> int:

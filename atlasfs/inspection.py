@@ -10,10 +10,9 @@ from typing import Any, Callable
 import numpy as np
 import zstandard
 
-from .blockcache import BlockCache
-from .dataset import AtlasDataset, Shard, find_shard_dirs, shared_dictionary
+from .dataset import AtlasDataset, BrokenShard, Shard
 from .errors import AtlasFormatError
-from .meta import CompressionStrategy, parse_root_meta
+from .meta import CompressionStrategy
 
 #: Above this many blocks, ``info`` skips reading frame headers for the ratio.
 RATIO_MAX_BLOCKS = 100_000
@@ -92,44 +91,37 @@ def verify(root: str, *, trust_pickle: bool = False,
            on_total: Callable[[int], None] | None = None) -> VerifyReport:
     """Check everything: metas, indexes and every block of every shard.
 
-    Unlike opening a dataset, a bad shard does not stop the check; each
-    problem is reported and the other shards are still decoded.
+    Unlike a plain open, a bad shard does not stop the check: each problem is
+    reported and the other shards are still decoded.
     """
     report = VerifyReport()
     try:
-        meta = parse_root_meta(root)
-        shard_dirs = find_shard_dirs(root)
-        shared = shared_dictionary(root, meta)
+        dataset = AtlasDataset(root, cache_bytes=0, trust_pickle=trust_pickle, mmap_index=False,
+                               tolerate_broken_shards=True)
     except AtlasFormatError as exc:
         report.problems.append(str(exc))
         return report
-    cache: BlockCache[list[Any]] = BlockCache(0)
-    shards = []
-    for number, name in shard_dirs:
-        try:
-            shards.append(Shard(os.path.join(root, name), number, shared, cache, trust_pickle=trust_pickle,
-                                mmap_index=False))
-        except AtlasFormatError as exc:
-            report.problems.append(str(exc))
-    sizes = [len(s) for s in shards]
-    if not report.problems and list(meta.shard_sizes) != sizes:
-        report.warnings.append(
-            f"{os.path.join(root, 'meta.json')}: shard_sizes {list(meta.shard_sizes)} differ from the shards' "
-            f"stored_examples {sizes} (informational only; the shards' values are used)")
-    if on_total is not None:
-        on_total(sum(s.num_blocks for s in shards))
-    for shard in shards:
-        report.shards += 1
-        for b in range(shard.num_blocks):
-            try:
-                examples, _ = shard.decode_block(b)
-                report.examples += len(examples)
-            except AtlasFormatError as exc:
-                report.problems.append(str(exc))
-            report.blocks += 1
-            if on_block is not None:
-                on_block()
-        shard.close()
+    with dataset:
+        shards = [s for s in dataset.shards if not isinstance(s, BrokenShard)]
+        report.problems.extend(str(s.error) for s in dataset.shards if isinstance(s, BrokenShard))
+        sizes = [len(s) for s in dataset.shards]
+        if not report.problems and list(dataset.meta.shard_sizes) != sizes:
+            report.warnings.append(
+                f"{os.path.join(root, 'meta.json')}: shard_sizes {list(dataset.meta.shard_sizes)} differ from the "
+                f"shards' stored_examples {sizes} (informational only; the shards' values are used)")
+        if on_total is not None:
+            on_total(sum(s.num_blocks for s in shards))
+        for shard in shards:
+            report.shards += 1
+            for b in range(shard.num_blocks):
+                try:
+                    examples, _ = shard.decode_block(b)
+                    report.examples += len(examples)
+                except AtlasFormatError as exc:
+                    report.problems.append(str(exc))
+                report.blocks += 1
+                if on_block is not None:
+                    on_block()
     return report
 
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from .atlas_tree import AtlasTree
-from .dataset import DEFAULT_CACHE_BYTES, AtlasDataset
+from .dataset import DEFAULT_CACHE_BYTES, AtlasDataset, BrokenShard
 from .errors import AtlasFormatError
 from .fuse_adapter import FuseAdapter
 from .sdnotify import notify
@@ -217,9 +217,13 @@ def open_tree(dataset_path: str, options: MountOptions) -> AtlasTree:
     try:
         # The tree caches encoded blocks itself; the index is read into memory
         # because a mapped index.npy truncated under us would kill the daemon (SIGBUS).
-        dataset = AtlasDataset(dataset_path, cache_bytes=0, trust_pickle=options.trust_pickle, mmap_index=False)
+        dataset = AtlasDataset(dataset_path, cache_bytes=0, trust_pickle=options.trust_pickle, mmap_index=False,
+                               tolerate_broken_shards=True)
     except AtlasFormatError as exc:
         raise MountError(str(exc)) from None
+    for shard in dataset.shards:
+        if isinstance(shard, BrokenShard):
+            log.error("%s (the folder %s fails with EIO)", shard.error, shard.name)
     return AtlasTree(dataset, cache_bytes=options.cache_bytes)
 
 
