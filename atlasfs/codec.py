@@ -65,23 +65,29 @@ class BlockCodec:
             self._local.dctx = dctx
         return dctx
 
-    def decompress(self, raw: bytes, where: str) -> bytes:
-        """The pickle bytes of a block, never allocating more than ``max_block_bytes``."""
-        if self.strategy == CompressionStrategy.NO_COMPRESSION:
-            return raw
+    def check_header(self, raw: bytes, where: str) -> int:
+        """Validate a zstd frame header (``raw`` may be just the first 18 bytes):
+        magic, dictionary id, claimed size within the limit. Returns the claimed
+        size (``zstandard.CONTENTSIZE_UNKNOWN`` if the frame does not say)."""
         try:
             params = zstandard.get_frame_parameters(raw)
         except zstandard.ZstdError as exc:
             raise AtlasFormatError(f"{where}: not a zstd frame ({exc})") from None
         self._check_dictionary(params.dict_id, where)
-        limit = self.max_block_bytes
-        if params.content_size > limit:
+        if params.content_size > self.max_block_bytes:
             raise AtlasFormatError(
                 f"{where}: zstd frame claims {params.content_size} bytes, over the "
-                f"{limit}-byte block limit (corrupt, or a decompression bomb)")
+                f"{self.max_block_bytes}-byte block limit (corrupt, or a decompression bomb)")
+        return params.content_size
+
+    def decompress(self, raw: bytes, where: str) -> bytes:
+        """The pickle bytes of a block, never allocating more than ``max_block_bytes``."""
+        if self.strategy == CompressionStrategy.NO_COMPRESSION:
+            return raw
+        content_size = self.check_header(raw, where)
         dctx = self._context()
         try:
-            if params.content_size != zstandard.CONTENTSIZE_UNKNOWN:
+            if content_size != zstandard.CONTENTSIZE_UNKNOWN:
                 return dctx.decompress(raw)
             return self._decompress_unknown_size(dctx, raw, where)
         except zstandard.ZstdError as exc:

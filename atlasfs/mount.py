@@ -122,22 +122,25 @@ def mounted_filesystems() -> dict[str, str]:
 
 def check_mountpoint(mountpoint: str) -> None:
     """Raise :class:`MountError` unless ``mountpoint`` is an empty folder with nothing mounted on it."""
-    fstype = mounted_filesystems().get(mountpoint)
-    if fstype == "fuse.atlasfs":
-        raise MountError(f"{mountpoint}: already an atlasfs mount (unmount it first: atlasfs umount {mountpoint})")
     try:
-        os.stat(mountpoint)
+        # listdir, not just stat: the kernel may answer stat from its cache for a dead mount
+        entries = os.listdir(mountpoint) if os.path.isdir(mountpoint) else None
     except FileNotFoundError:
         raise MountError(f"{mountpoint}: mount point does not exist") from None
     except OSError as exc:
         if exc.errno == errno.ENOTCONN:
             raise MountError(f"{mountpoint}: a dead mount is left here; clear it with: atlasfs umount -z {mountpoint}") from None
         raise MountError(f"{mountpoint}: {exc.strerror}") from None
+    fstype = mounted_filesystems().get(mountpoint)
+    if fstype == "fuse.atlasfs":
+        raise MountError(f"{mountpoint}: already an atlasfs mount (unmount it first: atlasfs umount {mountpoint})")
     if fstype is not None:
         raise MountError(f"{mountpoint}: already a mount point ({fstype})")
-    if not os.path.isdir(mountpoint):
+    if entries is None:
+        if not os.path.lexists(mountpoint):
+            raise MountError(f"{mountpoint}: mount point does not exist")
         raise MountError(f"{mountpoint}: mount point is not a folder")
-    if os.listdir(mountpoint):
+    if entries:
         raise MountError(f"{mountpoint}: mount point is not empty")
 
 
