@@ -43,20 +43,41 @@ def _stat_signature(path: str) -> tuple[int, int] | None:
 
 
 def _load_index(path: str, num_blocks: int, mmap: bool) -> np.ndarray:
+    """Read and validate ``index.npy``, checking its header against the file size
+    before allocating or mapping anything (a forged shape cannot cost memory)."""
     try:
-        index = np.load(path, mmap_mode="r" if mmap else None, allow_pickle=False)
+        with open(path, "rb") as f:
+            try:
+                version = np.lib.format.read_magic(f)
+                if version == (1, 0):
+                    shape, _, dtype = np.lib.format.read_array_header_1_0(f)
+                elif version == (2, 0):
+                    shape, _, dtype = np.lib.format.read_array_header_2_0(f)
+                else:
+                    raise ValueError(f"unsupported .npy version {version}")
+            except Exception as exc:  # numpy raises many types on a bad header
+                raise AtlasFormatError(f"{path}: not a valid .npy file ({exc})") from None
+            if dtype.kind != "u":
+                raise AtlasFormatError(f"{path}: index dtype is {dtype}, expected an unsigned integer type")
+            if len(shape) != 1:
+                raise AtlasFormatError(f"{path}: index must be a 1-D array, found shape {shape}")
+            if shape[0] != num_blocks + 1:
+                raise AtlasFormatError(
+                    f"{path}: index has {shape[0]} entries, expected {num_blocks + 1} "
+                    f"({num_blocks} blocks from meta.json's stored_examples and block_size)")
+            offset = f.tell()
+            payload = os.fstat(f.fileno()).st_size - offset
+            if payload != shape[0] * dtype.itemsize:
+                raise AtlasFormatError(
+                    f"{path}: {payload} bytes of data for {shape[0]} entries of {dtype.itemsize} bytes")
+            if mmap:
+                index = np.memmap(f, dtype=dtype, mode="r", offset=offset, shape=shape)
+            else:
+                index = np.fromfile(f, dtype=dtype, count=shape[0])
     except FileNotFoundError:
         raise AtlasFormatError(f"{path}: missing") from None
-    except Exception as exc:  # numpy raises many types on a bad header
-        raise AtlasFormatError(f"{path}: not a valid .npy file ({exc})") from None
-    if not isinstance(index, np.ndarray) or index.ndim != 1:
-        raise AtlasFormatError(f"{path}: index must be a 1-D array")
-    if index.dtype.kind != "u":
-        raise AtlasFormatError(f"{path}: index dtype is {index.dtype}, expected an unsigned integer type")
-    if len(index) != num_blocks + 1:
-        raise AtlasFormatError(
-            f"{path}: index has {len(index)} entries, expected {num_blocks + 1} "
-            f"({num_blocks} blocks from meta.json's stored_examples and block_size)")
+    except OSError as exc:
+        raise AtlasFormatError(f"{path}: cannot read ({exc.strerror})") from None
     if index[0] != 0:
         raise AtlasFormatError(f"{path}: index starts at {int(index[0])}, expected 0")
     if num_blocks and not bool(np.all(index[1:] > index[:-1])):
