@@ -307,3 +307,4 @@ def test_signal_during_reads_unmounts_cleanly(tmp_path: Path, sig: signal.Signal
         if daemon.poll() is None:
             daemon.kill()
         force_unmount(mnt)
+
