@@ -43,8 +43,8 @@ def test_numpy_ndarray_cannot_be_called_directly() -> None:
     hostile = pickle.dumps(Call(np.ndarray, (10**6, 10**6)))
     with pytest.raises(AtlasFormatError):
         safepickle.loads(hostile, trust=False, where="block")
-    forged = pickle.dumps(np.arange(3)).replace(b"\x85\x94", b"\x85\x94", 1)
-    assert (safepickle.loads(forged, trust=False, where="block") == np.arange(3)).all()
+    # the same global as _reconstruct's argument, as numpy pickles it, is fine
+    assert (safepickle.loads(pickle.dumps(np.arange(3)), trust=False, where="block") == np.arange(3)).all()
 
 
 @pytest.mark.parametrize("protocol", range(0, pickle.HIGHEST_PROTOCOL + 1))
