@@ -61,7 +61,11 @@ class BlockCodec:
             if self.dictionary is None:
                 dctx = zstandard.ZstdDecompressor()
             else:
-                dctx = zstandard.ZstdDecompressor(dict_data=self.dictionary.get())
+                try:
+                    dctx = zstandard.ZstdDecompressor(dict_data=self.dictionary.get())
+                    dctx.memory_size()  # forces the dictionary to load now, where errors are caught
+                except zstandard.ZstdError as exc:
+                    raise AtlasFormatError(f"{self.dictionary.path}: not a usable zstd dictionary ({exc})") from None
             self._local.dctx = dctx
         return dctx
 

@@ -9,7 +9,8 @@ dictionary training, and every fall-back:
   dictionary becomes the shared one, so the whole dataset (root included)
   falls back to 1; under strategy 3 only that shard does and the root keeps 3.
 
-Two deliberate differences: the write is atomic (everything goes to a hidden
+Three deliberate differences: frames carry zstd checksums, so corruption
+is detected on read; the write is atomic (everything goes to a hidden
 temporary folder beside the target, renamed into place by :meth:`close`, and
 removed if the write fails), and a shard whose dictionary cannot be trained
 (zstd refuses samples that are too small) falls back to strategy 1 instead
@@ -47,6 +48,13 @@ def index_dtype(data_size: int) -> type[np.unsignedinteger[Any]]:
     return _INDEX_DTYPES[position]
 
 
+def _compressor(level: int, dictionary: zstandard.ZstdCompressionDict | None = None) -> zstandard.ZstdCompressor:
+    # Frame checksums (4 bytes a block) let readers detect corrupted data
+    # instead of unpickling it; every zstd reader, the reference's included,
+    # verifies them.
+    return zstandard.ZstdCompressor(level=level, dict_data=dictionary, write_checksum=True)
+
+
 def _train_dictionary(blocks: list[bytes], fraction: float, level: int) -> zstandard.ZstdCompressionDict | None:
     if len(blocks) < MIN_BLOCKS_FOR_DICTIONARY:
         return None
@@ -77,9 +85,9 @@ class _ShardWriter:
         self._data: Any = None
         os.mkdir(path)
         if strategy == CompressionStrategy.SHARED_DICTIONARY_COMPRESSION:
-            self._compressor = zstandard.ZstdCompressor(dict_data=shared_dict, level=level)
+            self._compressor = _compressor(level, shared_dict)
         elif strategy == CompressionStrategy.STANDARD_COMPRESSION:
-            self._compressor = zstandard.ZstdCompressor(level=level)
+            self._compressor = _compressor(level)
 
     def add(self, example: Any) -> None:
         self._current.append(example)
@@ -111,11 +119,11 @@ class _ShardWriter:
             self.trained_dict = _train_dictionary(self._pending, self.dict_fraction, self.level)
             if self.trained_dict is None:
                 self.strategy = CompressionStrategy.STANDARD_COMPRESSION
-                compressor = zstandard.ZstdCompressor(level=self.level)
+                compressor = _compressor(self.level)
             else:
                 with open(os.path.join(self.path, DICT_NAME), "wb") as f:
                     f.write(self.trained_dict.as_bytes())
-                compressor = zstandard.ZstdCompressor(dict_data=self.trained_dict, level=self.level)
+                compressor = _compressor(self.level, self.trained_dict)
             for pickled in self._pending:
                 self._write(compressor.compress(pickled))
             self._pending = []
