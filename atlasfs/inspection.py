@@ -66,6 +66,8 @@ def info_lines(dataset: AtlasDataset) -> list[str]:
         if stored and all(d is not None for d in decoded):
             total = sum(d for d in decoded if d is not None)
             lines.append(f"decoded      {total} bytes of pickle (compression ratio {total / stored:.2f})")
+    checked = "metadata, indexes and frame headers" if dataset.num_blocks <= RATIO_MAX_BLOCKS else "metadata and indexes"
+    lines.append(f"checked      {checked} (atlasfs verify decodes every block)")
     lines.append("")
     lines.append(f"{'shard':>8} {'examples':>10} {'blocks':>8} {'block_size':>10} {'strategy':>8} {'data.bin':>12} {'ratio':>6}")
     for shard, size in zip(dataset.shards, decoded):
