@@ -24,7 +24,9 @@ from typing import Any
 from .blockcache import BlockCache
 from .dataset import DEFAULT_CACHE_BYTES, AtlasDataset, BrokenShard
 from .errors import AtlasFormatError
-from .naming import MAX_NAME_BYTES, NO_KEY, KeyAssigner, declared_key, example_files, index_key_width
+from .filetable import DIR, FILE, UNREADABLE, FileTable, Limits
+from .naming import LAYOUT_VERSION, MAX_NAME_BYTES, NO_KEY, KeyAssigner, declared_key, example_files, index_key_width
+from .tablestore import TableStore
 from .tree import Entry, Tree, not_found, split_path
 
 log = logging.getLogger("atlasfs")
@@ -53,36 +55,26 @@ class FileRef:
     file: int
 
 
-@dataclass(frozen=True)
-class Unreadable:
-    """Stands for an example whose block failed to decode."""
-
-    reason: str
-
-
-class ShardTable:
-    """Every folder and file of one shard, by path relative to the shard folder."""
-
-    def __init__(self) -> None:
-        self.entries: dict[str, Entry] = {}
-        self.children: dict[str, list[tuple[str, Entry]]] = {"": []}
-
-
 def _eio(message: str) -> OSError:
     return OSError(errno.EIO, message)
 
 
 class AtlasTree(Tree):
-    """A :class:`Tree` over an open :class:`AtlasDataset`."""
+    """A :class:`Tree` over an open :class:`AtlasDataset`.
 
-    def __init__(self, dataset: AtlasDataset, cache_bytes: int = DEFAULT_CACHE_BYTES) -> None:
+    ``store`` keeps shard file tables between runs (None: build them every time).
+    """
+
+    def __init__(self, dataset: AtlasDataset, cache_bytes: int = DEFAULT_CACHE_BYTES,
+                 store: TableStore | None = None) -> None:
         self.dataset = dataset
         self.width = index_key_width(len(dataset))
         # A field suffix must fit beside the shortest key, the index key.
         self.max_suffix_bytes = MAX_NAME_BYTES - 1 - self.width
         self.cache: BlockCache[list[EncodedExample]] = BlockCache(cache_bytes)
+        self.store = store
         self._shard_by_name = {shard.name: s for s, shard in enumerate(dataset.shards)}
-        self._tables: dict[int, ShardTable] = {}
+        self._tables: dict[int, FileTable] = {}
         self._table_locks = [threading.Lock() for _ in dataset.shards]
         self._failed: dict[tuple[int, int], str] = {}
         self._failed_lock = threading.Lock()
@@ -101,12 +93,13 @@ class AtlasTree(Tree):
             raise not_found(path)
         if len(parts) == 1:
             return self._shard_entries[s]
-        entry = self._table(s).entries.get("/".join(parts[1:]))
-        if entry is None:
+        table = self.table(s)
+        i = table.find("/".join(parts[1:]))
+        if i is None:
             raise not_found(path)
-        if isinstance(entry.ref, Unreadable):
-            raise _eio(entry.ref.reason)
-        return entry
+        if table.kind[i] == UNREADABLE:
+            raise _eio(self._failure(s, int(table.block[i])))
+        return self._entry(s, table, i)
 
     def listdir(self, path: str) -> list[tuple[str, Entry]]:
         parts = split_path(path)
@@ -116,19 +109,31 @@ class AtlasTree(Tree):
         if not entry.is_dir:
             raise OSError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), path)
         s = self._shard_by_name[parts[0]]
-        return self._table(s).children["/".join(parts[1:])]
+        table = self.table(s)
+        return [(name, self._entry(s, table, i)) for name, i in table.children("/".join(parts[1:]))]
 
     def read(self, entry: Entry, offset: int, size: int) -> bytes:
         ref = entry.ref
-        if isinstance(ref, Unreadable):
-            raise _eio(ref.reason)
-        data = self.encoded_block(ref.shard, ref.block)[ref.pos].data[ref.file]
-        if len(data) != entry.size:  # cannot happen unless the dataset changed under us
-            raise _eio(f"{self.dataset.shards[ref.shard].path}: block {ref.block} no longer matches its file table")
-        return data[offset:offset + size]
+        if ref is None:
+            raise OSError(errno.EISDIR, os.strerror(errno.EISDIR))
+        example = self.encoded_block(ref.shard, ref.block)
+        if ref.pos >= len(example) or ref.file >= len(example[ref.pos].data) \
+                or len(example[ref.pos].data[ref.file]) != entry.size:
+            # only if the dataset changed under us, or a stored table lies
+            raise _eio(f"{self.dataset.shards[ref.shard].path}: block {ref.block} does not match its file table")
+        return example[ref.pos].data[ref.file][offset:offset + size]
 
     def total_bytes(self) -> int:
         return sum(shard.data_size for shard in self.dataset.shards)
+
+    def _entry(self, s: int, table: FileTable, i: int) -> Entry:
+        ino = ((s + 1) << 32) + i + 1
+        mtime = self._shard_entries[s].mtime
+        kind = table.kind[i]
+        if kind == FILE:
+            ref = FileRef(s, int(table.block[i]), int(table.pos[i]), int(table.file[i]))
+            return Entry(False, int(table.size[i]), mtime, ino, ref)
+        return Entry(kind == DIR, 0, mtime, ino)
 
     # -- blocks
 
@@ -175,9 +180,14 @@ class AtlasTree(Tree):
                 log.error("%s (its files fail with EIO)", message)
         return _eio(message)
 
+    def _failure(self, s: int, block: int) -> str:
+        return self._failed.get((s, block), f"{self.dataset.shards[s].data_path} block {block} cannot be decoded")
+
     # -- file tables
 
-    def _table(self, s: int) -> ShardTable:
+    def table(self, s: int) -> FileTable:
+        """The file table of shard position ``s``: loaded from the store, or built by
+        decoding the shard's blocks (then stored)."""
         shard = self.dataset.shards[s]
         if isinstance(shard, BrokenShard):
             raise self._fail(s, -1, str(shard.error))
@@ -186,40 +196,51 @@ class AtlasTree(Tree):
             with self._table_locks[s]:
                 table = self._tables.get(s)
                 if table is None:
-                    table = self._tables[s] = self._build_table(s)
+                    table = self._tables[s] = self._load_or_build(s)
         return table
 
-    def _build_table(self, s: int) -> ShardTable:
+    def _table_key(self, s: int) -> dict[str, Any]:
+        """What a shard's table depends on: its files, its global position, the naming rules."""
         shard = self.dataset.shards[s]
-        mtime = shard.mtime
+        files: dict[str, list[int] | None] = {}
+        for name in ("meta.json", "index.npy", "data.bin", "zstd_dict.bin", "../zstd_dict.bin"):
+            try:
+                st = os.stat(os.path.join(shard.path, name))
+                files[name] = [st.st_size, st.st_mtime_ns]
+            except OSError:
+                files[name] = None
+        return {"layout": LAYOUT_VERSION, "start": self.dataset.shard_start(s), "width": self.width,
+                "files": files}
+
+    def _load_or_build(self, s: int) -> FileTable:
+        shard = self.dataset.shards[s]
+        if self.store is None:
+            return self._build_table(s)[0]
+        key = self._table_key(s)
+        table = self.store.load(shard.name, key, Limits(shard.num_blocks, shard.meta.block_size))
+        if table is None:
+            table, complete = self._build_table(s)
+            if complete:  # a table with unreadable blocks is rebuilt next time
+                log.debug("stored the file table of shard %s in %s", shard.name, self.store.save(shard.name, key, table))
+        return table
+
+    def _build_table(self, s: int) -> tuple[FileTable, bool]:
+        """Decode every block of shard ``s`` and name its files; the flag is False
+        if a block could not be decoded."""
+        shard = self.dataset.shards[s]
         assigner = KeyAssigner(self.width)
         first_index = self.dataset.shard_start(s)
-        table = ShardTable()
-        next_ino = ((s + 1) << 32) + 1
-
-        def add(path: str, entry_for: Any) -> None:
-            nonlocal next_ino
-            parent, _, name = path.rpartition("/")
-            if parent and parent not in table.entries:
-                add(parent, None)
-            if entry_for is None:  # an implied folder
-                entry = Entry(True, 0, mtime, next_ino)
-                table.children[path] = []
-            else:
-                entry = entry_for(next_ino)
-            next_ino += 1
-            table.entries[path] = entry
-            table.children[parent].append((name, entry))
-
+        rows: list[tuple[str, int, int, int, int, int]] = []
+        complete = True
         for block in range(shard.num_blocks):
             base = first_index + block * shard.meta.block_size
             try:
                 examples = self.encoded_block(s, block)
-            except OSError as exc:
-                reason = exc.strerror or str(exc)
+            except OSError:
+                complete = False
                 for pos in range(shard.block_length(block)):
                     key, _ = assigner.assign(NO_KEY, base + pos, 0)
-                    add(f"{key}.{UNREADABLE_SUFFIX}", lambda ino: Entry(False, 0, mtime, ino, Unreadable(reason)))
+                    rows.append((f"{key}.{UNREADABLE_SUFFIX}", UNREADABLE, 0, block, pos, 0))
                 continue
             for pos, example in enumerate(examples):
                 longest = max(len(x.encode("utf-8")) for x in example.suffixes)
@@ -228,8 +249,5 @@ class AtlasTree(Tree):
                     if message:
                         log.info("%s example %d: %s", shard.path, base + pos, message)
                 for j, (suffix, data) in enumerate(zip(example.suffixes, example.data)):
-                    ref = FileRef(s, block, pos, j)
-                    add(f"{key}.{suffix}", lambda ino, r=ref, n=len(data): Entry(False, n, mtime, ino, r))
-        for children in table.children.values():
-            children.sort(key=lambda item: item[0].encode("utf-8"))
-        return table
+                    rows.append((f"{key}.{suffix}", FILE, len(data), block, pos, j))
+        return FileTable.build(rows), complete

@@ -115,6 +115,21 @@ def cmd_export(args: argparse.Namespace) -> int:
         return 1 if failed else 0
 
 
+def cmd_index(args: argparse.Namespace) -> int:
+    from .atlas_tree import AtlasTree
+    from .tablestore import TableStore
+    with _open(args.dataset, args.trust_pickle) as dataset:
+        tree = AtlasTree(dataset, cache_bytes=0, store=TableStore(dataset.root))
+        progress = Progress("index", len(dataset.shards), "shards")
+        for s in range(len(dataset.shards)):
+            tree.table(s)
+            progress.advance()
+        progress.close()
+        print(f"file tables of {len(dataset.shards)} shards are up to date "
+              f"(kept in {tree.store.location() if tree.store else '-'})")
+    return 0
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from .demo import write_demo
     write_demo(args.path, args.count)
@@ -185,6 +200,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--shards", nargs="+", metavar="SHARD", help="shard folder names to export (default: all)")
     p.add_argument("--cache-size", type=_size, default=256 << 20, metavar="SIZE",
                    help="bound of the block cache (default 256M)")
+    trust(p)
+
+    p = command("index", cmd_index, "build the shards' file tables ahead of time, so mounts list without decoding")
+    p.add_argument("dataset", help="dataset folder")
     trust(p)
 
     p = command("demo", cmd_demo, "write the small built-in demo dataset")

@@ -28,6 +28,7 @@ from .errors import AtlasFormatError
 from .fuse_adapter import FuseAdapter
 from .sdnotify import notify
 from .sizes import parse_size
+from .tablestore import TableStore
 from .tree import Tree
 
 log = logging.getLogger("atlasfs")
@@ -227,7 +228,7 @@ def open_tree(dataset_path: str, options: MountOptions) -> AtlasTree:
     for shard in dataset.shards:
         if isinstance(shard, BrokenShard):
             log.error("%s (the folder %s fails with EIO)", shard.error, shard.name)
-    return AtlasTree(dataset, cache_bytes=options.cache_bytes)
+    return AtlasTree(dataset, cache_bytes=options.cache_bytes, store=TableStore(dataset_path))
 
 
 def mount(dataset_path: str, mountpoint: str, options: MountOptions) -> int:

@@ -23,6 +23,9 @@ from typing import Any
 
 import numpy as np
 
+#: Bumped whenever the rules below change what a dataset's files are named or
+#: hold, so that file tables stored by an older atlasfs are rebuilt.
+LAYOUT_VERSION = 1
 #: Index keys have at least this many digits (WebDataset's habit).
 INDEX_KEY_MIN_WIDTH = 6
 #: Longest file name component Linux accepts (NAME_MAX).

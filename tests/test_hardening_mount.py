@@ -37,13 +37,15 @@ class Payload:
 
 
 def files_of(mnt: Path) -> dict[str, bytes]:
-    """Every readable file under ``mnt`` (relative path -> bytes)."""
+    """Every readable file under ``mnt`` (relative path -> bytes); EIO files are left out."""
     out = {}
     for folder, _, names in os.walk(mnt):
         for name in names:
             path = Path(folder) / name
-            if not name.endswith(".unreadable"):
+            try:
                 out[str(path.relative_to(mnt))] = path.read_bytes()
+            except OSError as exc:
+                assert exc.errno == errno.EIO, (path, exc)
     return out
 
 
