@@ -19,7 +19,8 @@ import logging
 import os
 import threading
 from dataclasses import dataclass
-from typing import Any
+from collections import OrderedDict
+from typing import Any, NamedTuple
 
 from .blockcache import BlockCache
 from .dataset import DEFAULT_CACHE_BYTES, AtlasDataset, BrokenShard
@@ -31,6 +32,8 @@ from .tree import Entry, Tree, not_found, split_path
 
 log = logging.getLogger("atlasfs")
 
+#: Names kept in the cache of recently listed folders (about 200 bytes each).
+FOLDER_CACHE_NAMES = 100_000
 #: Suffix of the entries standing for examples of a block that cannot be decoded.
 UNREADABLE_SUFFIX = "unreadable"
 
@@ -45,8 +48,7 @@ class EncodedExample:
     note: str | None
 
 
-@dataclass(frozen=True)
-class FileRef:
+class FileRef(NamedTuple):
     """Where a file's bytes come from: shard position, block, example in block, file of example."""
 
     shard: int
@@ -78,6 +80,11 @@ class AtlasTree(Tree):
         self._table_locks = [threading.Lock() for _ in dataset.shards]
         self._failed: dict[tuple[int, int], str] = {}
         self._failed_lock = threading.Lock()
+        # Recently listed folders, name -> entry: the lookups that follow a listing
+        # (tar, find, ls -l) become dict hits. Bounded by the names it holds.
+        self._folders: OrderedDict[tuple[int, str], dict[str, Entry]] = OrderedDict()
+        self._folder_names = 0
+        self._folders_lock = threading.Lock()
         self._root = Entry(True, 0, os.stat(os.path.join(dataset.root, "meta.json")).st_mtime, 1)
         self._shard_entries = [
             Entry(True, 0, shard.mtime, (s + 1) << 32) for s, shard in enumerate(dataset.shards)]
@@ -93,6 +100,10 @@ class AtlasTree(Tree):
             raise not_found(path)
         if len(parts) == 1:
             return self._shard_entries[s]
+        folder = "/".join(parts[1:-1])
+        listed = self._folders.get((s, folder))
+        if listed is not None and parts[-1] in listed:
+            return listed[parts[-1]]
         table = self.table(s)
         i = table.find("/".join(parts[1:]))
         if i is None:
@@ -110,7 +121,24 @@ class AtlasTree(Tree):
             raise OSError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), path)
         s = self._shard_by_name[parts[0]]
         table = self.table(s)
-        return [(name, self._entry(s, table, i)) for name, i in table.children("/".join(parts[1:]))]
+        folder = "/".join(parts[1:])
+        children = [(name, self._entry(s, table, i)) for name, i in table.children(folder)]
+        self._remember_folder(s, folder, children)
+        return children
+
+    def _remember_folder(self, s: int, folder: str, children: list[tuple[str, Entry]]) -> None:
+        if len(children) > FOLDER_CACHE_NAMES:
+            return
+        # unreadable entries stay out: their lookups must fail
+        names = {name: entry for name, entry in children if entry.ref is not None or entry.is_dir}
+        with self._folders_lock:
+            old = self._folders.pop((s, folder), None)
+            self._folder_names -= len(old) if old else 0
+            self._folders[(s, folder)] = names
+            self._folder_names += len(names)
+            while self._folder_names > FOLDER_CACHE_NAMES:
+                _, evicted = self._folders.popitem(last=False)
+                self._folder_names -= len(evicted)
 
     def read(self, entry: Entry, offset: int, size: int) -> bytes:
         ref = entry.ref

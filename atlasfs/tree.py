@@ -14,13 +14,14 @@ from __future__ import annotations
 import errno
 import os
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any, Iterator, NamedTuple
 
 
-@dataclass(frozen=True)
-class Entry:
-    """One file or folder. ``ref`` is the source's own handle for reading it."""
+class Entry(NamedTuple):
+    """One file or folder. ``ref`` is the source's own handle for reading it.
+
+    A named tuple because the mount creates one per request.
+    """
 
     is_dir: bool
     size: int
