@@ -13,11 +13,11 @@ after cache eviction, and ``atlasfs export`` must match it byte for byte.
 
 from __future__ import annotations
 
+import functools
 import io
 import json
 import pickle
 import re
-import unicodedata
 import zipfile
 from typing import Any
 
@@ -69,8 +69,12 @@ def _utf8(text: str) -> bytes | None:
         return None
 
 
+#: Unicode category Cc: C0 controls, DEL and C1 controls.
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
+
+
 def _has_control(text: str) -> bool:
-    return any(unicodedata.category(c) == "Cc" for c in text)
+    return _CONTROL.search(text) is not None
 
 
 # ---------------------------------------------------------------- values -> bytes
@@ -209,6 +213,11 @@ def type_extension(value: Any) -> str:
     return "pickle"
 
 
+@functools.lru_cache(maxsize=4096)  # field names repeat from example to example
+def _extension(name: str) -> str:
+    return name.rsplit(".", 1)[-1].lower()  # WebDataset lower-cases suffixes
+
+
 def encode_field(name: str, value: Any) -> tuple[str, bytes]:
     """``(file suffix, bytes)`` of one field: the name, plus a type extension when needed.
 
@@ -217,7 +226,7 @@ def encode_field(name: str, value: Any) -> tuple[str, bytes]:
     """
     if type(value) is bytes:
         return name, value
-    ext = name.rsplit(".", 1)[-1].lower()  # WebDataset lower-cases suffixes
+    ext = _extension(name)
     data = _encode_known(ext, value)
     if data is not None:
         return name, data
@@ -244,6 +253,11 @@ def field_name_problem(name: object) -> str | None:
     """Why ``name`` cannot be a file name suffix as it is, or None if it can."""
     if not isinstance(name, str):
         return f"field name {name!r} is not a string"
+    return _str_field_name_problem(name)
+
+
+@functools.lru_cache(maxsize=4096)  # field names repeat from example to example
+def _str_field_name_problem(name: str) -> str | None:
     if not name:
         return "a field name is empty"
     if name.startswith("."):
