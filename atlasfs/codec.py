@@ -72,12 +72,14 @@ class BlockCodec:
     def check_header(self, raw: bytes, where: str) -> int:
         """Validate a zstd frame header (``raw`` may be just the first 18 bytes):
         magic, dictionary id, claimed size within the limit. Returns the claimed
-        size (``zstandard.CONTENTSIZE_UNKNOWN`` if the frame does not say)."""
+        size, or -1 if the frame does not say."""
         try:
             params = zstandard.get_frame_parameters(raw)
         except zstandard.ZstdError as exc:
             raise AtlasFormatError(f"{where}: not a zstd frame ({exc})") from None
         self._check_dictionary(params.dict_id, where)
+        if params.content_size == zstandard.CONTENTSIZE_UNKNOWN:  # 2**64 - 1, not a claim
+            return -1  # bounded while it decompresses instead
         if params.content_size > self.max_block_bytes:
             raise AtlasFormatError(
                 f"{where}: zstd frame claims {params.content_size} bytes, over the "
@@ -91,8 +93,9 @@ class BlockCodec:
         content_size = self.check_header(raw, where)
         dctx = self._context()
         try:
-            if content_size != zstandard.CONTENTSIZE_UNKNOWN:
-                return dctx.decompress(raw)
+            if content_size >= 0:
+                # A block is exactly one frame: bytes after it (or a second frame) are an error.
+                return dctx.decompress(raw, allow_extra_data=False)
             return self._decompress_unknown_size(dctx, raw, where)
         except zstandard.ZstdError as exc:
             raise AtlasFormatError(f"{where}: corrupt zstd frame ({exc})") from None

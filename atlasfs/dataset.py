@@ -64,7 +64,8 @@ def _load_index(path: str, num_blocks: int, mmap: bool) -> np.ndarray:
             if shape[0] != num_blocks + 1:
                 raise AtlasFormatError(
                     f"{path}: index has {shape[0]} entries, expected {num_blocks + 1} "
-                    f"({num_blocks} blocks from meta.json's stored_examples and block_size)")
+                    f"({num_blocks} blocks from stored_examples and block_size in "
+                    f"{os.path.join(os.path.dirname(path), 'meta.json')})")
             offset = f.tell()
             payload = os.fstat(f.fileno()).st_size - offset
             if payload != shape[0] * dtype.itemsize:
@@ -167,9 +168,11 @@ class Shard:
 
     def check_unchanged(self) -> None:
         """Raise :class:`AtlasFormatError` if ``data.bin`` or ``index.npy`` changed since open."""
-        if self._read_signature() != self._signature:
+        now = self._read_signature()
+        if now != self._signature:
+            changed = self.data_path if now[0] != self._signature[0] else self.index_path
             raise AtlasFormatError(
-                f"{self.path}: data.bin or index.npy changed since the dataset was opened; reopen it")
+                f"{changed}: changed since the dataset was opened (size or modification time); reopen it")
 
     def _descriptor(self) -> int:
         with self._fd_lock:
@@ -184,8 +187,8 @@ class Shard:
         """The block's bytes as stored in ``data.bin`` (compressed or not)."""
         if not 0 <= block < self.num_blocks:
             raise IndexError(f"block {block} out of range for shard {self.name} ({self.num_blocks} blocks)")
+        self.check_unchanged()  # first: a mapped index.npy truncated since open would raise SIGBUS
         start, end = int(self.index[block]), int(self.index[block + 1])
-        self.check_unchanged()
         try:
             raw = os.pread(self._descriptor(), end - start, start)
         except OSError as exc:

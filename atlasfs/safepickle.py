@@ -62,6 +62,17 @@ class _NdarrayClass:
 _NDARRAY = _NdarrayClass()
 
 
+def _frombuffer(buf: Any, *args: Any) -> Any:
+    """numpy's ``_frombuffer`` (protocol 5 arrays) over the pickle's own bytes only.
+
+    Over another array it would make a view, and rebuilding that array's state
+    (a second BUILD) frees the memory the view still points to.
+    """
+    if type(buf) not in (bytes, bytearray):
+        raise pickle.UnpicklingError(f"numpy _frombuffer over a {type(buf).__name__}, not bytes")
+    return _numeric._frombuffer(buf, *args)
+
+
 def _nbytes(shape: Any, dtype: Any) -> int:
     dims = shape if isinstance(shape, tuple) else (shape,)
     if not all(isinstance(d, int) and d >= 0 for d in dims):
@@ -136,7 +147,7 @@ class _RestrictedUnpickler(pickle.Unpickler):
         if name == "scalar":
             return self._charged(_multiarray.scalar)
         if name == "_frombuffer":
-            return self._charged(_numeric._frombuffer)
+            return self._charged(_frombuffer)
         if (module, name) == ("_codecs", "encode"):
             return self._charged(_latin1_encode)
         if module == "collections":
