@@ -73,6 +73,129 @@ def _frombuffer(buf: Any, *args: Any) -> Any:
     return _numeric._frombuffer(buf, *args)
 
 
+_OBJECT_ITEMSIZE = np.dtype(object).itemsize
+_BYTE = np.dtype("u1")
+_MAX_FIELDS = 4096
+
+
+def check_dtype(dtype: np.dtype, depth: int = 0) -> None:
+    """Raise ``UnpicklingError`` unless ``dtype`` is one numpy could have made itself.
+
+    A pickled dtype's state is applied by numpy without checks: fields may lie
+    outside the item, overlap an object field (raw bytes read as pointers), or
+    carry an object flag that disagrees with the fields. Each of these makes
+    later reads crash or leak memory.
+    """
+    if depth > 32 or dtype.itemsize < 0:
+        raise pickle.UnpicklingError("dtype nests too deeply or has a negative size")
+    if dtype.fields:
+        if len(dtype.fields) > _MAX_FIELDS:
+            raise pickle.UnpicklingError("dtype has too many fields")
+        spans = []
+        for spec in dtype.fields.values():
+            field, offset = spec[0], spec[1]
+            if not (isinstance(offset, int) and 0 <= offset and offset + field.itemsize <= dtype.itemsize):
+                raise pickle.UnpicklingError("dtype field lies outside its item")
+            check_dtype(field, depth + 1)
+            spans.append((offset, offset + field.itemsize, field.hasobject))
+        if any(s[2] for s in spans) != dtype.hasobject:
+            raise pickle.UnpicklingError("dtype object flag disagrees with its fields")
+        spans.sort()
+        for (start, end, obj), (next_start, _, next_obj) in zip(spans, spans[1:]):
+            if next_start < end and (obj or next_obj):
+                raise pickle.UnpicklingError("dtype field overlaps an object field")
+    elif dtype.subdtype is not None:
+        base, shape = dtype.subdtype
+        check_dtype(base, depth + 1)
+        if base.itemsize * math.prod(shape) != dtype.itemsize or base.hasobject != dtype.hasobject:
+            raise pickle.UnpicklingError("dtype sub-array disagrees with its size")
+    elif (dtype.kind == "O") != dtype.hasobject or (dtype.kind == "O" and dtype.itemsize != _OBJECT_ITEMSIZE):
+        raise pickle.UnpicklingError("dtype object flag disagrees with its kind")
+
+
+class _Pending:
+    """Stands in for an array or dtype until its pickled state has been checked.
+
+    numpy's ``__setstate__`` trusts what it is given (an object array's item
+    list may be shorter than its shape, a dtype's field offsets anything), so
+    the loader hands the pickle one of these instead; its ``__setstate__``
+    checks the state and only then lets numpy apply it. After loading, every
+    reference to it is replaced by the real object.
+    """
+
+    __slots__ = ("value", "ready", "checked")
+    __hash__ = None  # type: ignore[assignment]  # never a dict key or set member: it could not be replaced there
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+        self.ready = False
+        self.checked = False
+
+    def __setstate__(self, state: Any) -> None:
+        if self.ready:
+            raise pickle.UnpicklingError("numpy state applied twice")
+        if isinstance(self.value, np.dtype):
+            # a structured or sub-array dtype's state holds other dtypes, pending themselves
+            nested = not (type(state) is tuple and len(state) > 4 and state[2] is None and state[4] is None)
+            self.value.__setstate__(_replace_pending(state, set()) if nested else state)
+        else:
+            self.value.__setstate__(_checked_array_state(state))
+        self.ready = True
+
+    def result(self) -> Any:
+        if isinstance(self.value, np.dtype):
+            if not self.checked:  # also when no state was ever applied
+                check_dtype(self.value)
+                self.checked = True
+        elif not self.ready:
+            raise pickle.UnpicklingError("numpy array without its state")
+        return self.value
+
+
+def _real(value: Any) -> Any:
+    return value.result() if type(value) is _Pending else value
+
+
+def _checked_array_state(state: Any) -> tuple[Any, ...]:
+    """numpy's ndarray state, validated: the dtype sound, the data exactly as long as the shape says."""
+    if not isinstance(state, tuple) or len(state) not in (4, 5):
+        raise pickle.UnpicklingError("bad numpy array state")
+    if len(state) == 5:
+        if state[0] != 1:
+            raise pickle.UnpicklingError(f"numpy array state version {state[0]!r}")
+        state = state[1:]
+    shape, dtype, fortran, data = state
+    dtype = _real(dtype)  # checked on the way out of its stand-in
+    if not isinstance(dtype, np.dtype):
+        raise pickle.UnpicklingError("numpy array state without a dtype")
+    count = _nbytes(shape, _BYTE)
+    if dtype.hasobject:
+        if type(data) is not list or len(data) != count:
+            raise pickle.UnpicklingError("numpy object array state does not hold one item per element")
+        data = [_replace_pending(item, set()) for item in data]
+    elif not isinstance(data, (bytes, bytearray)) or len(data) != count * dtype.itemsize:
+        raise pickle.UnpicklingError("numpy array state data does not match its shape and dtype")
+    return (1, shape, dtype, bool(fortran), data)
+
+
+def _replace_pending(value: Any, seen: set[int]) -> Any:
+    """``value`` with every :class:`_Pending` in it replaced by its real object."""
+    kind = type(value)
+    if kind is _Pending:
+        return value.result()
+    if kind is tuple:
+        items = [_replace_pending(v, seen) for v in value]
+        return tuple(items) if any(a is not b for a, b in zip(items, value)) else value
+    if kind in (list, dict, collections.OrderedDict) and id(value) not in seen:
+        seen.add(id(value))
+        pairs = enumerate(value) if kind is list else list(value.items())
+        for key, item in pairs:
+            real = _replace_pending(item, seen)
+            if real is not item:
+                value[key] = real
+    return value
+
+
 def _nbytes(shape: Any, dtype: Any) -> int:
     dims = shape if isinstance(shape, tuple) else (shape,)
     if not all(isinstance(d, int) and d >= 0 for d in dims):
@@ -131,7 +254,26 @@ class _RestrictedUnpickler(pickle.Unpickler):
         if cls is not _NDARRAY:
             raise pickle.UnpicklingError("numpy _reconstruct of a class other than numpy.ndarray")
         self._charge(_nbytes(shape, dtype))
-        return _multiarray._reconstruct(np.ndarray, shape, dtype)
+        self._pending = True
+        return _Pending(_multiarray._reconstruct(np.ndarray, shape, dtype))
+
+    def _dtype(self, *args: Any) -> Any:
+        self._pending = True
+        return _Pending(np.dtype(*args))
+
+    def _with_real_dtype(self, func: Callable[..., Any]) -> Callable[..., Any]:
+        """``func(x, dtype, ...)`` with a checked dtype as its second argument."""
+        def call(first: Any, dtype: Any, *rest: Any) -> Any:
+            dtype = _real(dtype)  # checked on the way out of its stand-in
+            if not isinstance(dtype, np.dtype):
+                raise pickle.UnpicklingError("numpy call without a dtype")
+            return func(first, dtype, *rest)
+        return call
+
+    def load(self) -> Any:
+        self._pending = False
+        value = super().load()
+        return _replace_pending(value, set()) if self._pending else value
 
     def _resolve(self, module: str, name: str) -> Any:
         if (module, name) in _CONSTANTS:
@@ -141,13 +283,14 @@ class _RestrictedUnpickler(pickle.Unpickler):
         if (module, name) == ("numpy", "ndarray"):
             return _NDARRAY
         if (module, name) == ("numpy", "dtype"):
-            return np.dtype
+            return self._charged(self._dtype)
         if name == "_reconstruct":
             return self._reconstruct
-        if name == "scalar":
-            return self._charged(_multiarray.scalar)
-        if name == "_frombuffer":
-            return self._charged(_frombuffer)
+        if name == "scalar":  # scalar(dtype, data)
+            return self._charged(lambda dtype, *rest: self._with_real_dtype(
+                lambda _, d, *r: _multiarray.scalar(d, *r))(None, dtype, *rest))
+        if name == "_frombuffer":  # _frombuffer(buffer, dtype, shape, order)
+            return self._charged(self._with_real_dtype(_frombuffer))
         if (module, name) == ("_codecs", "encode"):
             return self._charged(_latin1_encode)
         if module == "collections":
