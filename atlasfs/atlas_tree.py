@@ -1,9 +1,10 @@
 """The tree of an Atlas dataset: one folder per shard, WebDataset-style files inside.
 
 Files are named and encoded by :mod:`atlasfs.naming`. A shard's file table
-(names, sizes, block and position of every file) is built the first time the
-shard is looked into, by decoding its blocks once; file bytes are then served
-from a cache of encoded blocks bounded in bytes, re-decoding evicted blocks.
+(names, sizes, block and position of every file) is loaded from the table
+store, or built the first time the shard is looked into by decoding its
+blocks once (and then stored); file bytes are served from a cache of encoded
+blocks bounded in bytes, re-decoding evicted blocks.
 
 A block that cannot be decoded is logged once; its examples appear as
 ``<index key>.unreadable`` entries whose lookups and reads fail with EIO,
@@ -18,8 +19,8 @@ import errno
 import logging
 import os
 import threading
-from dataclasses import dataclass
 from collections import OrderedDict
+from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from .blockcache import BlockCache
