@@ -24,5 +24,11 @@ test: install
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests" >&2; exit 1; fi; exit $$rc
 
+# The benchmark suite (docs/performance.md): a few minutes on 2 cores; installs ratarmount, the
+# peer it compares with, into bench/.venv-ratarmount (never into $(VENV)). Writes bench/results/latest.*
+# Options through BENCH_ARGS, e.g. make bench BENCH_ARGS="--smoke" or BENCH_ARGS="--repeat 5 --datasets image".
+bench: install
+	$(BIN)/python bench/run.py $(BENCH_ARGS)
+
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -1,0 +1,399 @@
+#!/usr/bin/env python3
+"""The atlasfs benchmark: atlasfs against tmpfs (the physical limit) and ratarmount (the peer),
+on three synthetic datasets, with the same commands for every system.
+
+    python bench/run.py                 # the default run (a few minutes on 2 cores): bench/results/latest.*
+    python bench/run.py --smoke         # tiny sizes, 1 repeat (CI): bench/results/smoke/latest.*
+    python bench/run.py --datasets image --repeat 5 --image 3000 --workdir /var/tmp/ab
+
+See docs/performance.md for what each figure means.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import os
+import platform
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+if __package__ in (None, ""):  # run as a script: make `bench` importable
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    __package__ = "bench"
+
+from bench import datagen, report, systems, workloads
+from bench.report import Results
+from bench.systems import System, SystemUnavailable, View
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DEFAULT_OUT = os.path.join(REPO, "bench", "results")
+MB = 1e6
+START = time.monotonic()
+
+
+def log(message: str) -> None:
+    """Progress, on stderr."""
+    print(f"[{time.monotonic() - START:7.1f}s] {message}", file=sys.stderr, flush=True)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--datasets", default="image,text,tiny",
+                   help="comma-separated subset of image,text,tiny (default: all three)")
+    for name, spec in datagen.DEFAULTS.items():
+        p.add_argument(f"--{name}", type=int, metavar="N",
+                       help=f"examples in the {name}-like dataset (default {spec.examples:,}; "
+                            f"--smoke: {datagen.SMOKE_EXAMPLES[name]})")
+    p.add_argument("--repeat", type=int, help="runs of every figure; the median is reported (default 3, --smoke 1)")
+    p.add_argument("--reads", type=int, help="random reads a pass (default 1000, --smoke 200)")
+    p.add_argument("--smoke", action="store_true", help="tiny sizes and one repeat: checks that everything runs")
+    p.add_argument("--workdir", help="keep generated data here and reuse it when the sizes match "
+                                     "(default: a temporary folder on /dev/shm, removed at the end)")
+    p.add_argument("--out", help="folder for latest.md and latest.json "
+                                 "(default bench/results, or bench/results/smoke with --smoke)")
+    p.add_argument("--ratarmount-venv", default=systems.DEFAULT_RATARMOUNT_VENV,
+                   help="virtualenv for ratarmount, created and installed from PyPI if missing "
+                        "(default bench/.venv-ratarmount)")
+    p.add_argument("--no-ratarmount", action="store_true", help="skip ratarmount (its figures are reported missing)")
+    p.add_argument("--no-install", action="store_true", help="do not install ratarmount if it is missing")
+    args = p.parse_args(argv)
+    args.datasets = [d.strip() for d in args.datasets.split(",") if d.strip()]
+    unknown = [d for d in args.datasets if d not in datagen.DEFAULTS]
+    if unknown or not args.datasets:
+        p.error(f"--datasets: unknown {unknown} (choose from {', '.join(datagen.DEFAULTS)})")
+    args.repeat = args.repeat or (1 if args.smoke else 3)
+    args.reads = args.reads or (200 if args.smoke else 1000)
+    if args.repeat < 1 or args.reads < 1:
+        p.error("--repeat and --reads must be >= 1")
+    args.out = args.out or (os.path.join(DEFAULT_OUT, "smoke") if args.smoke else DEFAULT_OUT)
+    return args
+
+
+# -- one dataset
+
+
+class Bench:
+    """Runs every workload of one dataset on every system, ``repeat`` times."""
+
+    def __init__(self, prepared: datagen.Prepared, systems_: list[System], unavailable: dict[str, str],
+                 reads: list[str], scratch: str) -> None:
+        self.p = prepared
+        self.systems = systems_
+        self.reads = reads
+        self.scratch = scratch
+        self.results = Results()
+        for name, reason in unavailable.items():
+            for f in report.FIGURES:
+                if name in f.systems:
+                    self.results.fail(f.id, name, reason)
+
+    @contextlib.contextmanager
+    def session(self, system: System, figures: list[str], fresh: bool, rss: list[int]) -> Iterator[View | None]:
+        """A fresh mount of ``system`` (None if it failed); a failure makes ``figures`` missing for it
+        (with the reason) instead of stopping the run. Records the mount time and the daemon's peak RSS."""
+        mount_figure = "mount_first_s" if fresh else "mount_s"
+        errors = (workloads.WorkloadError, RuntimeError, OSError)
+
+        def failed(exc: BaseException) -> None:
+            log(f"  {system.name}: FAILED: {exc}")
+            for f in figures + ([mount_figure] if system.name != "tmpfs" else []):
+                self.results.fail(f, system.name, f"failed: {exc}"[:300])
+
+        with contextlib.ExitStack() as stack:
+            try:
+                view = stack.enter_context(system.session(fresh_metadata=fresh))
+            except errors as exc:
+                failed(exc)
+                yield None
+                return
+            if view.mount_seconds is not None:
+                self.results.add(mount_figure, system.name, view.mount_seconds)
+            try:
+                yield view
+            except errors as exc:
+                failed(exc)
+            peak = view.peak_rss()
+            if peak is not None:
+                rss.append(peak)
+
+    def tar(self, view: View, mbps: str, fps: str) -> None:
+        timed = workloads.tar_all(view, self.p.shards)
+        self.results.add(mbps, view.system, self.p.file_bytes / timed.seconds / MB)
+        self.results.add(fps, view.system, self.p.files / timed.seconds)
+        self.results.answer("tar bytes of every shard", view.system, timed.answer)
+
+    def cats(self, view: View, kind: str) -> None:
+        reads = workloads.random_reads(view, self.reads)
+        self.results.add(f"cat_{kind}_fps", view.system, len(self.reads) / reads.seconds)
+        self.results.add(f"cat_{kind}_p50_ms", view.system, reads.percentile(50) * 1e3)
+        self.results.add(f"cat_{kind}_p99_ms", view.system, reads.percentile(99) * 1e3)
+        self.results.answer("random reads (bytes, crc32)", view.system, (reads.nbytes, reads.checksum))
+
+    def command(self, view: View, figure: str, run: Callable[[View], workloads.Timed], what: str) -> None:
+        timed = run(view)
+        self.results.add(figure, view.system, timed.seconds)
+        if what:
+            self.results.answer(what, view.system, timed.answer)
+
+    def repeat_once(self, system: System) -> None:
+        """Every session of one repeat on one system, each on its own fresh mount."""
+        name = system.name
+        first = self.p.shards[0]
+        rss: list[int] = []
+        log(f"  {name}: first mount ever, first listing")
+        with self.session(system, ["ls_first_nostore_s"], True, rss) as view:
+            if view:
+                self.command(view, "ls_first_nostore_s", lambda v: workloads.list_shard(v, first),
+                             f"ls of shard {first}")
+        log(f"  {name}: first mount ever, tar")
+        with self.session(system, ["tar_first_mbps", "tar_first_fps"], True, rss) as view:
+            if view:
+                self.tar(view, "tar_first_mbps", "tar_first_fps")
+        if system.name != "tmpfs":
+            system.prepare_metadata()  # complete the stored tables / index whatever the tar pass did
+        log(f"  {name}: first listing")
+        with self.session(system, ["ls_first_s"], False, rss) as view:
+            if view:
+                self.command(view, "ls_first_s", lambda v: workloads.list_shard(v, first), f"ls of shard {first}")
+        log(f"  {name}: tar cold, warm")
+        with self.session(system, ["tar_cold_mbps", "tar_cold_fps", "tar_warm_mbps", "tar_warm_fps"],
+                          False, rss) as view:
+            if view:
+                self.tar(view, "tar_cold_mbps", "tar_cold_fps")
+                self.tar(view, "tar_warm_mbps", "tar_warm_fps")
+        log(f"  {name}: {len(self.reads)} random reads cold, warm")
+        cat_figures = [f"cat_{k}_{m}" for k in ("cold", "warm") for m in ("fps", "p50_ms", "p99_ms")]
+        with self.session(system, cat_figures, False, rss) as view:
+            if view:
+                self.cats(view, "cold")
+                self.cats(view, "warm")
+        for prefix, run, what in (("find", workloads.find_files, "find -type f | wc -l"),
+                                  ("lsR", workloads.ls_recursive, "ls -lR | wc -l"),
+                                  ("du", workloads.du_bytes, "")):
+            log(f"  {name}: {prefix} cold, warm")
+            with self.session(system, [f"{prefix}_cold_s", f"{prefix}_warm_s"], False, rss) as view:
+                if view:
+                    self.command(view, f"{prefix}_cold_s", run, what)
+                    self.command(view, f"{prefix}_warm_s", run, what)
+        if system.name != "tmpfs":
+            if rss:
+                self.results.add("rss_mib", name, max(rss) / 2**20)
+            else:
+                self.results.fail("rss_mib", name, "no session succeeded")
+
+    def in_process(self) -> None:
+        """The limits of atlasfs without FUSE."""
+        p = self.p
+        log("  atlasfs export, library loop, one shard's decode")
+        for figure, run in (("export", lambda: workloads.export_tars(p.atlas, self.scratch)),
+                            ("startup", workloads.command_startup),
+                            ("loop", lambda: workloads.library_loop(p.atlas)),
+                            ("decode", lambda: workloads.decode_shard(p.atlas, 0))):
+            try:
+                timed = run()
+            except Exception as exc:  # reported as missing, the run goes on
+                log(f"  {figure}: FAILED: {exc}")
+                ids = {"export": ["export_mbps", "export_fps"], "loop": ["loop_eps", "loop_mbps"],
+                       "startup": ["startup_s"],
+                       "decode": ["decode_shard_s"]}[figure]
+                for f in ids:
+                    self.results.fail(f, "atlasfs", f"failed: {exc}"[:300])
+                continue
+            if figure == "export":
+                self.results.add("export_mbps", "atlasfs", p.file_bytes / timed.seconds / MB)
+                self.results.add("export_fps", "atlasfs", p.files / timed.seconds)
+                # export's members carry no "./" prefix and no folder entry, unlike `tar -C DIR .`:
+                # its tars are checked against the ones made when the data was generated
+                self.results.answer("atlasfs export: tar bytes", "atlasfs export", timed.answer)
+                self.results.answer("atlasfs export: tar bytes", "expected", p.tar_bytes)
+            elif figure == "loop":
+                self.results.add("loop_eps", "atlasfs", p.spec.examples / timed.seconds)
+                self.results.add("loop_mbps", "atlasfs", p.file_bytes / timed.seconds / MB)
+                self.results.answer("examples", "library loop", timed.answer)
+                self.results.answer("examples", "expected", p.spec.examples)
+            elif figure == "startup":
+                self.results.add("startup_s", "atlasfs", timed.seconds)
+            else:
+                self.results.add("decode_shard_s", "atlasfs", timed.seconds)
+
+
+def warm_up(systems_: list[System]) -> None:
+    """One untimed mount of every system, so that the first timed one does not pay for loading
+    programs and libraries from disk."""
+    for system in systems_:
+        with contextlib.suppress(Exception), system.session():
+            pass
+
+
+def run_dataset(name: str, args: argparse.Namespace, workdir: str, shm: str, ratarmount: str | None,
+                unavailable: dict[str, str]) -> tuple[dict[str, Any], Results]:
+    spec = datagen.spec_for(name, getattr(args, name), args.smoke)
+    prepared = datagen.prepare(spec, workdir, log)
+    log(f"{name}: {prepared.files:,} files, {prepared.file_bytes / MB:.1f} MB, {len(prepared.shards)} shards"
+        + (" (reused)" if prepared.reused else f" (generated in {prepared.generate_seconds:.1f} s)"))
+    folder = os.path.join(shm, name)
+    datagen.materialize(prepared, folder)
+    try:
+        files = datagen.file_list(folder)
+        if len(files) != prepared.files:
+            raise RuntimeError(f"{name}: {len(files)} files extracted, {prepared.files} expected")
+        reads = workloads.pick_files(files, args.reads, seed=spec.seed)
+        state = os.path.join(workdir, name, "state")
+        shutil.rmtree(state, ignore_errors=True)
+        os.makedirs(state)
+        systems_: list[System] = [systems.Tmpfs(folder, prepared.shards),
+                                  systems.Atlasfs(prepared.atlas, prepared.shards, state)]
+        if ratarmount:
+            systems_.append(systems.Ratarmount(ratarmount, prepared.tars, prepared.shards, state))
+        bench = Bench(prepared, systems_, unavailable, reads, shm)
+        r = bench.results
+        r.answer("find -type f | wc -l", "expected", prepared.files)
+        r.answer("random reads (bytes, crc32)", "expected", _expected_reads(folder, reads))
+        warm_up(systems_)
+        for i in range(args.repeat):
+            log(f"{name}: repeat {i + 1}/{args.repeat}")
+            for system in systems_:
+                bench.repeat_once(system)
+            bench.in_process()
+        for problem in r.mismatches():
+            log(f"{name}: WARNING: {problem}")
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    info = {"description": spec.description, "examples": spec.examples, "files": prepared.files,
+            "file_bytes": prepared.file_bytes, "atlas_bytes": prepared.atlas_bytes, "tar_bytes": prepared.tar_bytes,
+            "shards": len(prepared.shards), "shard_size": spec.shard_size, "block_size": spec.block_size,
+            "seed": spec.seed, "random_reads": len(reads)}
+    return info, r
+
+
+def _expected_reads(folder: str, relative: list[str]) -> tuple[int, int]:
+    import zlib
+    nbytes, crc = 0, 0
+    for path in relative:
+        with open(os.path.join(folder, path), "rb") as f:
+            data = f.read()
+        nbytes += len(data)
+        crc = zlib.crc32(data, crc)
+    return nbytes, crc
+
+
+def _git(*args: str) -> str:
+    try:
+        return subprocess.run(["git", "-C", REPO, *args], capture_output=True, check=False, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+
+
+def _host() -> str:
+    try:
+        with open("/proc/meminfo") as f:
+            mem = int(f.readline().split()[1]) / 2**20
+    except (OSError, ValueError, IndexError):
+        mem = 0.0
+    return (f"{os.cpu_count()} cores, {mem:.0f} GiB, Linux {platform.release()}, "
+            f"Python {platform.python_version()}")
+
+
+def _fstype(path: str) -> str:
+    """The type of the file system holding ``path`` (``tmpfs``, ``ext4``...)."""
+    result = subprocess.run(["stat", "-f", "-c", "%T", path], capture_output=True, check=False, text=True)
+    return result.stdout.strip() or "unknown"
+
+
+def _raise_interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    signal.signal(signal.SIGTERM, _raise_interrupt)
+    signal.signal(signal.SIGHUP, _raise_interrupt)
+    from atlasfs import __version__ as atlasfs_version
+    from atlasfs.mount import MountOptions
+
+    notes: list[str] = []
+    unavailable: dict[str, str] = {}
+    ratarmount: str | None = None
+    ratarmount_version = "missing"
+    if args.no_ratarmount:
+        unavailable["ratarmount"] = "skipped (--no-ratarmount)"
+    else:
+        try:
+            ratarmount, ratarmount_version = systems.ensure_ratarmount(args.ratarmount_venv, log,
+                                                                       install=not args.no_install)
+        except SystemUnavailable as exc:
+            unavailable["ratarmount"] = str(exc)
+    if "ratarmount" in unavailable:
+        message = f"ratarmount figures are MISSING: {unavailable['ratarmount']}"
+        notes.append(message)
+        log(message)
+
+    shm_parent = "/dev/shm" if os.path.isdir("/dev/shm") else None
+    if shm_parent is None:
+        notes.append("/dev/shm is missing: the 'tmpfs' copy is in the default temporary folder")
+    own_workdir = args.workdir is None
+    # By default the backing files (Atlas dataset, tars, ratarmount indexes) are on tmpfs too:
+    # the page cache of a disk may be reclaimed at any moment (a VM's proactive reclaim does it
+    # within seconds), which would make every FUSE figure partly a disk figure.
+    workdir = (tempfile.mkdtemp(prefix="atlasfs-bench-work-", dir=shm_parent) if own_workdir
+               else os.path.abspath(args.workdir))
+    os.makedirs(workdir, exist_ok=True)
+    backing = _fstype(workdir)
+    notes.append(f"backing files (Atlas dataset, WebDataset tars, ratarmount indexes) are in {workdir} ({backing})"
+                 + ("" if backing == "tmpfs" else ": the FUSE figures include reads from that file system"))
+    shm = tempfile.mkdtemp(prefix="atlasfs-bench-", dir=shm_parent)
+    infos: dict[str, dict[str, Any]] = {}
+    all_results: dict[str, Results] = {}
+    try:
+        for name in args.datasets:
+            infos[name], all_results[name] = run_dataset(name, args, workdir, shm, ratarmount, unavailable)
+    finally:
+        shutil.rmtree(shm, ignore_errors=True)
+        if own_workdir:
+            shutil.rmtree(workdir, ignore_errors=True)
+
+    cache_bound = MountOptions().cache_bytes
+    dirty = _git("status", "--porcelain", "--untracked-files=no")
+    meta = {
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "host": _host(),
+        "atlasfs": f"{atlasfs_version} (commit {_git('rev-parse', '--short', 'HEAD') or '?'}"
+                   f"{', with uncommitted changes' if dirty else ''})",
+        "ratarmount": ratarmount_version,
+        "tar": subprocess.run(["tar", "--version"], capture_output=True, check=False, text=True).stdout.splitlines()[0],
+        "repeat": args.repeat, "random_reads": args.reads, "smoke": args.smoke,
+        "cache_bound_mib": cache_bound / 2**20,
+        "command": " ".join(["python bench/run.py", shlex.join(sys.argv[1:] if argv is None else argv)]).strip(),
+        "seconds": time.monotonic() - START,
+        "notes": notes,
+        "unavailable": unavailable,
+    }
+    targets = report.evaluate_targets(all_results, cache_bound / 2**20)
+    text = report.markdown(meta, infos, all_results, targets)
+    md, js = report.write(args.out, "latest", text, report.to_json(meta, infos, all_results, targets))
+    print(text)
+    log(f"wrote {md} and {js} in {meta['seconds']:.0f} s")
+    problems = [p for r in all_results.values() for p in r.mismatches()]
+    missing = [f"{ds} {f.id} {s}" for ds, r in all_results.items() for f in report.FIGURES for s in f.systems
+               if s not in unavailable and "median" not in r.stats(f.id, s)]
+    if problems or missing:
+        log(f"{len(problems)} mismatched answer(s), {len(missing)} missing figure(s): {missing[:5]}")
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:
+        print("bench: interrupted (every mount was unmounted on the way out)", file=sys.stderr)
+        sys.exit(130)
