@@ -25,7 +25,7 @@ from typing import Callable
 from .atlas_tree import AtlasTree
 from .dataset import DEFAULT_CACHE_BYTES, AtlasDataset, BrokenShard
 from .errors import AtlasFormatError
-from .fuse_adapter import FuseAdapter
+from .fuse_adapter import FuseAdapter, fuse_main
 from .sdnotify import notify
 from .sizes import parse_size
 from .tablestore import TableStore
@@ -190,8 +190,6 @@ def serve(tree: Tree, mountpoint: str, options: MountOptions, fsname: str,
 
     ``on_ready`` runs (in another thread) once the mount answers requests.
     """
-    import fuse  # imported here: it fails without libfuse, and only mounting needs it
-
     def on_init() -> None:
         def watch() -> None:
             if _wait_until_live(mountpoint, READY_TIMEOUT):
@@ -212,8 +210,7 @@ def serve(tree: Tree, mountpoint: str, options: MountOptions, fsname: str,
         "allow_other": options.allow_other,
     }
     fuse_kwargs.update(options.fuse_options)
-    fuse.FUSE(FuseAdapter(tree, on_init), mountpoint, foreground=True, nothreads=not options.threads,
-              debug=options.debug, **fuse_kwargs)
+    fuse_main(FuseAdapter(tree, on_init), mountpoint, fuse_kwargs, threads=options.threads, debug=options.debug)
 
 
 def open_tree(dataset_path: str, options: MountOptions) -> AtlasTree:
