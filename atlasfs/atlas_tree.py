@@ -3,8 +3,9 @@
 Files are named and encoded by :mod:`atlasfs.naming`. A shard's file table
 (names, sizes, block and position of every file) is loaded from the table
 store, or built the first time the shard is looked into by decoding its
-blocks once (and then stored); file bytes are served from a cache of encoded
-blocks bounded in bytes, re-decoding evicted blocks.
+blocks once (and then stored). File bytes come from two caches bounded in
+bytes: decoded blocks, and examples encoded as files (one example at a time,
+when first read); evicted ones are decoded again.
 
 A block that cannot be decoded is logged once; its examples appear as
 ``<index key>.unreadable`` entries whose lookups and reads fail with EIO,
@@ -74,7 +75,10 @@ class AtlasTree(Tree):
         self.width = index_key_width(len(dataset))
         # A field suffix must fit beside the shortest key, the index key.
         self.max_suffix_bytes = MAX_NAME_BYTES - 1 - self.width
-        self.cache: BlockCache[list[EncodedExample]] = BlockCache(cache_bytes)
+        # A quarter of the bound for decoded blocks, which are only needed until
+        # their examples are encoded; the rest for encoded examples, which reads serve.
+        self.blocks: BlockCache[list[Any]] = BlockCache(cache_bytes // 4)
+        self.files: BlockCache[EncodedExample] = BlockCache(cache_bytes - cache_bytes // 4)
         self.store = store
         self._shard_by_name = {shard.name: s for s, shard in enumerate(dataset.shards)}
         self._tables: dict[int, FileTable] = {}
@@ -123,7 +127,7 @@ class AtlasTree(Tree):
         s = self._shard_by_name[parts[0]]
         table = self.table(s)
         folder = "/".join(parts[1:])
-        children = [(name, self._entry(s, table, i)) for name, i in table.children(folder)]
+        children = self._entries(s, table, table.children(folder))
         self._remember_folder(s, folder, children)
         return children
 
@@ -145,15 +149,35 @@ class AtlasTree(Tree):
         ref = entry.ref
         if ref is None:
             raise OSError(errno.EISDIR, os.strerror(errno.EISDIR))
-        example = self.encoded_block(ref.shard, ref.block)
-        if ref.pos >= len(example) or ref.file >= len(example[ref.pos].data) \
-                or len(example[ref.pos].data[ref.file]) != entry.size:
+        files = self.encoded_example(ref.shard, ref.block, ref.pos).data
+        if ref.file >= len(files) or len(files[ref.file]) != entry.size:
             # only if the dataset changed under us, or a stored table lies
             raise _eio(f"{self.dataset.shards[ref.shard].path}: block {ref.block} does not match its file table")
-        return example[ref.pos].data[ref.file][offset:offset + size]
+        return files[ref.file][offset:offset + size]
 
     def total_bytes(self) -> int:
         return sum(shard.data_size for shard in self.dataset.shards)
+
+    def _entries(self, s: int, table: FileTable, children: list[tuple[str, int]]) -> list[tuple[str, Entry]]:
+        """``_entry`` for many children at once: a listing makes one per file."""
+        if not children:
+            return []
+        lo, hi = children[0][1], children[-1][1] + 1
+        kinds, sizes, blocks, positions, files = (column[lo:hi].tolist() for column in (
+            table.kind, table.size, table.block, table.pos, table.file))
+        mtime = self._shard_entries[s].mtime
+        base = ((s + 1) << 32) + 1
+        new = tuple.__new__  # a named tuple's own __new__ is a Python call: a third of a big listing's time
+        result = []
+        for name, i in children:
+            j = i - lo
+            kind = kinds[j]
+            if kind == FILE:
+                entry = new(Entry, (False, sizes[j], mtime, base + i, new(FileRef, (s, blocks[j], positions[j], files[j]))))
+            else:
+                entry = new(Entry, (kind == DIR, 0, mtime, base + i, None))
+            result.append((name, entry))
+        return result
 
     def _entry(self, s: int, table: FileTable, i: int) -> Entry:
         ino = ((s + 1) << 32) + i + 1
@@ -164,10 +188,10 @@ class AtlasTree(Tree):
             return Entry(False, int(table.size[i]), mtime, ino, ref)
         return Entry(kind == DIR, 0, mtime, ino)
 
-    # -- blocks
+    # -- blocks and examples
 
-    def encoded_block(self, s: int, block: int) -> list[EncodedExample]:
-        """The examples of a block as files, through the bounded cache.
+    def decoded_block(self, s: int, block: int) -> list[Any]:
+        """The examples of a block, through the cache of decoded blocks.
 
         A block that fails to decode raises ``OSError(EIO)`` and is logged
         once; later requests fail the same way without decoding it again.
@@ -175,31 +199,46 @@ class AtlasTree(Tree):
         failed = self._failed.get((s, block))
         if failed is not None:
             raise _eio(failed)
-        return self.cache.get((s, block), lambda: self._encode_block(s, block))
+        return self.blocks.get((s, block), lambda: self._decode_block(s, block))
 
-    def _encode_block(self, s: int, block: int) -> tuple[list[EncodedExample], int]:
+    def _decode_block(self, s: int, block: int) -> tuple[list[Any], int]:
         shard = self.dataset.shards[s]
-        limit = shard.codec.max_block_bytes
         try:
-            examples, _ = shard.decode_block(block)
-            encoded = []
-            total = 0
-            for example in examples:
-                encoded.append(self._encode_example(example))
-                total += sum(len(d) for d in encoded[-1].data)
-                if total > limit:  # shared references can make files far larger than the pickle
-                    raise AtlasFormatError(
-                        f"{shard.data_path} block {block}: its files would take more than {limit} bytes")
+            return shard.decode_block(block)
         except AtlasFormatError as exc:
             raise self._fail(s, block, str(exc)) from None
-        except Exception as exc:  # an example the encoders cannot handle
-            raise self._fail(s, block, f"{shard.data_path} block {block}: cannot encode example ({exc!r})") from None
-        cost = sum(len(d) + 100 for e in encoded for d in e.data)
-        return encoded, cost
+        except Exception as exc:  # the codec reports what it knows; anything else still only fails this block
+            raise self._fail(s, block, f"{shard.data_path} block {block}: cannot decode ({exc!r})") from None
 
-    def _encode_example(self, example: Any) -> EncodedExample:
-        files, note = example_files(example, self.max_suffix_bytes)
-        return EncodedExample(declared_key(example), tuple(f[0] for f in files), tuple(f[1] for f in files), note)
+    def encoded_example(self, s: int, block: int, pos: int, examples: list[Any] | None = None) -> EncodedExample:
+        """Example ``pos`` of a block as files, through the cache of encoded examples.
+
+        Examples are encoded one at a time, when first read: a random read
+        pays for one decode of its block and one encode, not the whole block's.
+        ``examples`` is the decoded block, when the caller has it already.
+        """
+        failed = self._failed.get((s, block))
+        if failed is not None:
+            raise _eio(failed)
+        return self.files.get((s, block, pos), lambda: self._encode(s, block, pos, examples))
+
+    def _encode(self, s: int, block: int, pos: int, examples: list[Any] | None) -> tuple[EncodedExample, int]:
+        if examples is None:
+            examples = self.decoded_block(s, block)
+        shard = self.dataset.shards[s]
+        if pos >= len(examples):
+            raise _eio(f"{shard.data_path}: block {block} does not match its file table")
+        try:
+            files, note = example_files(examples[pos], self.max_suffix_bytes)
+        except Exception as exc:  # an example the encoders cannot handle
+            raise self._fail(s, block, f"{shard.data_path} block {block}: cannot encode example {pos} ({exc!r})") from None
+        size = sum(len(data) for _, data in files)
+        if size > shard.codec.max_block_bytes:  # shared references can make files far larger than the pickle
+            raise self._fail(s, block, f"{shard.data_path} block {block}: the files of example {pos} "
+                                       f"would take more than {shard.codec.max_block_bytes} bytes")
+        encoded = EncodedExample(declared_key(examples[pos]), tuple(f[0] for f in files),
+                                 tuple(f[1] for f in files), note)
+        return encoded, size + 100 * len(files)
 
     def _fail(self, s: int, block: int, message: str) -> OSError:
         """Remember and log (once) that block ``block`` of shard ``s`` (-1: the whole shard) fails."""
@@ -264,7 +303,8 @@ class AtlasTree(Tree):
         for block in range(shard.num_blocks):
             base = first_index + block * shard.meta.block_size
             try:
-                examples = self.encoded_block(s, block)
+                decoded = self.decoded_block(s, block)
+                examples = [self.encoded_example(s, block, pos, decoded) for pos in range(len(decoded))]
             except OSError:
                 complete = False
                 for pos in range(shard.block_length(block)):

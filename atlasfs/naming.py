@@ -137,6 +137,9 @@ def _is_npz_dict(value: Any) -> bool:
         isinstance(k, str) and k and "/" not in k and _plain_array(v) for k, v in value.items()))
 
 
+_JSON_NUMBERS = frozenset((int, float, bool, type(None)))
+
+
 def json_exact(value: Any, budget: int = MAX_JSON_BYTES) -> bool:
     """True if ``json.loads(json.dumps(value))`` gives back ``value`` with the same types,
     and its JSON text would stay within about ``budget`` bytes.
@@ -160,7 +163,13 @@ def json_exact(value: Any, budget: int = MAX_JSON_BYTES) -> bool:
             if depth >= MAX_JSON_DEPTH:  # json.dumps would hit the recursion limit
                 return False
             if kind is list:
-                stack.extend((sub, depth + 1) for sub in item)
+                kinds = set(map(type, item))
+                if kinds <= _JSON_NUMBERS:  # the common list of numbers, without a walk
+                    remaining -= 8 * len(item)
+                    if int in kinds and any(_int_text(x) is None for x in item if type(x) is int):
+                        return False
+                else:
+                    stack.extend((sub, depth + 1) for sub in item)
             else:
                 for key, sub in item.items():
                     if type(key) is not str:
