@@ -15,11 +15,12 @@ validates every path and position before the table is used.
 from __future__ import annotations
 
 import json
+import operator
 import os
 import tempfile
 from bisect import bisect_left
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 
@@ -92,18 +93,26 @@ class FileTable:
         i = bisect_left(range(len(self)), target, key=self._path)
         return i if i < len(self) and self._path(i) == target else None
 
-    def children(self, folder: str) -> Iterator[tuple[str, int]]:
+    def children(self, folder: str) -> list[tuple[str, int]]:
         """``(name, index)`` of each entry directly in ``folder`` ("" for the shard folder), in byte order."""
         prefix = folder.encode("utf-8") + b"/" if folder else b""
-        i = bisect_left(range(len(self)), prefix, key=self._path) if prefix else 0
-        while i < len(self):
-            path = self._path(i)
-            if not path.startswith(prefix):
-                break
-            rest = path[len(prefix):]
+        n = len(self)
+        lo, hi = 0, n
+        if prefix:
+            lo = bisect_left(range(n), prefix, key=self._path)
+            # what is under "d/" sorts before "d0" ("0" follows "/")
+            hi = bisect_left(range(lo, n), prefix[:-1] + b"0", key=self._path) + lo
+        offsets = self._offsets[lo:hi + 1].tolist()
+        start = len(prefix)
+        names = self._names
+        if not prefix and b"/" not in names:  # a flat shard folder: every entry is a child
+            return list(zip([names[a:b].decode("utf-8") for a, b in zip(offsets, offsets[1:])], range(lo, hi)))
+        result = []
+        for i, (a, b) in enumerate(zip(offsets, offsets[1:]), lo):
+            rest = names[a + start:b]
             if rest and b"/" not in rest:
-                yield rest.decode("utf-8"), i
-            i += 1
+                result.append((rest.decode("utf-8"), i))
+        return result
 
     # -- storage
 
@@ -174,22 +183,28 @@ class FileTable:
             return False
         if bool(np.any(self.pos >= max(limits.block_size, 1))):
             return False
-        previous = b""
+        names = self._names
+        offsets = self._offsets[:-1]
+        if b"\0" in names:
+            return False
+        names.decode("utf-8")  # raises if not UTF-8; a path must also start on a character:
+        if len(names) and bool(np.any(np.frombuffer(names, dtype=np.uint8)[offsets] & 0xC0 == 0x80)):
+            return False
+        bounds = self._offsets.tolist()
+        paths = [names[a:b] for a, b in zip(bounds, bounds[1:])]
+        if not all(map(operator.lt, paths, paths[1:])):  # sorted and unique
+            return False
+        if b"/" not in names:  # one flat folder, the usual shard: the per-path checks below, at once
+            return b"." not in paths and b".." not in paths and int(np.max(np.diff(self._offsets))) <= 255
         folders = set()
-        for i in range(len(self)):
-            path = self._path(i)
-            if i and path <= previous:
+        for i, path in enumerate(paths):
+            if any(part in (b"", b".", b"..") or len(part) > 255 for part in path.split(b"/")):
                 return False
-            parts = path.split(b"/")
-            if any(part in (b"", b".", b"..") or b"\0" in part or len(part) > 255 for part in parts):
-                return False
-            path.decode("utf-8")
             parent = path.rpartition(b"/")[0]
             if parent and parent not in folders:  # a parent sorts before its children
                 return False
             if self.kind[i] == DIR:
                 folders.add(path)
-            previous = path
         return True
 
 
