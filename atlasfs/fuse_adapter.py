@@ -39,9 +39,10 @@ _WRITE_OPERATIONS = ("mknod", "mkdir", "unlink", "rmdir", "symlink", "rename", "
 
 
 def _path(raw: bytes) -> str:
-    # Names that are not UTF-8 cannot be in the tree (its names are str), so
-    # they decode to something that is simply not found.
-    return raw.decode("utf-8", "surrogateescape")
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:  # tree names are UTF-8: such a path cannot be in it
+        raise OSError(errno.ENOENT, os.strerror(errno.ENOENT)) from None
 
 
 class FuseAdapter:
@@ -148,7 +149,7 @@ class FuseAdapter:
         for name, entry in children:
             st.st_mode = DIR_MODE if entry.is_dir else FILE_MODE
             st.st_ino = entry.ino
-            if filler(buf, name.encode("utf-8", "surrogateescape"), ref, 0):
+            if filler(buf, name.encode("utf-8"), ref, 0):
                 break
         return 0
 

@@ -146,6 +146,9 @@ def test_writes_fail_with_erofs_and_missing_paths_with_enoent(fixture_mount: tup
     for missing in (mnt / "no-such-shard", mnt / sorted(os.listdir(mnt))[0] / "no-such-file.txt"):
         with pytest.raises(FileNotFoundError):
             os.stat(missing)
+    for raw in (b"\xff", b"\xc3(.txt"):  # names that are not UTF-8 cannot be in the tree
+        with pytest.raises(FileNotFoundError):
+            os.stat(os.fsencode(mnt / sorted(os.listdir(mnt))[0]) + b"/" + raw)
     result = subprocess.run(["cat", str(mnt / "nope")], capture_output=True, text=True)
     assert result.returncode != 0 and "No such file" in result.stderr
 
