@@ -11,16 +11,30 @@ a ``threading`` wait (``Condition.wait``, which ``Future.result`` and
 
 from __future__ import annotations
 
+import gc
 import sys
 import threading
 import time
 from collections.abc import Iterable
+from typing import Any
 
 _THREADING_FILE = threading.__file__
 
 
+def _current_frames() -> dict[int, Any]:
+    # CPython 3.11 can deadlock when a garbage collection starts inside
+    # sys._current_frames (python/cpython#106883): collect before, not during.
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return sys._current_frames()
+    finally:
+        if enabled:
+            gc.enable()
+
+
 def _is_parked(ident: int) -> bool:
-    frame = sys._current_frames().get(ident)
+    frame = _current_frames().get(ident)
     while frame is not None:
         code = frame.f_code
         if code.co_name == "wait" and code.co_filename == _THREADING_FILE:
