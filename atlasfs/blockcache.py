@@ -76,6 +76,20 @@ class BlockCache(Generic[V]):
             _, (_, old_cost) = self._items.popitem(last=False)
             self._bytes -= old_cost
 
+    def charge(self, key: Hashable, extra: int) -> None:
+        """Add ``extra`` bytes to the cost of ``key`` (a cached value that grew), evicting
+        the least recently used items (``key`` too, if it alone is over the bound)."""
+        with self._lock:
+            item = self._items.get(key)
+            if item is None:  # evicted meanwhile: its memory goes with it
+                return
+            self._items[key] = (item[0], item[1] + extra)
+            self._items.move_to_end(key)
+            self._bytes += extra
+            while self._bytes > self.max_bytes:
+                _, (_, old_cost) = self._items.popitem(last=False)
+                self._bytes -= old_cost
+
     def clear(self) -> None:
         """Drop every cached item (loads under way are unaffected)."""
         with self._lock:

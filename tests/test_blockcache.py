@@ -242,3 +242,19 @@ def test_loads_of_different_keys_run_in_parallel() -> None:
     threads, results = _run_threads(2, lambda i: cache.get("ab"[i], (load_a, load_b)[i]))
     _join(threads)
     assert results == ["a", "b"]
+
+
+def test_charge_grows_an_item_and_evicts_the_least_recently_used() -> None:
+    cache: BlockCache[str] = BlockCache(100)
+    loader = Loader()
+    for key in "abc":
+        cache.get(key, loader(key, 30))
+    cache.charge("a", 5)  # a is now the most recently used, at 35
+    assert cache.current_bytes == 95
+    cache.charge("c", 10)  # 105 > 100: b, the least recently used, goes
+    assert cache.current_bytes == 75 and len(cache) == 2
+    assert cache.get("a", must_hit) == "value-a" and cache.get("c", must_hit) == "value-c"
+    cache.charge("b", 1000)  # gone already: nothing to charge
+    cache.charge("a", 1000)  # over the bound alone: a goes, and c with it (older)
+    assert cache.current_bytes <= 100 and cache.get("a", loader("a", 1)) == "value-a"
+    assert loader.calls == ["a", "b", "c", "a"]
