@@ -3,9 +3,9 @@
 Files are named and encoded by :mod:`atlasfs.naming`. A shard's file table
 (names, sizes, block and position of every file) is loaded from the table
 store, or built the first time the shard is looked into by decoding its
-blocks once (and then stored). File bytes come from two caches bounded in
-bytes: decoded blocks, and examples encoded as files (one example at a time,
-when first read); evicted ones are decoded again.
+blocks once (and then stored). File bytes come from a cache of decoded
+blocks bounded in bytes; a block's examples are encoded as files one at a
+time, when first read, and kept with it. Evicted blocks are decoded again.
 
 A block that cannot be decoded is logged once; its examples appear as
 ``<index key>.unreadable`` entries whose lookups and reads fail with EIO,
@@ -50,6 +50,16 @@ class EncodedExample:
     note: str | None
 
 
+class Block:
+    """A decoded block in the cache: its examples, and each one's files once encoded."""
+
+    __slots__ = ("examples", "encoded")
+
+    def __init__(self, examples: list[Any]) -> None:
+        self.examples = examples
+        self.encoded: list[EncodedExample | None] = [None] * len(examples)
+
+
 class FileRef(NamedTuple):
     """Where a file's bytes come from: shard position, block, example in block, file of example."""
 
@@ -75,10 +85,7 @@ class AtlasTree(Tree):
         self.width = index_key_width(len(dataset))
         # A field suffix must fit beside the shortest key, the index key.
         self.max_suffix_bytes = MAX_NAME_BYTES - 1 - self.width
-        # A quarter of the bound for decoded blocks, which are only needed until
-        # their examples are encoded; the rest for encoded examples, which reads serve.
-        self.blocks: BlockCache[list[Any]] = BlockCache(cache_bytes // 4)
-        self.files: BlockCache[EncodedExample] = BlockCache(cache_bytes - cache_bytes // 4)
+        self.cache: BlockCache[Block] = BlockCache(cache_bytes)
         self.store = store
         self._shard_by_name = {shard.name: s for s, shard in enumerate(dataset.shards)}
         self._tables: dict[int, FileTable] = {}
@@ -190,8 +197,8 @@ class AtlasTree(Tree):
 
     # -- blocks and examples
 
-    def decoded_block(self, s: int, block: int) -> list[Any]:
-        """The examples of a block, through the cache of decoded blocks.
+    def decoded_block(self, s: int, block: int) -> Block:
+        """A block through the cache: its decoded examples, and those encoded so far.
 
         A block that fails to decode raises ``OSError(EIO)`` and is logged
         once; later requests fail the same way without decoding it again.
@@ -199,46 +206,51 @@ class AtlasTree(Tree):
         failed = self._failed.get((s, block))
         if failed is not None:
             raise _eio(failed)
-        return self.blocks.get((s, block), lambda: self._decode_block(s, block))
+        return self.cache.get((s, block), lambda: self._decode_block(s, block))
 
-    def _decode_block(self, s: int, block: int) -> tuple[list[Any], int]:
+    def _decode_block(self, s: int, block: int) -> tuple[Block, int]:
         shard = self.dataset.shards[s]
         try:
-            return shard.decode_block(block)
+            examples, nbytes = shard.decode_block(block)
         except AtlasFormatError as exc:
             raise self._fail(s, block, str(exc)) from None
         except Exception as exc:  # the codec reports what it knows; anything else still only fails this block
             raise self._fail(s, block, f"{shard.data_path} block {block}: cannot decode ({exc!r})") from None
+        return Block(examples), nbytes
 
-    def encoded_example(self, s: int, block: int, pos: int, examples: list[Any] | None = None) -> EncodedExample:
-        """Example ``pos`` of a block as files, through the cache of encoded examples.
+    def encoded_example(self, s: int, block: int, pos: int) -> EncodedExample:
+        """Example ``pos`` of a block as files.
 
-        Examples are encoded one at a time, when first read: a random read
-        pays for one decode of its block and one encode, not the whole block's.
-        ``examples`` is the decoded block, when the caller has it already.
+        Examples are encoded one at a time, when first read, and kept with
+        their block: a random read pays for one decode and one encode, not for
+        encoding the whole block. The block's cost in the cache grows by the
+        bytes its encoded files add (bytes fields are served as they are, at no cost).
         """
-        failed = self._failed.get((s, block))
-        if failed is not None:
-            raise _eio(failed)
-        return self.files.get((s, block, pos), lambda: self._encode(s, block, pos, examples))
+        decoded = self.decoded_block(s, block)
+        if pos >= len(decoded.examples):
+            raise _eio(f"{self.dataset.shards[s].data_path}: block {block} does not match its file table")
+        encoded = decoded.encoded[pos]
+        if encoded is None:
+            encoded, cost = self._encode(s, block, decoded.examples[pos], pos)
+            decoded.encoded[pos] = encoded  # two threads may both encode it: same result, charged twice at worst
+            self.cache.charge((s, block), cost)
+        return encoded
 
-    def _encode(self, s: int, block: int, pos: int, examples: list[Any] | None) -> tuple[EncodedExample, int]:
-        if examples is None:
-            examples = self.decoded_block(s, block)
+    def _encode(self, s: int, block: int, example: Any, pos: int) -> tuple[EncodedExample, int]:
         shard = self.dataset.shards[s]
-        if pos >= len(examples):
-            raise _eio(f"{shard.data_path}: block {block} does not match its file table")
         try:
-            files, note = example_files(examples[pos], self.max_suffix_bytes)
+            files, note = example_files(example, self.max_suffix_bytes)
         except Exception as exc:  # an example the encoders cannot handle
             raise self._fail(s, block, f"{shard.data_path} block {block}: cannot encode example {pos} ({exc!r})") from None
         size = sum(len(data) for _, data in files)
         if size > shard.codec.max_block_bytes:  # shared references can make files far larger than the pickle
             raise self._fail(s, block, f"{shard.data_path} block {block}: the files of example {pos} "
                                        f"would take more than {shard.codec.max_block_bytes} bytes")
-        encoded = EncodedExample(declared_key(examples[pos]), tuple(f[0] for f in files),
-                                 tuple(f[1] for f in files), note)
-        return encoded, size + 100 * len(files)
+        fields = example.values() if isinstance(example, dict) else (example,)
+        shared = {id(value) for value in fields if type(value) is bytes}
+        cost = sum(len(data) for _, data in files if id(data) not in shared) + 100 * len(files)
+        encoded = EncodedExample(declared_key(example), tuple(f[0] for f in files), tuple(f[1] for f in files), note)
+        return encoded, cost
 
     def _fail(self, s: int, block: int, message: str) -> OSError:
         """Remember and log (once) that block ``block`` of shard ``s`` (-1: the whole shard) fails."""
@@ -303,8 +315,7 @@ class AtlasTree(Tree):
         for block in range(shard.num_blocks):
             base = first_index + block * shard.meta.block_size
             try:
-                decoded = self.decoded_block(s, block)
-                examples = [self.encoded_example(s, block, pos, decoded) for pos in range(len(decoded))]
+                examples = [self.encoded_example(s, block, pos) for pos in range(shard.block_length(block))]
             except OSError:
                 complete = False
                 for pos in range(shard.block_length(block)):

@@ -31,12 +31,14 @@ def test_a_read_on_a_stored_table_decodes_one_block_and_encodes_one_example(tmp_
     path = sorted(expected)[137]
     entry = tree.lookup("/" + path)
     assert tree.read(entry, 0, entry.size) == expected[path]
-    assert (tree.blocks.misses, tree.files.misses) == (1, 1)  # the table came from the store
-    # the other files of that example come from the encoded example, a neighbour from the decoded block
-    for other in sorted(expected):
+    assert tree.cache.misses == 1  # the table came from the store: one decode
+    block = next(iter(tree.cache._items.values()))[0]
+    assert sum(e is not None for e in block.encoded) == 1  # and one example encoded
+    for other in sorted(expected):  # the other files of that example, and its block's other examples
         if other.rpartition(".")[0] == path.rpartition(".")[0]:
             assert tree.read(tree.lookup("/" + other), 0, 1 << 20) == expected[other]
-    assert (tree.blocks.misses, tree.files.misses) == (1, 1)
+    assert sum(e is not None for e in block.encoded) == 1
+    assert tree.cache.misses == 1
     # partial reads at every offset give the same bytes
     assert b"".join(tree.read(entry, offset, 7) for offset in range(0, entry.size, 7)) == expected[path]
     # every file, in a random order, is right
@@ -46,16 +48,22 @@ def test_a_read_on_a_stored_table_decodes_one_block_and_encodes_one_example(tmp_
         assert tree.read(tree.lookup("/" + other), 0, 1 << 20) == expected[other], other
 
 
-def test_both_caches_together_keep_the_bound(tmp_path: Path) -> None:
+def test_encoded_files_count_against_the_bound(tmp_path: Path) -> None:
     dataset = tmp_path / "ds"
     _write(dataset, 400)
     bound = 64 << 10
     tree = AtlasTree(AtlasDataset(dataset), cache_bytes=bound)
-    assert tree.blocks.max_bytes + tree.files.max_bytes == bound
-    for path, entry in tree.walk("/"):
+    shard = tree.dataset.shards[0]
+    decoded_cost = shard.decode_block(0)[1]
+    order = [(path, entry) for path, entry in tree.walk("/")]
+    first = order[0][1]
+    tree.read(first, 0, first.size)
+    key = (first.ref.shard, first.ref.block)
+    cost_after_one = tree.cache._items[key][1]
+    assert cost_after_one > decoded_cost  # json and txt files are new bytes; bin is shared
+    for path, entry in order:
         tree.read(entry, 0, entry.size)
-        assert tree.blocks.current_bytes + tree.files.current_bytes <= bound
-    assert tree.files.current_bytes > 0 and tree.blocks.current_bytes > 0
+        assert tree.cache.current_bytes <= bound
 
 
 def test_a_block_that_cannot_be_decoded_fails_its_reads_with_eio_once_the_table_is_stored(tmp_path: Path) -> None:
