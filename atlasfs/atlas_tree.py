@@ -92,9 +92,11 @@ class AtlasTree(Tree):
         self._table_locks = [threading.Lock() for _ in dataset.shards]
         self._failed: dict[tuple[int, int], str] = {}
         self._failed_lock = threading.Lock()
-        # Recently listed folders, name -> entry: the lookups that follow a listing
-        # (tar, find, ls -l) become dict hits. Bounded by the names it holds.
-        self._folders: OrderedDict[tuple[int, str], dict[str, Entry]] = OrderedDict()
+        # Recently listed folders: (children as listed, readable ones by name). The
+        # lookups that follow a listing (tar, find, ls -l) become dict hits, and a
+        # second listing costs nothing. Bounded by the names it holds; callers
+        # must not change the lists they are given.
+        self._folders: OrderedDict[tuple[int, str], tuple[list[tuple[str, Entry]], dict[str, Entry]]] = OrderedDict()
         self._folder_names = 0
         self._folders_lock = threading.Lock()
         self._root = Entry(True, 0, os.stat(os.path.join(dataset.root, "meta.json")).st_mtime, 1)
@@ -114,8 +116,8 @@ class AtlasTree(Tree):
             return self._shard_entries[s]
         folder = "/".join(parts[1:-1])
         listed = self._folders.get((s, folder))
-        if listed is not None and parts[-1] in listed:
-            return listed[parts[-1]]
+        if listed is not None and parts[-1] in listed[1]:
+            return listed[1][parts[-1]]
         table = self.table(s)
         i = table.find("/".join(parts[1:]))
         if i is None:
@@ -132,8 +134,11 @@ class AtlasTree(Tree):
         if not entry.is_dir:
             raise OSError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), path)
         s = self._shard_by_name[parts[0]]
-        table = self.table(s)
         folder = "/".join(parts[1:])
+        listed = self._folders.get((s, folder))
+        if listed is not None:  # every pass of tar or find lists every folder again
+            return listed[0]
+        table = self.table(s)
         children = self._entries(s, table, table.children(folder))
         self._remember_folder(s, folder, children)
         return children
@@ -145,11 +150,11 @@ class AtlasTree(Tree):
         names = {name: entry for name, entry in children if entry.ref is not None or entry.is_dir}
         with self._folders_lock:
             old = self._folders.pop((s, folder), None)
-            self._folder_names -= len(old) if old else 0
-            self._folders[(s, folder)] = names
-            self._folder_names += len(names)
+            self._folder_names -= len(old[0]) if old else 0
+            self._folders[(s, folder)] = (children, names)
+            self._folder_names += len(children)
             while self._folder_names > FOLDER_CACHE_NAMES:
-                _, evicted = self._folders.popitem(last=False)
+                _, (evicted, _) = self._folders.popitem(last=False)
                 self._folder_names -= len(evicted)
 
     def read(self, entry: Entry, offset: int, size: int) -> bytes:
