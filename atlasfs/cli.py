@@ -183,7 +183,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "debug, and libfuse options such as default_permissions or max_read=N; "
                         "fstab-only options (nofail, noauto, x-systemd.*...) are ignored")
     p.add_argument("--cache-size", type=_size, metavar="SIZE",
-                   help="bound of the decoded-block cache, e.g. 512M or 2G (default 256M)")
+                   help="bound of the block cache (decoded blocks and their files), e.g. 512M or 2G (default 256M)")
     p.add_argument("--allow-other", action="store_true", help="let other users read the mount")
     p.add_argument("--log-file", metavar="PATH",
                    help="append the daemon's log here (default: stderr with -f, else syslog)")
