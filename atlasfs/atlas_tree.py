@@ -53,11 +53,12 @@ class EncodedExample:
 class Block:
     """A decoded block in the cache: its examples, and each one's files once encoded."""
 
-    __slots__ = ("examples", "encoded")
+    __slots__ = ("examples", "encoded", "encoded_bytes")
 
     def __init__(self, examples: list[Any]) -> None:
         self.examples = examples
         self.encoded: list[EncodedExample | None] = [None] * len(examples)
+        self.encoded_bytes = 0  # bytes of the files encoded so far
 
 
 class FileRef(NamedTuple):
@@ -231,26 +232,29 @@ class AtlasTree(Tree):
         encoding the whole block. The block's cost in the cache grows by the
         bytes its encoded files add (bytes fields are served as they are, at no cost).
         """
-        decoded = self.decoded_block(s, block)
+        return self._example_of(self.decoded_block(s, block), s, block, pos)
+
+    def _example_of(self, decoded: Block, s: int, block: int, pos: int) -> EncodedExample:
         if pos >= len(decoded.examples):
             raise _eio(f"{self.dataset.shards[s].data_path}: block {block} does not match its file table")
         encoded = decoded.encoded[pos]
         if encoded is None:
-            encoded, cost = self._encode(s, block, decoded.examples[pos], pos)
+            encoded, cost = self._encode(decoded, s, block, pos)
             decoded.encoded[pos] = encoded  # two threads may both encode it: same result, charged twice at worst
             self.cache.charge((s, block), cost)
         return encoded
 
-    def _encode(self, s: int, block: int, example: Any, pos: int) -> tuple[EncodedExample, int]:
+    def _encode(self, decoded: Block, s: int, block: int, pos: int) -> tuple[EncodedExample, int]:
         shard = self.dataset.shards[s]
+        example = decoded.examples[pos]
         try:
             files, note = example_files(example, self.max_suffix_bytes)
         except Exception as exc:  # an example the encoders cannot handle
             raise self._fail(s, block, f"{shard.data_path} block {block}: cannot encode example {pos} ({exc!r})") from None
-        size = sum(len(data) for _, data in files)
-        if size > shard.codec.max_block_bytes:  # shared references can make files far larger than the pickle
-            raise self._fail(s, block, f"{shard.data_path} block {block}: the files of example {pos} "
-                                       f"would take more than {shard.codec.max_block_bytes} bytes")
+        decoded.encoded_bytes += sum(len(data) for _, data in files)
+        limit = shard.codec.max_block_bytes
+        if decoded.encoded_bytes > limit:  # shared references can make files far larger than the pickle
+            raise self._fail(s, block, f"{shard.data_path} block {block}: its files would take more than {limit} bytes")
         fields = example.values() if isinstance(example, dict) else (example,)
         shared = {id(value) for value in fields if type(value) is bytes}
         cost = sum(len(data) for _, data in files if id(data) not in shared) + 100 * len(files)
@@ -320,7 +324,8 @@ class AtlasTree(Tree):
         for block in range(shard.num_blocks):
             base = first_index + block * shard.meta.block_size
             try:
-                examples = [self.encoded_example(s, block, pos) for pos in range(shard.block_length(block))]
+                decoded = self.decoded_block(s, block)  # once: the cache may be too small to keep it
+                examples = [self._example_of(decoded, s, block, pos) for pos in range(len(decoded.examples))]
             except OSError:
                 complete = False
                 for pos in range(shard.block_length(block)):

@@ -91,3 +91,38 @@ def test_a_block_that_cannot_be_decoded_fails_its_reads_with_eio_once_the_table_
         assert info.value.errno == errno.EIO and "block 0: damaged" in str(info.value)
     for path in elsewhere:
         assert tree.read(tree.lookup("/" + path), 0, 1 << 20) == first.read(files[path], 0, 1 << 20)
+
+
+def test_building_a_table_without_a_cache_decodes_each_block_once(tmp_path: Path) -> None:
+    dataset = tmp_path / "ds"
+    _write(dataset)
+    tree = AtlasTree(AtlasDataset(dataset), cache_bytes=0)  # as `atlasfs index` opens it
+    shard = tree.dataset.shards[0]
+    calls: list[int] = []
+    original = shard.decode_block
+
+    def counting(block: int):  # type: ignore[no-untyped-def]
+        calls.append(block)
+        return original(block)
+
+    shard.decode_block = counting  # type: ignore[method-assign]
+    assert len(tree.table(0)) == 100 * 3
+    assert sorted(calls) == list(range(shard.num_blocks))
+
+
+def test_a_block_whose_files_outgrow_the_decode_limit_fails_with_eio(tmp_path: Path) -> None:
+    dataset = tmp_path / "ds"
+    _write(dataset)
+    tree = AtlasTree(AtlasDataset(dataset), store=TableStore(str(dataset)))
+    files = dict(tree.walk("/"))  # tables built and stored with the normal limit
+    tree = AtlasTree(AtlasDataset(dataset), store=TableStore(str(dataset)))
+    in_block_0 = sorted(p for p, e in files.items() if e.ref.shard == 0 and e.ref.block == 0)
+    tree.read(tree.lookup("/" + in_block_0[0]), 0, 10)  # decoded within the limit (its pickle: ~8 KB)
+    limit = tree.dataset.shards[0].decode_block(0)[1] + 500
+    tree.dataset.shards[0].codec.max_block_bytes = limit  # the block's files (~12 KB) will not fit
+    with pytest.raises(OSError) as info:
+        for path in in_block_0:
+            tree.read(tree.lookup("/" + path), 0, 1 << 20)
+    assert info.value.errno == errno.EIO and f"would take more than {limit} bytes" in str(info.value)
+    with pytest.raises(OSError):  # and the block stays failed
+        tree.read(tree.lookup("/" + in_block_0[0]), 0, 10)
