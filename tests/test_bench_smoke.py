@@ -38,18 +38,19 @@ def _run_smoke(out: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
 
 
-def _fuse_mounts() -> set[str]:
+def _bench_mounts() -> set[str]:
+    """FUSE mounts in the benchmark's work folders (other tests may mount meanwhile)."""
     with open("/proc/self/mountinfo") as f:
-        return {line.split()[4] for line in f if " - fuse" in line}
+        return {line.split()[4] for line in f if " - fuse" in line and "atlasfs-bench-" in line.split()[4]}
 
 
 @pytest.mark.fuse
 def test_bench_smoke_reports_every_figure(tmp_path: Path) -> None:
     require_fuse()
-    before = _fuse_mounts()
+    before = _bench_mounts()
     out = tmp_path / "results"
     result = _run_smoke(out)
-    assert _fuse_mounts() <= before, "the benchmark left a mount behind"
+    assert _bench_mounts() <= before, "the benchmark left a mount behind"
     assert (out / "latest.json").exists(), f"no report (exit {result.returncode}):\n{result.stderr[-3000:]}"
     data = json.loads((out / "latest.json").read_text())
     markdown = (out / "latest.md").read_text()
