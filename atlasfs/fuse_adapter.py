@@ -32,6 +32,10 @@ FILE_MODE = stat.S_IFREG | 0o444
 DIR_MODE = stat.S_IFDIR | 0o555
 #: Preferred I/O size reported to readers (``st_blksize``).
 BLOCK_SIZE = 128 * 1024
+#: At most this many libfuse worker threads keep their Python thread state
+#: between callbacks (libfuse starts a worker whenever all are busy and ends
+#: one when more than ten are idle; each kept state is a few KiB).
+KEPT_THREAD_STATES = 64
 #: The operations that would change the tree. The mount is read-only, so the
 #: kernel refuses them itself; these answer any that get through with EROFS.
 _WRITE_OPERATIONS = ("mknod", "mkdir", "unlink", "rmdir", "symlink", "rename", "link", "chmod", "chown",
@@ -63,6 +67,7 @@ class FuseAdapter:
         self._stat_size = ctypes.sizeof(fuse.c_stat)
         self._critical: BaseException | None = None
         self._local = threading.local()
+        self._kept = 0  # thread states kept so far
 
     # -- building the operations table
 
@@ -90,12 +95,14 @@ class FuseAdapter:
         local = self._local
 
         def guarded(*args: Any) -> int:
-            if not hasattr(local, "kept"):
+            if not hasattr(local, "kept") and self._kept < KEPT_THREAD_STATES:
                 # libfuse's worker threads are not Python threads: ctypes creates a
                 # Python thread state for every callback and destroys it after.
                 # Taking one more reference once keeps this thread's state for
-                # good (about a fifth of the CPU of a small-file tar).
+                # good (about a fifth of the CPU of a small-file tar). A worker
+                # that exits leaves its state behind, so only so many are kept.
                 local.kept = ctypes.pythonapi.PyGILState_Ensure()
+                self._kept += 1
             try:
                 return handler(*args)
             except OSError as exc:
