@@ -72,6 +72,10 @@ class BlockCache(Generic[V]):
             return
         self._items[key] = (value, cost)
         self._bytes += cost
+        self._evict()
+
+    def _evict(self) -> None:
+        """Drop least recently used items until the bound holds (the lock is held)."""
         while self._bytes > self.max_bytes:
             _, (_, old_cost) = self._items.popitem(last=False)
             self._bytes -= old_cost
@@ -86,9 +90,7 @@ class BlockCache(Generic[V]):
             self._items[key] = (item[0], item[1] + extra)
             self._items.move_to_end(key)
             self._bytes += extra
-            while self._bytes > self.max_bytes:
-                _, (_, old_cost) = self._items.popitem(last=False)
-                self._bytes -= old_cost
+            self._evict()
 
     def clear(self) -> None:
         """Drop every cached item (loads under way are unaffected)."""
