@@ -125,7 +125,7 @@ class AtlasTree(Tree):
             raise not_found(path)
         if table.kind[i] == UNREADABLE:
             raise _eio(self._failure(s, int(table.block[i])))
-        return self._entry(s, table, i)
+        return self._entries(s, table, [i])[0]
 
     def listdir(self, path: str) -> list[tuple[str, Entry]]:
         parts = split_path(path)
@@ -140,7 +140,8 @@ class AtlasTree(Tree):
         if listed is not None:  # every pass of tar or find lists every folder again
             return listed[0]
         table = self.table(s)
-        children = self._entries(s, table, table.children(folder))
+        names = table.children(folder)
+        children = list(zip([name for name, _ in names], self._entries(s, table, [i for _, i in names])))
         self._remember_folder(s, folder, children)
         return children
 
@@ -171,35 +172,27 @@ class AtlasTree(Tree):
     def total_bytes(self) -> int:
         return sum(shard.data_size for shard in self.dataset.shards)
 
-    def _entries(self, s: int, table: FileTable, children: list[tuple[str, int]]) -> list[tuple[str, Entry]]:
-        """``_entry`` for many children at once: a listing makes one per file."""
-        if not children:
+    def _entries(self, s: int, table: FileTable, indices: list[int]) -> list[Entry]:
+        """The entries of table rows ``indices`` (ascending), at once: a listing makes one per file."""
+        if not indices:
             return []
-        lo, hi = children[0][1], children[-1][1] + 1
+        lo, hi = indices[0], indices[-1] + 1
         kinds, sizes, blocks, positions, files = (column[lo:hi].tolist() for column in (
             table.kind, table.size, table.block, table.pos, table.file))
         mtime = self._shard_entries[s].mtime
         base = ((s + 1) << 32) + 1
         new = tuple.__new__  # a named tuple's own __new__ is a Python call: a third of a big listing's time
         result = []
-        for name, i in children:
+        for i in indices:
             j = i - lo
             kind = kinds[j]
             if kind == FILE:
                 entry = new(Entry, (False, sizes[j], mtime, base + i, new(FileRef, (s, blocks[j], positions[j], files[j]))))
             else:
                 entry = new(Entry, (kind == DIR, 0, mtime, base + i, None))
-            result.append((name, entry))
+            result.append(entry)
         return result
 
-    def _entry(self, s: int, table: FileTable, i: int) -> Entry:
-        ino = ((s + 1) << 32) + i + 1
-        mtime = self._shard_entries[s].mtime
-        kind = table.kind[i]
-        if kind == FILE:
-            ref = FileRef(s, int(table.block[i]), int(table.pos[i]), int(table.file[i]))
-            return Entry(False, int(table.size[i]), mtime, ino, ref)
-        return Entry(kind == DIR, 0, mtime, ino)
 
     # -- blocks and examples
 
