@@ -26,6 +26,8 @@ if __package__ in (None, ""):
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from atlasfs.tree import Entry, Tree  # noqa: E402
+from bench.systems import View, is_mounted, unmount  # noqa: E402
+from bench.workloads import tar_all  # noqa: E402
 
 _SERVE = """
 import sys
@@ -65,17 +67,6 @@ class ConstantTree(Tree):
         return self.data[offset:offset + size]
 
 
-def _tar_seconds(folder: str) -> float:
-    start = time.perf_counter()
-    subprocess.run(f"tar cf - -C {folder} . | wc -c > /dev/null", shell=True, check=True)
-    return time.perf_counter() - start
-
-
-def _mounted(path: str) -> bool:
-    with open("/proc/self/mountinfo") as f:
-        return any(line.split()[4] == path for line in f)
-
-
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--files", type=int, default=24_000)
@@ -91,25 +82,23 @@ def main() -> int:
         for i in range(args.files):
             with open(os.path.join(plain, f"{i:06d}.bin"), "wb") as f:
                 f.write(data)
-        mnt = os.path.join(work, "mnt")
-        os.mkdir(mnt)
         results: dict[str, list[float]] = {"tmpfs": [], "adapter cold": [], "adapter warm": []}
         for _ in range(args.repeat):
-            results["tmpfs"].append(_tar_seconds(plain))
+            results["tmpfs"].append(tar_all(View("tmpfs", plain, {"d": plain}), ["d"]).seconds)
+            mnt = tempfile.mkdtemp(prefix="mnt-", dir=work)
             code = _SERVE.format(repo=repo, files=args.files, size=args.size, mnt=mnt)
             daemon = subprocess.Popen([sys.executable, "-c", code])
             try:
                 deadline = time.monotonic() + 30
-                while not _mounted(mnt):
+                while not is_mounted(mnt):
                     if daemon.poll() is not None or time.monotonic() > deadline:
                         raise SystemExit("floor: the mount did not come up")
                     time.sleep(0.02)
-                folder = os.path.join(mnt, "d")
-                results["adapter cold"].append(_tar_seconds(folder))
-                results["adapter warm"].append(_tar_seconds(folder))
+                view = View("floor", mnt, {"d": os.path.join(mnt, "d")})
+                results["adapter cold"].append(tar_all(view, ["d"]).seconds)
+                results["adapter warm"].append(tar_all(view, ["d"]).seconds)
             finally:
-                subprocess.run(["fusermount", "-u", mnt], check=False, capture_output=True)
-                daemon.wait(timeout=30)
+                unmount(mnt, daemon)
         base = statistics.median(results["tmpfs"])
         print(f"tar of {args.files:,} files of {args.size:,} bytes, median of {args.repeat}:")
         for name, samples in results.items():

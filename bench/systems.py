@@ -79,7 +79,7 @@ def is_mounted(path: str) -> bool:
     return False
 
 
-def _unmount(mountpoint: str, process: subprocess.Popen[bytes] | None) -> None:
+def unmount(mountpoint: str, process: subprocess.Popen[bytes] | None) -> None:
     """Unmount ``mountpoint`` and stop the daemon ``process``, however stuck; never raises."""
     try:
         for command in (["fusermount", "-u", mountpoint], ["fusermount", "-uz", mountpoint]):
@@ -208,7 +208,7 @@ class Atlasfs(System):
             yield View(self.name, mountpoint, {s: os.path.join(mountpoint, s) for s in self.shards},
                        pid=process.pid, mount_seconds=seconds)
         finally:
-            _unmount(mountpoint, process)
+            unmount(mountpoint, process)
 
 
 class Ratarmount(System):
@@ -266,7 +266,7 @@ class Ratarmount(System):
                 seconds = time.perf_counter() - start
             yield View(self.name, mountpoint, self._shard_dirs(mountpoint), pid=process.pid, mount_seconds=seconds)
         finally:
-            _unmount(mountpoint, process)
+            unmount(mountpoint, process)
 
     def _shard_dirs(self, mountpoint: str) -> dict[str, str]:
         if len(self.shards) == 1:  # a single archive is mounted at the root
