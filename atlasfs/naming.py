@@ -137,7 +137,8 @@ def _is_npz_dict(value: Any) -> bool:
         isinstance(k, str) and k and "/" not in k and _plain_array(v) for k, v in value.items()))
 
 
-_JSON_NUMBERS = frozenset((int, float, bool, type(None)))
+_JSON_SCALARS = frozenset((str, int, float, bool, type(None)))
+_STR = frozenset((str,))
 
 
 def json_exact(value: Any, budget: int = MAX_JSON_BYTES) -> bool:
@@ -146,7 +147,9 @@ def json_exact(value: Any, budget: int = MAX_JSON_BYTES) -> bool:
 
     The budget matters because unpickled data can share objects: a list holding
     the same list twice, 60 levels deep, is tiny as a pickle and astronomically
-    large as JSON. The walk stops as soon as the budget is spent.
+    large as JSON. The walk stops as soon as the budget is spent. Containers of
+    scalars only (the usual metadata dict, a list of numbers) are checked in
+    one step, without visiting their items one by one.
     """
     remaining = budget
     stack = [(value, 0)]
@@ -157,30 +160,37 @@ def json_exact(value: Any, budget: int = MAX_JSON_BYTES) -> bool:
         if kind is str:
             remaining -= len(item)
         elif kind is int:
-            if _int_text(item) is None:
+            if not _int_ok(item):
                 return False
-        elif kind in (list, dict):
+        elif kind is list or kind is dict:
             if depth >= MAX_JSON_DEPTH:  # json.dumps would hit the recursion limit
                 return False
-            if kind is list:
-                kinds = set(map(type, item))
-                if kinds <= _JSON_NUMBERS:  # the common list of numbers, without a walk
-                    remaining -= 8 * len(item)
-                    if int in kinds and any(_int_text(x) is None for x in item if type(x) is int):
-                        return False
-                else:
-                    stack.extend((sub, depth + 1) for sub in item)
+            if kind is dict:
+                if not set(map(type, item)) <= _STR:
+                    return False
+                remaining -= sum(map(len, item))
+                values = item.values()
             else:
-                for key, sub in item.items():
-                    if type(key) is not str:
-                        return False
-                    remaining -= len(key)
-                    stack.append((sub, depth + 1))
-        elif not (item is None or kind in (bool, float)):
+                values = item
+            kinds = set(map(type, values))
+            if kinds <= _JSON_SCALARS:
+                remaining -= 8 * len(item)
+                if str in kinds:
+                    remaining -= sum(len(x) for x in values if type(x) is str)
+                if int in kinds and not all(_int_ok(x) for x in values if type(x) is int):
+                    return False
+            else:
+                stack.extend((sub, depth + 1) for sub in values)
+        elif not (item is None or kind is bool or kind is float):
             return False
         if remaining < 0:
             return False
     return True
+
+
+def _int_ok(value: int) -> bool:
+    """Whether ``str(value)`` works (Python limits the digits of int -> str to at least 640)."""
+    return value.bit_length() < 2000 or _int_text(value) is not None
 
 
 def _int_text(value: int) -> str | None:
@@ -190,22 +200,34 @@ def _int_text(value: int) -> str | None:
         return None
 
 
-def _encode_known(ext: str, value: Any) -> bytes | None:
-    """Bytes for ``value`` under a known extension, or None if it does not fit that extension."""
-    if ext in INT_EXTS and type(value) is int:
-        text = _int_text(value)
-        return None if text is None else text.encode("ascii")
-    if ext in TEXT_EXTS and type(value) is str:
-        return _utf8(value)
-    if ext in JSON_EXTS and json_exact(value):
+def _fits(ext: str, value: Any) -> bool:
+    """Whether ``value`` can be written under the known extension ``ext`` (without writing it)."""
+    if ext in INT_EXTS:
+        return type(value) is int and _int_ok(value)
+    if ext in TEXT_EXTS:
+        return type(value) is str and (value.isascii() or _utf8(value) is not None)
+    if ext in JSON_EXTS:
+        return json_exact(value)
+    if ext in PICKLE_EXTS:
+        return True
+    if ext == "npy":
+        return _plain_array(value)
+    return ext == "npz" and _is_npz_dict(value)
+
+
+def _encode_as(ext: str, value: Any) -> bytes:
+    """The bytes of ``value`` under extension ``ext``, which :func:`_fits` it."""
+    if ext in INT_EXTS:
+        return str(value).encode("ascii")
+    if ext in TEXT_EXTS:
+        return value.encode("utf-8")
+    if ext in JSON_EXTS:
         return json.dumps(value).encode("ascii")
     if ext in PICKLE_EXTS:
         return canonical_pickle(value)
-    if ext == "npy" and _plain_array(value):
+    if ext == "npy":
         return _npy_bytes(value)
-    if ext == "npz" and _is_npz_dict(value):
-        return _npz_bytes(value)
-    return None
+    return _npz_bytes(value)
 
 
 def type_extension(value: Any) -> str:
@@ -213,7 +235,7 @@ def type_extension(value: Any) -> str:
     kind = type(value)
     if kind is str and _utf8(value) is not None:
         return "txt"
-    if kind is int and _int_text(value) is not None:
+    if kind is int and _int_ok(value):
         return "cls"
     if kind in (bool, float) or (kind in (dict, list) and json_exact(value)):
         return "json"
@@ -227,32 +249,42 @@ def _extension(name: str) -> str:
     return name.rsplit(".", 1)[-1].lower()  # WebDataset lower-cases suffixes
 
 
-def encode_field(name: str, value: Any) -> tuple[str, bytes]:
-    """``(file suffix, bytes)`` of one field: the name, plus a type extension when needed.
+def field_suffix(name: str, value: Any) -> str:
+    """The file suffix of a field: its name, plus ``.<type extension>`` when needed.
 
-    bytes are written unchanged under any name; other values keep the name if
-    its extension fits the value, else get ``.<type extension>`` appended.
+    bytes keep any name; other values keep the name if its extension fits the
+    value. Decided without encoding the value (see :func:`encode_as`).
     """
-    if type(value) is bytes:
-        return name, value
-    ext = _extension(name)
-    data = _encode_known(ext, value)
-    if data is not None:
-        return name, data
-    ext = type_extension(value)
-    data = _encode_known(ext, value)
-    assert data is not None, ext  # type_extension only names extensions that fit
-    return f"{name}.{ext}", data
+    if type(value) is bytes or _fits(_extension(name), value):
+        return name
+    return f"{name}.{type_extension(value)}"
+
+
+def value_suffix(value: Any) -> str:
+    """The extension of a non-dict example: its type extension, ``bin`` for bytes."""
+    return "bin" if type(value) is bytes else type_extension(value)
+
+
+def encode_as(suffix: str, value: Any) -> bytes:
+    """The bytes of the file ``<key>.<suffix>`` holding ``value``: bytes unchanged, any
+    other value encoded for the extension that ends ``suffix``.
+
+    ``suffix`` must be what :func:`field_suffix`, :func:`value_suffix` or
+    :func:`example_fields` chose for ``value``.
+    """
+    return value if type(value) is bytes else _encode_as(_extension(suffix), value)
+
+
+def encode_field(name: str, value: Any) -> tuple[str, bytes]:
+    """``(file suffix, bytes)`` of one field."""
+    suffix = field_suffix(name, value)
+    return suffix, encode_as(suffix, value)
 
 
 def encode_value(value: Any) -> tuple[str, bytes]:
-    """``(extension, bytes)`` of a non-dict example: its type extension, ``bin`` for bytes."""
-    if type(value) is bytes:
-        return "bin", value
-    ext = type_extension(value)
-    data = _encode_known(ext, value)
-    assert data is not None, ext
-    return ext, data
+    """``(extension, bytes)`` of a non-dict example."""
+    suffix = value_suffix(value)
+    return suffix, encode_as(suffix, value)
 
 
 # ---------------------------------------------------------------- names
@@ -278,39 +310,47 @@ def _str_field_name_problem(name: str) -> str | None:
     return None
 
 
-def example_files(example: Any, max_suffix_bytes: int) -> tuple[list[tuple[str, bytes]], str | None]:
-    """The files of one example: ``([(suffix, bytes)...] sorted by suffix, note)``.
+def example_fields(example: Any, max_suffix_bytes: int) -> tuple[list[tuple[str, Any]], str | None]:
+    """The files of one example, named but not encoded: ``([(suffix, value)...] sorted
+    by suffix bytes, note)``; :func:`encode_as` gives each file's bytes.
 
     A file is named ``<key>.<suffix>``. When the fields cannot all be shown
     faithfully (a non-string, unsafe, too long or clashing name, or no visible
     field at all), the whole example becomes one ``pickle`` file and ``note``
-    says why; otherwise ``note`` is None.
+    says why; otherwise ``note`` is None. Naming costs no encoding, so a folder
+    can be listed before any of its files is encoded.
     """
     if not isinstance(example, dict):
-        ext, data = encode_value(example)
-        return [(ext, data)], None
+        return [(value_suffix(example), example)], None
     problem = None
-    files: list[tuple[str, bytes]] = []
+    fields: list[tuple[str, Any]] = []
     for name, value in example.items():
         if is_metadata(name):
             continue
         problem = field_name_problem(name)
         if problem:
             break
-        files.append(encode_field(name, value))
+        fields.append((field_suffix(name, value), value))
     if not problem:
-        problem = _suffix_problem(files, max_suffix_bytes)
+        problem = _suffix_problem([suffix for suffix, _ in fields], max_suffix_bytes)
     if problem:
-        return [("pickle", canonical_pickle(example))], f"{problem}; the example is shown whole as .pickle"
-    files.sort(key=lambda f: f[0].encode("utf-8"))
-    return files, None
+        return [("pickle", example)], f"{problem}; the example is shown whole as .pickle"
+    fields.sort(key=lambda f: f[0].encode("utf-8"))
+    return fields, None
 
 
-def _suffix_problem(files: list[tuple[str, bytes]], max_suffix_bytes: int) -> str | None:
-    if not files:
+def example_files(example: Any, max_suffix_bytes: int) -> tuple[list[tuple[str, bytes]], str | None]:
+    """The files of one example with their bytes: ``([(suffix, bytes)...], note)``
+    (see :func:`example_fields`)."""
+    fields, note = example_fields(example, max_suffix_bytes)
+    return [(suffix, encode_as(suffix, value)) for suffix, value in fields], note
+
+
+def _suffix_problem(suffixes: list[str], max_suffix_bytes: int) -> str | None:
+    if not suffixes:
         return "no field to show"
     seen: set[str] = set()
-    for suffix, _ in files:
+    for suffix in suffixes:
         if len(suffix.encode("utf-8")) > max_suffix_bytes:
             return f"field file name {suffix[:40]!r}... is too long"
         folded = suffix.lower()  # WebDataset lower-cases suffixes, so case clashes collide there

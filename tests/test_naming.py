@@ -11,10 +11,12 @@ import sys
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from webdataset.autodecode import Decoder, basichandlers
 
 from atlasfs.naming import (NO_KEY, KeyAssigner, canonical_pickle, encode_field, encode_value, example_files,
-                            index_key_width, key_problem)
+                            index_key_width, json_exact, key_problem)
 from helpers import deep_equal
 
 
@@ -193,3 +195,35 @@ def test_shared_references_cannot_blow_up_json() -> None:
         deep = [deep]
     suffix, data = encode_field("x", deep)
     assert suffix == "x.pickle" and pickle.loads(data) == deep
+
+
+_json_like = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=5) | st.binary(max_size=3)
+    | st.tuples(st.integers()),
+    lambda children: st.lists(children, max_size=4)
+    | st.dictionaries(st.text(max_size=3) | st.integers(), children, max_size=4),
+    max_leaves=12)
+
+
+@settings(max_examples=400, deadline=None)
+@given(_json_like)
+def test_json_exact_is_a_json_round_trip(value: object) -> None:
+    """json_exact (which decides .json or .pickle without encoding) says yes exactly
+    when JSON gives the value back with its types."""
+    try:
+        back = json.loads(json.dumps(value))
+        exact = deep_equal(back, value)
+    except TypeError:  # not JSON at all (bytes, non-string keys are coerced, not refused)
+        exact = False
+    assert json_exact(value) == exact
+
+
+def test_json_exact_budget_counts_strings_keys_and_items() -> None:
+    text = {"key": "x" * 100, "n": [1.5] * 10}
+    assert json_exact(text, budget=400)
+    assert not json_exact(text, budget=150)
+    assert not json_exact(["y" * 60, "y" * 60], budget=100)
+    shared: list = [0.5]
+    for _ in range(40):  # tiny as a pickle, 2**40 items as JSON
+        shared = [shared, shared]
+    assert not json_exact(shared)
