@@ -3,9 +3,13 @@
 Files are named and encoded by :mod:`atlasfs.naming`. A shard's file table
 (names, sizes, block and position of every file) is loaded from the table
 store, or built the first time the shard is looked into by decoding its
-blocks once (and then stored). File bytes come from a cache of decoded
-blocks bounded in bytes; a block's examples are encoded as files one at a
-time, when first read, and kept with it. Evicted blocks are decoded again.
+blocks once and naming their examples (and then stored). Naming needs no
+encoding, so a fresh table knows only the sizes of raw bytes fields; the
+others are filled in when their files are first looked up (which encodes
+their example, as reading it would), and the table is stored again once it
+knows them all. A listing needs no sizes. File bytes come from a cache of
+decoded blocks bounded in bytes; a block's examples are encoded as files one
+at a time, when first needed, and kept with it. Evicted blocks are decoded again.
 
 A block that cannot be decoded is logged once; its examples appear as
 ``<index key>.unreadable`` entries whose lookups and reads fail with EIO,
@@ -21,14 +25,16 @@ import logging
 import os
 import threading
 from collections import OrderedDict
-from dataclasses import dataclass
 from typing import Any, NamedTuple
+
+import numpy as np
 
 from .blockcache import BlockCache
 from .dataset import DEFAULT_CACHE_BYTES, AtlasDataset, BrokenShard
 from .errors import AtlasFormatError
-from .filetable import DIR, FILE, UNREADABLE, FileTable, Limits
-from .naming import LAYOUT_VERSION, MAX_NAME_BYTES, NO_KEY, KeyAssigner, declared_key, example_files, index_key_width
+from .filetable import DIR, FILE, UNKNOWN_SIZE, UNREADABLE, FileTable, Limits
+from .naming import (LAYOUT_VERSION, MAX_NAME_BYTES, NO_KEY, KeyAssigner, declared_key, example_fields, example_files,
+                     index_key_width)
 from .tablestore import TableStore
 from .tree import Entry, Tree, not_found, split_path
 
@@ -40,25 +46,24 @@ FOLDER_CACHE_NAMES = 100_000
 UNREADABLE_SUFFIX = "unreadable"
 
 
-@dataclass(frozen=True)
-class EncodedExample:
-    """One example as files: suffixes and bytes in listing order."""
-
-    declared_key: object
-    suffixes: tuple[str, ...]
-    data: tuple[bytes, ...]
-    note: str | None
-
-
 class Block:
-    """A decoded block in the cache: its examples, and each one's files once encoded."""
+    """A decoded block in the cache: its examples, and each one's file bytes once encoded
+    (in the order of :func:`~atlasfs.naming.example_fields`)."""
 
     __slots__ = ("examples", "encoded", "encoded_bytes")
 
     def __init__(self, examples: list[Any]) -> None:
         self.examples = examples
-        self.encoded: list[EncodedExample | None] = [None] * len(examples)
+        self.encoded: list[tuple[bytes, ...] | None] = [None] * len(examples)
         self.encoded_bytes = 0  # bytes of the files encoded so far
+
+
+class _Folder(NamedTuple):
+    """A recently listed folder: its listing, and its readable children by name
+    (their entry, or their table row while their size is not known)."""
+
+    listing: list[tuple[str, bool, int]]
+    children: dict[str, Entry | int]
 
 
 class FileRef(NamedTuple):
@@ -93,11 +98,12 @@ class AtlasTree(Tree):
         self._table_locks = [threading.Lock() for _ in dataset.shards]
         self._failed: dict[tuple[int, int], str] = {}
         self._failed_lock = threading.Lock()
-        # Recently listed folders: (children as listed, readable ones by name). The
-        # lookups that follow a listing (tar, find, ls -l) become dict hits, and a
-        # second listing costs nothing. Bounded by the names it holds; callers
-        # must not change the lists they are given.
-        self._folders: OrderedDict[tuple[int, str], tuple[list[tuple[str, Entry]], dict[str, Entry]]] = OrderedDict()
+        # Tables to store again once they know every size: shard -> (key, sizes still unknown).
+        self._unsized: dict[int, tuple[dict[str, Any], int]] = {}
+        # Recently listed folders. The lookups that follow a listing (tar, find,
+        # ls -l) become dict hits, and a second listing costs nothing. Bounded by
+        # the names it holds; callers must not change the lists they are given.
+        self._folders: OrderedDict[tuple[int, str], _Folder] = OrderedDict()
         self._folder_names = 0
         self._folders_lock = threading.Lock()
         self._root = Entry(True, 0, os.stat(os.path.join(dataset.root, "meta.json")).st_mtime, 1)
@@ -115,55 +121,71 @@ class AtlasTree(Tree):
             raise not_found(path)
         if len(parts) == 1:
             return self._shard_entries[s]
-        folder = "/".join(parts[1:-1])
-        listed = self._folders.get((s, folder))
-        if listed is not None and parts[-1] in listed[1]:
-            return listed[1][parts[-1]]
+        listed = self._folders.get((s, "/".join(parts[1:-1])))
+        found = listed.children.get(parts[-1]) if listed is not None else None
+        if type(found) is Entry:
+            return found
         table = self.table(s)
-        i = table.find("/".join(parts[1:]))
+        i = table.find("/".join(parts[1:])) if found is None else found
         if i is None:
             raise not_found(path)
         if table.kind[i] == UNREADABLE:
             raise _eio(self._failure(s, int(table.block[i])))
-        return self._entries(s, table, [i])[0]
+        entry = self._entries(s, table, [i])[0]
+        if found is not None:
+            listed.children[parts[-1]] = entry  # type: ignore[union-attr]
+        return entry
 
     def listdir(self, path: str) -> list[tuple[str, Entry]]:
         parts = split_path(path)
         if not parts:
             return [(shard.name, self._shard_entries[s]) for s, shard in enumerate(self.dataset.shards)]
-        entry = self.lookup(path)
-        if not entry.is_dir:
-            raise OSError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), path)
-        s = self._shard_by_name[parts[0]]
-        folder = "/".join(parts[1:])
+        s, folder = self._folder_of(path, parts)
+        table = self.table(s)
+        children = table.children(folder)
+        return list(zip([name for name, _ in children], self._entries(s, table, [i for _, i in children])))
+
+    def names(self, path: str) -> list[tuple[str, bool, int]]:
+        parts = split_path(path)
+        if not parts:
+            return super().names(path)
+        s, folder = self._folder_of(path, parts)
         listed = self._folders.get((s, folder))
         if listed is not None:  # every pass of tar or find lists every folder again
-            return listed[0]
+            return listed.listing
         table = self.table(s)
-        names = table.children(folder)
-        children = list(zip([name for name, _ in names], self._entries(s, table, [i for _, i in names])))
-        self._remember_folder(s, folder, children)
-        return children
-
-    def _remember_folder(self, s: int, folder: str, children: list[tuple[str, Entry]]) -> None:
-        if len(children) > FOLDER_CACHE_NAMES:
-            return
+        children = table.children(folder)
+        kinds = table.kind[[i for _, i in children]].tolist()
+        base = ((s + 1) << 32) + 1
+        listing = [(name, kind == DIR, base + i) for (name, i), kind in zip(children, kinds)]
         # unreadable entries stay out: their lookups must fail
-        names = {name: entry for name, entry in children if entry.ref is not None or entry.is_dir}
+        readable: dict[str, Entry | int] = {name: i for (name, i), kind in zip(children, kinds) if kind != UNREADABLE}
+        self._remember_folder(s, folder, _Folder(listing, readable))
+        return listing
+
+    def _folder_of(self, path: str, parts: list[str]) -> tuple[int, str]:
+        """(shard position, folder inside it) of the folder ``path``."""
+        if not self.lookup(path).is_dir:
+            raise OSError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), path)
+        return self._shard_by_name[parts[0]], "/".join(parts[1:])
+
+    def _remember_folder(self, s: int, folder: str, listed: _Folder) -> None:
+        if len(listed.listing) > FOLDER_CACHE_NAMES:
+            return
         with self._folders_lock:
             old = self._folders.pop((s, folder), None)
-            self._folder_names -= len(old[0]) if old else 0
-            self._folders[(s, folder)] = (children, names)
-            self._folder_names += len(children)
+            self._folder_names -= len(old.listing) if old else 0
+            self._folders[(s, folder)] = listed
+            self._folder_names += len(listed.listing)
             while self._folder_names > FOLDER_CACHE_NAMES:
-                _, (evicted, _) = self._folders.popitem(last=False)
-                self._folder_names -= len(evicted)
+                _, evicted = self._folders.popitem(last=False)
+                self._folder_names -= len(evicted.listing)
 
     def read(self, entry: Entry, offset: int, size: int) -> bytes:
         ref = entry.ref
         if ref is None:
             raise OSError(errno.EISDIR, os.strerror(errno.EISDIR))
-        files = self.encoded_example(ref.shard, ref.block, ref.pos).data
+        files = self.encoded_example(ref.shard, ref.block, ref.pos)
         if ref.file >= len(files) or len(files[ref.file]) != entry.size:
             # only if the dataset changed under us, or a stored table lies
             raise _eio(f"{self.dataset.shards[ref.shard].path}: block {ref.block} does not match its file table")
@@ -176,6 +198,7 @@ class AtlasTree(Tree):
         """The entries of table rows ``indices`` (ascending), at once: a listing makes one per file."""
         if not indices:
             return []
+        self._fill_sizes(s, table, indices)
         lo, hi = indices[0], indices[-1] + 1
         kinds, sizes, blocks, positions, files = (column[lo:hi].tolist() for column in (
             table.kind, table.size, table.block, table.pos, table.file))
@@ -217,8 +240,8 @@ class AtlasTree(Tree):
             raise self._fail(s, block, f"{shard.data_path} block {block}: cannot decode ({exc!r})") from None
         return Block(examples), nbytes
 
-    def encoded_example(self, s: int, block: int, pos: int) -> EncodedExample:
-        """Example ``pos`` of a block as files.
+    def encoded_example(self, s: int, block: int, pos: int) -> tuple[bytes, ...]:
+        """The bytes of the files of example ``pos`` of a block.
 
         Examples are encoded one at a time, when first read, and kept with
         their block: a random read pays for one decode and one encode, not for
@@ -227,7 +250,7 @@ class AtlasTree(Tree):
         """
         return self._example_of(self.decoded_block(s, block), s, block, pos)
 
-    def _example_of(self, decoded: Block, s: int, block: int, pos: int) -> EncodedExample:
+    def _example_of(self, decoded: Block, s: int, block: int, pos: int) -> tuple[bytes, ...]:
         if pos >= len(decoded.examples):
             raise _eio(f"{self.dataset.shards[s].data_path}: block {block} does not match its file table")
         encoded = decoded.encoded[pos]
@@ -237,11 +260,11 @@ class AtlasTree(Tree):
             self.cache.charge((s, block), cost)
         return encoded
 
-    def _encode(self, decoded: Block, s: int, block: int, pos: int) -> tuple[EncodedExample, int]:
+    def _encode(self, decoded: Block, s: int, block: int, pos: int) -> tuple[tuple[bytes, ...], int]:
         shard = self.dataset.shards[s]
         example = decoded.examples[pos]
         try:
-            files, note = example_files(example, self.max_suffix_bytes)
+            files, _ = example_files(example, self.max_suffix_bytes)
         except Exception as exc:  # an example the encoders cannot handle
             raise self._fail(s, block, f"{shard.data_path} block {block}: cannot encode example {pos} ({exc!r})") from None
         decoded.encoded_bytes += sum(len(data) for _, data in files)
@@ -251,8 +274,7 @@ class AtlasTree(Tree):
         fields = example.values() if isinstance(example, dict) else (example,)
         shared = {id(value) for value in fields if type(value) is bytes}
         cost = sum(len(data) for _, data in files if id(data) not in shared) + 100 * len(files)
-        encoded = EncodedExample(declared_key(example), tuple(f[0] for f in files), tuple(f[1] for f in files), note)
-        return encoded, cost
+        return tuple(data for _, data in files), cost
 
     def _fail(self, s: int, block: int, message: str) -> OSError:
         """Remember and log (once) that block ``block`` of shard ``s`` (-1: the whole shard) fails."""
@@ -267,9 +289,11 @@ class AtlasTree(Tree):
 
     # -- file tables
 
-    def table(self, s: int) -> FileTable:
+    def table(self, s: int, sizes: bool = False) -> FileTable:
         """The file table of shard position ``s``: loaded from the store, or built by
-        decoding the shard's blocks (then stored)."""
+        decoding and naming the shard's blocks (then stored). With ``sizes``, every
+        size it does not know yet is filled in first (encoding those examples);
+        files that fail to encode are left unsized and fail with EIO when read."""
         shard = self.dataset.shards[s]
         if isinstance(shard, BrokenShard):
             raise self._fail(s, -1, str(shard.error))
@@ -279,7 +303,54 @@ class AtlasTree(Tree):
                 table = self._tables.get(s)
                 if table is None:
                     table = self._tables[s] = self._load_or_build(s)
+        if sizes:
+            unsized = np.flatnonzero(table.size == UNKNOWN_SIZE)
+            by_block: dict[int, list[int]] = {}
+            for i, block in zip(unsized.tolist(), table.block[unsized].tolist()):
+                by_block.setdefault(block, []).append(i)
+            for rows in by_block.values():
+                try:
+                    self._fill_sizes(s, table, rows)
+                except OSError:  # logged once by _fail; the rest of the shard is still sized
+                    pass
         return table
+
+    def _fill_sizes(self, s: int, table: FileTable, rows: list[int]) -> None:
+        """Encode the examples of table rows ``rows`` whose sizes are not known yet, and
+        note their sizes; store the table once it knows every size."""
+        if len(rows) == 1:
+            unknown = rows if table.size[rows[0]] == UNKNOWN_SIZE else []
+        else:
+            unknown = [i for i, size in zip(rows, table.size[rows].tolist()) if size == UNKNOWN_SIZE]
+        if not unknown:
+            return
+        sizes = []
+        for i in unknown:
+            block, pos, file = int(table.block[i]), int(table.pos[i]), int(table.file[i])
+            files = self.encoded_example(s, block, pos)
+            if file >= len(files):  # only if a stored table lies
+                raise _eio(f"{self.dataset.shards[s].path}: block {block} does not match its file table")
+            sizes.append(len(files[file]))
+        with self._table_locks[s]:
+            filled = 0
+            for i, size in zip(unknown, sizes):
+                if table.size[i] == UNKNOWN_SIZE:  # another thread may have been first
+                    table.size[i] = size
+                    filled += 1
+            pending = self._unsized.get(s)
+            if pending is None or not filled:
+                return
+            key, left = pending[0], pending[1] - filled
+            if left:
+                self._unsized[s] = (key, left)
+                return
+            del self._unsized[s]
+        self._store(s, key, table)
+
+    def _store(self, s: int, key: dict[str, Any], table: FileTable) -> None:
+        assert self.store is not None
+        name = self.dataset.shards[s].name
+        log.debug("stored the file table of shard %s in %s", name, self.store.save(name, key, table))
 
     def _table_key(self, s: int) -> dict[str, Any]:
         """What a shard's table depends on: its files, its global position, the naming rules."""
@@ -302,13 +373,19 @@ class AtlasTree(Tree):
         table = self.store.load(shard.name, key, Limits(shard.num_blocks, shard.meta.block_size))
         if table is None:
             table, complete = self._build_table(s)
-            if complete:  # a table with unreadable blocks is rebuilt next time
-                log.debug("stored the file table of shard %s in %s", shard.name, self.store.save(shard.name, key, table))
+            if not complete:  # a table with unreadable blocks is rebuilt next time
+                return table
+            # stored at once, sizes or not: the next mount lists without decoding
+            self._store(s, key, table)
+        unsized = int(np.count_nonzero(table.size == UNKNOWN_SIZE))
+        if unsized:
+            self._unsized[s] = (key, unsized)
         return table
 
     def _build_table(self, s: int) -> tuple[FileTable, bool]:
-        """Decode every block of shard ``s`` and name its files; the flag is False
-        if a block could not be decoded."""
+        """Decode every block of shard ``s`` and name its files (sizes only of bytes
+        fields, which are served as they are); the flag is False if a block could
+        not be decoded."""
         shard = self.dataset.shards[s]
         assigner = KeyAssigner(self.width)
         first_index = self.dataset.shard_start(s)
@@ -317,20 +394,29 @@ class AtlasTree(Tree):
         for block in range(shard.num_blocks):
             base = first_index + block * shard.meta.block_size
             try:
-                decoded = self.decoded_block(s, block)  # once: the cache may be too small to keep it
-                examples = [self._example_of(decoded, s, block, pos) for pos in range(len(decoded.examples))]
+                named = self._name_block(s, block)
             except OSError:
                 complete = False
                 for pos in range(shard.block_length(block)):
                     key, _ = assigner.assign(NO_KEY, base + pos, 0)
                     rows.append((f"{key}.{UNREADABLE_SUFFIX}", UNREADABLE, 0, block, pos, 0))
                 continue
-            for pos, example in enumerate(examples):
-                longest = max(len(x.encode("utf-8")) for x in example.suffixes)
-                key, note = assigner.assign(example.declared_key, base + pos, longest)
-                for message in (note, example.note):
+            for pos, (declared, fields, note) in enumerate(named):
+                longest = max(len(suffix.encode("utf-8")) for suffix, _ in fields)
+                key, key_note = assigner.assign(declared, base + pos, longest)
+                for message in (key_note, note):
                     if message:
                         log.info("%s example %d: %s", shard.path, base + pos, message)
-                for j, (suffix, data) in enumerate(zip(example.suffixes, example.data)):
-                    rows.append((f"{key}.{suffix}", FILE, len(data), block, pos, j))
+                for j, (suffix, value) in enumerate(fields):
+                    size = len(value) if type(value) is bytes else UNKNOWN_SIZE
+                    rows.append((f"{key}.{suffix}", FILE, size, block, pos, j))
         return FileTable.build(rows), complete
+
+    def _name_block(self, s: int, block: int) -> list[tuple[object, list[tuple[str, Any]], str | None]]:
+        """(declared key, fields, note) of each example of a block (decoded through the cache)."""
+        examples = self.decoded_block(s, block).examples
+        try:
+            return [(declared_key(example), *example_fields(example, self.max_suffix_bytes)) for example in examples]
+        except Exception as exc:  # an example the naming rules cannot handle
+            shard = self.dataset.shards[s]
+            raise self._fail(s, block, f"{shard.data_path} block {block}: cannot name its examples ({exc!r})") from None

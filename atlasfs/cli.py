@@ -122,7 +122,7 @@ def cmd_index(args: argparse.Namespace) -> int:
         tree = AtlasTree(dataset, cache_bytes=0, store=TableStore(dataset.root))
         progress = Progress("index", len(dataset.shards), "shards")
         for s in range(len(dataset.shards)):
-            tree.table(s)
+            tree.table(s, sizes=True)
             progress.advance()
         progress.close()
         print(f"file tables of {len(dataset.shards)} shards are up to date "

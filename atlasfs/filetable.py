@@ -25,6 +25,9 @@ from typing import Any
 import numpy as np
 
 FILE, DIR, UNREADABLE = 0, 1, 2
+#: The size of a file whose bytes have not been encoded yet: a table can name
+#: files before it knows how big they are (a listing needs no sizes).
+UNKNOWN_SIZE = 2**64 - 1
 _MAGIC = b"ATLFSTB1"
 _HEADER_MAX = 1 << 20
 #: (name, dtype) of the per-entry arrays, in file order.
@@ -62,8 +65,8 @@ class FileTable:
 
     @classmethod
     def build(cls, rows: list[tuple[str, int, int, int, int, int]]) -> "FileTable":
-        """A table from ``(path, kind, size, block, pos, file)`` rows; folders implied by
-        paths are added. Paths must be unique (the naming layer guarantees it)."""
+        """A table from ``(path, kind, size, block, pos, file)`` rows (``size`` may be
+        :data:`UNKNOWN_SIZE`); folders implied by paths are added. Paths must be unique (the naming layer guarantees it)."""
         entries = {path.encode("utf-8"): (kind, size, block, pos, file) for path, kind, size, block, pos, file in rows}
         for path in list(entries):
             parent = path.rpartition(b"/")[0]
@@ -168,6 +171,7 @@ class FileTable:
         for name, dtype in _COLUMNS:
             columns[name] = np.frombuffer(data, dtype=dtype, count=n, offset=at)
             at += np.dtype(dtype).itemsize * n
+        columns["size"] = columns["size"].copy()  # writable: unknown sizes are filled in later
         table = cls(data[at:], offsets, columns)
         return table if table._valid(limits) else None
 

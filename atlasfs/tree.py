@@ -41,6 +41,12 @@ class Tree(ABC):
     def listdir(self, path: str) -> list[tuple[str, Entry]]:
         """``(name, entry)`` of each child of the folder ``path``, sorted by name bytes."""
 
+    def names(self, path: str) -> list[tuple[str, bool, int]]:
+        """``(name, is_dir, ino)`` of each child of the folder ``path``, in :meth:`listdir`
+        order: what a directory listing shows. A source that must work to know
+        its file sizes overrides this to skip that work."""
+        return [(name, entry.is_dir, entry.ino) for name, entry in self.listdir(path)]
+
     @abstractmethod
     def read(self, entry: Entry, offset: int, size: int) -> bytes:
         """Up to ``size`` bytes of the file ``entry`` from ``offset``."""

@@ -6,10 +6,12 @@ import errno
 import random
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from atlasfs import AtlasDataset, AtlasWriter
 from atlasfs.atlas_tree import AtlasTree
+from atlasfs.filetable import UNKNOWN_SIZE, FileTable
 from atlasfs.tablestore import TableStore
 
 
@@ -126,3 +128,65 @@ def test_a_block_whose_files_outgrow_the_decode_limit_fails_with_eio(tmp_path: P
     assert info.value.errno == errno.EIO and f"would take more than {limit} bytes" in str(info.value)
     with pytest.raises(OSError):  # and the block stays failed
         tree.read(tree.lookup("/" + in_block_0[0]), 0, 10)
+
+
+def _unsized(table: FileTable) -> int:
+    return int(np.count_nonzero(table.size == UNKNOWN_SIZE))
+
+
+def test_a_first_listing_names_files_without_encoding_any(tmp_path: Path) -> None:
+    dataset = tmp_path / "ds"
+    _write(dataset)
+    full = AtlasTree(AtlasDataset(dataset))  # no store: the reference listing, sizes and all
+    tree = AtlasTree(AtlasDataset(dataset), store=TableStore(str(dataset)))
+    shard = tree.dataset.shards[0]
+    listing = tree.names(f"/{shard.name}")
+    assert listing == [(name, e.is_dir, e.ino) for name, e in full.listdir(f"/{shard.name}")]
+    assert tree.cache.misses == shard.num_blocks  # each block decoded once...
+    for block, _ in tree.cache._items.values():
+        assert block.encoded == [None] * len(block.examples)  # ...and no example encoded
+    table = tree.table(0)
+    assert _unsized(table) == 100 * 2  # json and txt; bin's size is its length
+    # stored at once: a second tree lists without decoding
+    again = AtlasTree(AtlasDataset(dataset), store=TableStore(str(dataset)))
+    assert again.names(f"/{shard.name}") == listing and again.cache.misses == 0
+
+    # lookups fill the sizes in; the table is stored again once it knows them all
+    for name, _, _ in listing:
+        entry = tree.lookup(f"/{shard.name}/{name}")
+        assert entry == full.lookup(f"/{shard.name}/{name}")
+        assert len(tree.read(entry, 0, 1 << 20)) == entry.size
+    assert _unsized(table) == 0
+    third = AtlasTree(AtlasDataset(dataset), store=TableStore(str(dataset)))
+    assert _unsized(third.table(0)) == 0 and third.cache.misses == 0
+
+
+def test_index_sizes_every_file_and_stores_the_table(tmp_path: Path) -> None:
+    dataset = tmp_path / "ds"
+    _write(dataset)
+    tree = AtlasTree(AtlasDataset(dataset), cache_bytes=0, store=TableStore(str(dataset)))
+    for s in range(len(tree.dataset.shards)):
+        assert _unsized(tree.table(s, sizes=True)) == 0
+    again = AtlasTree(AtlasDataset(dataset), store=TableStore(str(dataset)))
+    reference = AtlasTree(AtlasDataset(dataset))
+    assert [(p, e) for p, e in again.walk("/")] == [(p, e) for p, e in reference.walk("/")]
+    assert again.cache.misses == 0 and all(_unsized(again.table(s)) == 0 for s in range(2))
+
+
+def test_a_listed_file_whose_example_cannot_be_encoded_fails_with_eio(tmp_path: Path) -> None:
+    dataset = tmp_path / "ds"
+    _write(dataset)
+    tree = AtlasTree(AtlasDataset(dataset))
+    shard = tree.dataset.shards[0]
+    listing = tree.names(f"/{shard.name}")
+    limit = shard.codec.max_block_bytes
+    shard.codec.max_block_bytes = 1000  # block 0's files (16 x ~700 bytes) no longer fit
+    with pytest.raises(OSError) as info:
+        for name, _, _ in listing[:16 * 3]:
+            tree.lookup(f"/{shard.name}/{name}")
+    assert info.value.errno == errno.EIO and "would take more than 1000 bytes" in str(info.value)
+    shard.codec.max_block_bytes = limit
+    with pytest.raises(OSError):  # the block stays failed...
+        tree.lookup(f"/{shard.name}/{listing[16 * 3 - 1][0]}")
+    last = tree.lookup(f"/{shard.name}/{listing[-1][0]}")  # ...and the others serve
+    assert len(tree.read(last, 0, 1 << 20)) == last.size > 0

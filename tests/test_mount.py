@@ -59,6 +59,18 @@ def test_ls_lR_shows_modes_sizes_and_byte_sorted_order(fixture_mount: tuple[str,
         assert names == sorted(names, key=lambda n: n.encode()), folder
 
 
+def test_listings_and_stat_agree_on_inode_numbers(fixture_mount: tuple[str, Path]) -> None:
+    """readdir answers from names alone (no sizes); its inode numbers must still be stat's."""
+    _, mnt = fixture_mount
+    seen = 0
+    for folder, _, _ in os.walk(mnt):
+        with os.scandir(folder) as entries:
+            for entry in entries:
+                assert entry.inode() == os.stat(entry.path).st_ino, entry.path
+                seen += 1
+    assert seen > 0
+
+
 def test_cat_returns_the_contract_bytes(fixture_mount: tuple[str, Path]) -> None:
     name, mnt = fixture_mount
     for shard, files in contract(name).items():
