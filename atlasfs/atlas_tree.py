@@ -155,11 +155,17 @@ class AtlasTree(Tree):
             return listed.listing
         table = self.table(s)
         children = table.children(folder)
-        kinds = table.kind[[i for _, i in children]].tolist()
+        rows = [i for _, i in children]
+        kinds = table.kind[rows].tolist()
         base = ((s + 1) << 32) + 1
         listing = [(name, kind == DIR, base + i) for (name, i), kind in zip(children, kinds)]
-        # unreadable entries stay out: their lookups must fail
-        readable: dict[str, Entry | int] = {name: i for (name, i), kind in zip(children, kinds) if kind != UNREADABLE}
+        # Rows whose sizes are known get their entries now, at once (a stored table,
+        # usually); the others when first looked up. Unreadable entries stay out:
+        # their lookups must fail.
+        known = bool(np.all(table.size[rows] != UNKNOWN_SIZE))
+        values: list[Entry] | list[int] = self._entries(s, table, rows) if known else rows
+        readable: dict[str, Entry | int] = {
+            name: value for (name, _), kind, value in zip(children, kinds, values) if kind != UNREADABLE}
         self._remember_folder(s, folder, _Folder(listing, readable))
         return listing
 
