@@ -33,8 +33,8 @@ from .blockcache import BlockCache
 from .dataset import DEFAULT_CACHE_BYTES, AtlasDataset, BrokenShard
 from .errors import AtlasFormatError
 from .filetable import DIR, FILE, UNKNOWN_SIZE, UNREADABLE, FileTable, Limits
-from .naming import (LAYOUT_VERSION, MAX_NAME_BYTES, NO_KEY, KeyAssigner, declared_key, example_fields, example_files,
-                     index_key_width)
+from .naming import (LAYOUT_VERSION, MAX_NAME_BYTES, NO_KEY, KeyAssigner, declared_key, encode_as, example_fields,
+                     example_files, index_key_width)
 from .tablestore import TableStore
 from .tree import Entry, Tree, not_found, split_path
 
@@ -47,13 +47,15 @@ UNREADABLE_SUFFIX = "unreadable"
 
 
 class Block:
-    """A decoded block in the cache: its examples, and each one's file bytes once encoded
-    (in the order of :func:`~atlasfs.naming.example_fields`)."""
+    """A decoded block in the cache: its examples, their files as named when the
+    block's file table rows were built (if it was decoded for that), and each
+    example's file bytes once encoded (in the order of :func:`~atlasfs.naming.example_fields`)."""
 
-    __slots__ = ("examples", "encoded", "encoded_bytes")
+    __slots__ = ("encoded", "encoded_bytes", "examples", "fields")
 
     def __init__(self, examples: list[Any]) -> None:
         self.examples = examples
+        self.fields: list[list[tuple[str, Any]]] | None = None  # saves naming them again to encode them
         self.encoded: list[tuple[bytes, ...] | None] = [None] * len(examples)
         self.encoded_bytes = 0  # bytes of the files encoded so far
 
@@ -64,6 +66,21 @@ class _Folder(NamedTuple):
 
     listing: list[tuple[str, bool, int]]
     children: dict[str, Entry | int]
+
+
+class _Unsized:
+    """What it takes to size a table's files: its rows grouped by block, the count
+    still unknown, and the key to store it under once complete (None: not stored)."""
+
+    def __init__(self, table: FileTable, blocks: int, key: dict[str, Any] | None) -> None:
+        self._order = np.argsort(table.block, kind="stable")
+        self._bounds = np.searchsorted(table.block[self._order], np.arange(blocks + 1)).tolist()
+        self.left = int(np.count_nonzero(table.size == UNKNOWN_SIZE))
+        self.key = key
+
+    def rows_of(self, block: int) -> np.ndarray:
+        """The table rows of block ``block`` (files of unreadable blocks and folders included)."""
+        return self._order[self._bounds[block]:self._bounds[block + 1]]
 
 
 class FileRef(NamedTuple):
@@ -98,8 +115,8 @@ class AtlasTree(Tree):
         self._table_locks = [threading.Lock() for _ in dataset.shards]
         self._failed: dict[tuple[int, int], str] = {}
         self._failed_lock = threading.Lock()
-        # Tables to store again once they know every size: shard -> (key, sizes still unknown).
-        self._unsized: dict[int, tuple[dict[str, Any], int]] = {}
+        # Tables that do not know every size yet.
+        self._unsized: dict[int, _Unsized] = {}
         # Recently listed folders. The lookups that follow a listing (tar, find,
         # ls -l) become dict hits, and a second listing costs nothing. Bounded by
         # the names it holds; callers must not change the lists they are given.
@@ -205,6 +222,11 @@ class AtlasTree(Tree):
         if not indices:
             return []
         self._fill_sizes(s, table, indices)
+        if len(indices) == 1:  # a lookup
+            i = indices[0]
+            if table.kind.item(i) == FILE:
+                ref = FileRef(s, table.block.item(i), table.pos.item(i), table.file.item(i))
+                return [Entry(False, table.size.item(i), self._shard_entries[s].mtime, ((s + 1) << 32) + 1 + i, ref)]
         lo, hi = indices[0], indices[-1] + 1
         kinds, sizes, blocks, positions, files = (column[lo:hi].tolist() for column in (
             table.kind, table.size, table.block, table.pos, table.file))
@@ -270,7 +292,10 @@ class AtlasTree(Tree):
         shard = self.dataset.shards[s]
         example = decoded.examples[pos]
         try:
-            files, _ = example_files(example, self.max_suffix_bytes)
+            if decoded.fields is not None:
+                files = [(suffix, encode_as(suffix, value)) for suffix, value in decoded.fields[pos]]
+            else:
+                files, _ = example_files(example, self.max_suffix_bytes)
         except Exception as exc:  # an example the encoders cannot handle
             raise self._fail(s, block, f"{shard.data_path} block {block}: cannot encode example {pos} ({exc!r})") from None
         decoded.encoded_bytes += sum(len(data) for _, data in files)
@@ -310,48 +335,51 @@ class AtlasTree(Tree):
                 if table is None:
                     table = self._tables[s] = self._load_or_build(s)
         if sizes:
-            unsized = np.flatnonzero(table.size == UNKNOWN_SIZE)
-            by_block: dict[int, list[int]] = {}
-            for i, block in zip(unsized.tolist(), table.block[unsized].tolist()):
-                by_block.setdefault(block, []).append(i)
-            for rows in by_block.values():
+            for block in np.unique(table.block[table.size == UNKNOWN_SIZE]).tolist():
                 try:
-                    self._fill_sizes(s, table, rows)
+                    self._size_block(s, table, block)
                 except OSError:  # logged once by _fail; the rest of the shard is still sized
                     pass
         return table
 
     def _fill_sizes(self, s: int, table: FileTable, rows: list[int]) -> None:
-        """Encode the examples of table rows ``rows`` whose sizes are not known yet, and
-        note their sizes; store the table once it knows every size."""
+        """Fill in the sizes of table rows ``rows`` that are not known yet by encoding
+        their blocks' examples: a whole block at once, since whoever looks up one
+        file of a block (tar, ls -l, du) looks up the others next."""
         if len(rows) == 1:
-            unknown = rows if table.size[rows[0]] == UNKNOWN_SIZE else []
+            if table.size.item(rows[0]) != UNKNOWN_SIZE:
+                return
+            blocks = [table.block.item(rows[0])]
         else:
-            unknown = [i for i, size in zip(rows, table.size[rows].tolist()) if size == UNKNOWN_SIZE]
-        if not unknown:
+            picked = np.asarray(rows)
+            blocks = np.unique(table.block[picked[table.size[picked] == UNKNOWN_SIZE]]).tolist()
+        for block in blocks:
+            self._size_block(s, table, block)
+
+    def _size_block(self, s: int, table: FileTable, block: int) -> None:
+        unsized = self._unsized.get(s)
+        if unsized is None:  # sized meanwhile by another thread
             return
+        rows = unsized.rows_of(block)
+        rows = rows[table.size[rows] == UNKNOWN_SIZE]
+        if not len(rows):
+            return
+        decoded = self.decoded_block(s, block)
         sizes = []
-        for i in unknown:
-            block, pos, file = int(table.block[i]), int(table.pos[i]), int(table.file[i])
-            files = self.encoded_example(s, block, pos)
+        for pos, file in zip(table.pos[rows].tolist(), table.file[rows].tolist()):
+            files = self._example_of(decoded, s, block, pos)
             if file >= len(files):  # only if a stored table lies
                 raise _eio(f"{self.dataset.shards[s].path}: block {block} does not match its file table")
             sizes.append(len(files[file]))
         with self._table_locks[s]:
-            filled = 0
-            for i, size in zip(unknown, sizes):
-                if table.size[i] == UNKNOWN_SIZE:  # another thread may have been first
-                    table.size[i] = size
-                    filled += 1
-            pending = self._unsized.get(s)
-            if pending is None or not filled:
-                return
-            key, left = pending[0], pending[1] - filled
-            if left:
-                self._unsized[s] = (key, left)
+            still = table.size[rows] == UNKNOWN_SIZE  # another thread may have been first
+            table.size[rows[still]] = np.array(sizes, dtype=np.uint64)[still]
+            unsized.left -= int(np.count_nonzero(still))
+            if unsized.left or s not in self._unsized:
                 return
             del self._unsized[s]
-        self._store(s, key, table)
+        if unsized.key is not None:
+            self._store(s, unsized.key, table)
 
     def _store(self, s: int, key: dict[str, Any], table: FileTable) -> None:
         assert self.store is not None
@@ -373,19 +401,19 @@ class AtlasTree(Tree):
 
     def _load_or_build(self, s: int) -> FileTable:
         shard = self.dataset.shards[s]
-        if self.store is None:
-            return self._build_table(s)[0]
-        key = self._table_key(s)
-        table = self.store.load(shard.name, key, Limits(shard.num_blocks, shard.meta.block_size))
+        key = None
+        table = None
+        if self.store is not None:
+            key = self._table_key(s)
+            table = self.store.load(shard.name, key, Limits(shard.num_blocks, shard.meta.block_size))
         if table is None:
             table, complete = self._build_table(s)
             if not complete:  # a table with unreadable blocks is rebuilt next time
-                return table
-            # stored at once, sizes or not: the next mount lists without decoding
-            self._store(s, key, table)
-        unsized = int(np.count_nonzero(table.size == UNKNOWN_SIZE))
-        if unsized:
-            self._unsized[s] = (key, unsized)
+                key = None
+            elif key is not None:  # stored at once, sizes or not: the next mount lists without decoding
+                self._store(s, key, table)
+        if bool(np.any(table.size == UNKNOWN_SIZE)):
+            self._unsized[s] = _Unsized(table, shard.num_blocks, key)
         return table
 
     def _build_table(self, s: int) -> tuple[FileTable, bool]:
@@ -420,9 +448,13 @@ class AtlasTree(Tree):
 
     def _name_block(self, s: int, block: int) -> list[tuple[object, list[tuple[str, Any]], str | None]]:
         """(declared key, fields, note) of each example of a block (decoded through the cache)."""
-        examples = self.decoded_block(s, block).examples
+        decoded = self.decoded_block(s, block)
         try:
-            return [(declared_key(example), *example_fields(example, self.max_suffix_bytes)) for example in examples]
+            named = [(declared_key(example), *example_fields(example, self.max_suffix_bytes))
+                     for example in decoded.examples]
         except Exception as exc:  # an example the naming rules cannot handle
             shard = self.dataset.shards[s]
             raise self._fail(s, block, f"{shard.data_path} block {block}: cannot name its examples ({exc!r})") from None
+        decoded.fields = [fields for _, fields, _ in named]
+        self.cache.charge((s, block), 100 * sum(len(fields) for fields in decoded.fields))
+        return named

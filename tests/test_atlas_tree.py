@@ -151,7 +151,10 @@ def test_a_first_listing_names_files_without_encoding_any(tmp_path: Path) -> Non
     again = AtlasTree(AtlasDataset(dataset), store=TableStore(str(dataset)))
     assert again.names(f"/{shard.name}") == listing and again.cache.misses == 0
 
-    # lookups fill the sizes in; the table is stored again once it knows them all
+    # lookups fill the sizes in, a block at a time (its next files are looked up next);
+    # the table is stored again once it knows them all
+    tree.lookup(f"/{shard.name}/{listing[1][0]}")
+    assert _unsized(table) == 100 * 2 - 16 * 2
     for name, _, _ in listing:
         entry = tree.lookup(f"/{shard.name}/{name}")
         assert entry == full.lookup(f"/{shard.name}/{name}")
