@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import errno
 import random
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -193,3 +195,30 @@ def test_a_listed_file_whose_example_cannot_be_encoded_fails_with_eio(tmp_path: 
         tree.lookup(f"/{shard.name}/{listing[16 * 3 - 1][0]}")
     last = tree.lookup(f"/{shard.name}/{listing[-1][0]}")  # ...and the others serve
     assert len(tree.read(last, 0, 1 << 20)) == last.size > 0
+
+
+def test_serving_imports_no_module_lazily(tmp_path: Path) -> None:
+    """A module imported on first use lands in some request's time (np.unique pulled in
+    numpy.ma: 10-20 ms of a daemon's first listing). Everything serving needs is imported
+    before the mount goes live."""
+    dataset = tmp_path / "ds"
+    _write(dataset)
+    script = f"""
+import sys
+import atlasfs.mount  # what the daemon imports before it serves
+from atlasfs import AtlasDataset
+from atlasfs.atlas_tree import AtlasTree
+from atlasfs.tablestore import TableStore
+dataset = AtlasDataset({str(dataset)!r})  # opened before the mount goes live
+before = set(sys.modules)
+for _ in range(2):  # building the tables, then loading them
+    tree = AtlasTree(dataset, store=TableStore(dataset.root))
+    for shard, _, _ in tree.names("/"):
+        for name, _, _ in tree.names("/" + shard):
+            entry = tree.lookup(f"/{{shard}}/{{name}}")
+            tree.read(entry, 0, entry.size)
+    tree.table(1, sizes=True)
+print(sorted(set(sys.modules) - before))
+"""
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "[]", result.stdout
