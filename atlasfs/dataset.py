@@ -152,6 +152,8 @@ class Shard:
     @property
     def data_size(self) -> int:
         """Bytes in ``data.bin`` (0 when there is none)."""
+        if isinstance(self.index, np.memmap):
+            self.check_unchanged()  # a mapped index.npy truncated since open would raise SIGBUS
         return int(self.index[-1])
 
     def __len__(self) -> int:

@@ -760,15 +760,17 @@ from atlasfs import AtlasDataset, AtlasFormatError
 ds = AtlasDataset(sys.argv[1], mmap_index=True)
 open(sys.argv[1] + "/0/index.npy", "wb").close()  # truncated in place under the mapping
 try:
-    ds[4]
+    print(ACCESS)
 except AtlasFormatError as exc:
     print(exc)
 """
 
 
-def test_mapped_index_truncated_after_open_is_an_error_not_sigbus(dataset: Callable[[int], Path]) -> None:
+@pytest.mark.parametrize("access", ["ds[4]", "ds.shards[0].data_size"])
+def test_mapped_index_truncated_after_open_is_an_error_not_sigbus(dataset: Callable[[int], Path],
+                                                                   access: str) -> None:
     root = dataset(1)
-    result = subprocess.run([sys.executable, "-c", _TRUNCATE_MAPPED_INDEX, str(root)],
+    result = subprocess.run([sys.executable, "-c", _TRUNCATE_MAPPED_INDEX.replace("ACCESS", access), str(root)],
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, (result.returncode, result.stderr)
     assert str(root / "0" / "index.npy") in result.stdout and "changed since" in result.stdout, result.stdout
