@@ -35,6 +35,7 @@ from .errors import AtlasFormatError
 from .filetable import DIR, FILE, UNKNOWN_SIZE, UNREADABLE, FileTable, Limits
 from .naming import (LAYOUT_VERSION, MAX_NAME_BYTES, NO_KEY, KeyAssigner, declared_key, encode_as, example_fields,
                      example_files, index_key_width)
+from .readahead import ReadAhead
 from .tablestore import TableStore
 from .tree import Entry, Tree, not_found, split_path
 
@@ -42,6 +43,11 @@ log = logging.getLogger("atlasfs")
 
 #: Names kept in the cache of recently listed folders (about 200 bytes each).
 FOLDER_CACHE_NAMES = 100_000
+#: Blocks decoded, and their examples encoded, ahead of a reader going through a shard in order.
+READ_AHEAD_BLOCKS = 2
+#: Blocks stored in more than this share of the cache bound are not read ahead: decoded, two
+#: of them could push out the block being read.
+READ_AHEAD_MAX_SHARE = 16
 #: Suffix of the entries standing for examples of a block that cannot be decoded.
 UNREADABLE_SUFFIX = "unreadable"
 
@@ -129,6 +135,10 @@ class AtlasTree(Tree):
         self._folders: OrderedDict[tuple[int, str], _Folder] = OrderedDict()
         self._folder_names = 0
         self._folders_lock = threading.Lock()
+        # The last block each shard's readers used: the next one in order gets the
+        # blocks after it read ahead (random reads get nothing, so pay nothing).
+        self._last_block = [-1] * len(dataset.shards)
+        self.readahead = ReadAhead(self._read_ahead) if cache_bytes > 0 else None
         self._root = Entry(True, 0, os.stat(os.path.join(dataset.root, "meta.json")).st_mtime, 1)
         self._shard_entries = [
             Entry(True, 0, shard.mtime, (s + 1) << 32) for s, shard in enumerate(dataset.shards)]
@@ -282,7 +292,28 @@ class AtlasTree(Tree):
         encoding the whole block. The block's cost in the cache grows by the
         bytes its encoded files add (bytes fields are served as they are, at no cost).
         """
+        self._reading(s, block)
         return self._example_of(self.decoded_block(s, block), s, block, pos)
+
+    def _reading(self, s: int, block: int) -> None:
+        """Note that a reader uses block ``block`` of shard ``s``; if it went there from the
+        block before, read the next blocks ahead."""
+        last = self._last_block[s]
+        if block == last:
+            return
+        self._last_block[s] = block  # threads may race here: at worst a hint is missed or repeated
+        if block == last + 1 and self.readahead is not None:
+            end = min(block + 1 + READ_AHEAD_BLOCKS, self.dataset.shards[s].num_blocks)
+            self.readahead.hint([(s, b) for b in range(block + 1, end)])
+
+    def _read_ahead(self, key: Any) -> None:
+        """Decode block ``key = (shard, block)`` into the cache and encode its examples."""
+        s, block = key
+        if self.dataset.shards[s].stored_block_size(block) * READ_AHEAD_MAX_SHARE > self.cache.max_bytes:
+            return
+        decoded = self.decoded_block(s, block)
+        for pos in range(len(decoded.examples)):
+            self._example_of(decoded, s, block, pos)
 
     def _example_of(self, decoded: Block, s: int, block: int, pos: int) -> tuple[bytes, ...]:
         if pos >= len(decoded.examples):
@@ -370,6 +401,7 @@ class AtlasTree(Tree):
         rows = rows[table.size[rows] == UNKNOWN_SIZE]
         if not len(rows):
             return
+        self._reading(s, block)
         decoded = self.decoded_block(s, block)
         sizes = []
         for pos, file in zip(table.pos[rows].tolist(), table.file[rows].tolist()):

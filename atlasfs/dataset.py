@@ -152,9 +152,16 @@ class Shard:
     @property
     def data_size(self) -> int:
         """Bytes in ``data.bin`` (0 when there is none)."""
+        return self._offset(-1)
+
+    def stored_block_size(self, block: int) -> int:
+        """Bytes ``block`` takes in ``data.bin`` (compressed, if it is)."""
+        return self._offset(block + 1) - self._offset(block)
+
+    def _offset(self, i: int) -> int:
         if isinstance(self.index, np.memmap):
             self.check_unchanged()  # a mapped index.npy truncated since open would raise SIGBUS
-        return int(self.index[-1])
+        return int(self.index[i])
 
     def __len__(self) -> int:
         return self.meta.stored_examples

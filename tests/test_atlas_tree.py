@@ -222,3 +222,38 @@ print(sorted(set(sys.modules) - before))
 """
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "[]", result.stdout
+
+
+def test_a_reader_going_in_order_gets_the_next_blocks_read_ahead(tmp_path: Path) -> None:
+    from test_readahead import wait_until
+
+    dataset = tmp_path / "ds"
+    _write(dataset)
+    AtlasTree(AtlasDataset(dataset), cache_bytes=0, store=TableStore(str(dataset))).table(0, sizes=True)
+    tree = AtlasTree(AtlasDataset(dataset), store=TableStore(str(dataset)))  # lists and sizes from the store
+    by_block: dict[int, list[str]] = {}
+    for path, entry in AtlasTree(AtlasDataset(dataset)).walk("/"):
+        if entry.ref.shard == 0:
+            by_block.setdefault(entry.ref.block, []).append("/" + path)
+    for block in (0, 1):  # in order: blocks 2 and 3 are decoded and encoded meanwhile
+        entry = tree.lookup(by_block[block][0])
+        tree.read(entry, 0, entry.size)
+    assert tree.readahead is not None
+    wait_until(tree.readahead.idle)
+    cached = {key: block for key, (block, _) in tree.cache._items.items()}
+    assert set(cached) == {(0, 0), (0, 1), (0, 2), (0, 3)}
+    assert all(e is not None for e in cached[(0, 2)].encoded + cached[(0, 3)].encoded)
+    misses = tree.cache.misses
+    for path in by_block[2] + by_block[3]:
+        entry = tree.lookup(path)
+        tree.read(entry, 0, entry.size)
+    wait_until(tree.readahead.idle)
+    assert (0, 4) in tree.cache._items and tree.cache.misses == misses + 2  # blocks 4 and 5, ahead
+
+    random_reader = AtlasTree(AtlasDataset(dataset), store=TableStore(str(dataset)))
+    for block in (5, 2, 4):  # not in order: nothing read ahead
+        entry = random_reader.lookup(by_block[block][0])
+        random_reader.read(entry, 0, entry.size)
+    assert random_reader.readahead is not None
+    wait_until(random_reader.readahead.idle)
+    assert random_reader.readahead.loaded == 0 and random_reader.cache.misses == 3
