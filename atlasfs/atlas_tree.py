@@ -43,8 +43,12 @@ log = logging.getLogger("atlasfs")
 
 #: Names kept in the cache of recently listed folders (about 200 bytes each).
 FOLDER_CACHE_NAMES = 100_000
-#: Blocks decoded, and their examples encoded, ahead of a reader going through a shard in order.
+#: Blocks decoded, and their examples encoded, ahead of a reader going through a shard in order...
 READ_AHEAD_BLOCKS = 2
+#: ...once it has used this many blocks in a row (starting at a shard's first block counts as
+#: one more: readers that start there usually go through). Random readers land on the block
+#: after the one before now and then, but seldom twice running.
+READ_AHEAD_AFTER = 3
 #: Blocks stored in more than this share of the cache bound are not read ahead: decoded, two
 #: of them could push out the block being read.
 READ_AHEAD_MAX_SHARE = 16
@@ -135,9 +139,9 @@ class AtlasTree(Tree):
         self._folders: OrderedDict[tuple[int, str], _Folder] = OrderedDict()
         self._folder_names = 0
         self._folders_lock = threading.Lock()
-        # The last block each shard's readers used: the next one in order gets the
-        # blocks after it read ahead (random reads get nothing, so pay nothing).
-        self._last_block = [-1] * len(dataset.shards)
+        # The last block each shard's readers used, and how many blocks in order led
+        # there (see READ_AHEAD_AFTER).
+        self._last_block = [(-1, 1)] * len(dataset.shards)
         self.readahead = ReadAhead(self._read_ahead) if cache_bytes > 0 else None
         self._root = Entry(True, 0, os.stat(os.path.join(dataset.root, "meta.json")).st_mtime, 1)
         self._shard_entries = [
@@ -296,13 +300,14 @@ class AtlasTree(Tree):
         return self._example_of(self.decoded_block(s, block), s, block, pos)
 
     def _reading(self, s: int, block: int) -> None:
-        """Note that a reader uses block ``block`` of shard ``s``; if it went there from the
-        block before, read the next blocks ahead."""
-        last = self._last_block[s]
+        """Note that a reader uses block ``block`` of shard ``s``; once it has gone through
+        :data:`READ_AHEAD_AFTER` blocks in order, read the next ones ahead."""
+        last, run = self._last_block[s]
         if block == last:
             return
-        self._last_block[s] = block  # threads may race here: at worst a hint is missed or repeated
-        if block == last + 1 and self.readahead is not None:
+        run = run + 1 if block == last + 1 else 1
+        self._last_block[s] = (block, run)  # threads may race here: at worst a hint is missed or repeated
+        if run >= READ_AHEAD_AFTER and self.readahead is not None:
             end = min(block + 1 + READ_AHEAD_BLOCKS, self.dataset.shards[s].num_blocks)
             self.readahead.hint([(s, b) for b in range(block + 1, end)])
 

@@ -235,7 +235,7 @@ def test_a_reader_going_in_order_gets_the_next_blocks_read_ahead(tmp_path: Path)
     for path, entry in AtlasTree(AtlasDataset(dataset)).walk("/"):
         if entry.ref.shard == 0:
             by_block.setdefault(entry.ref.block, []).append("/" + path)
-    for block in (0, 1):  # in order: blocks 2 and 3 are decoded and encoded meanwhile
+    for block in (0, 1):  # two blocks in order: blocks 2 and 3 are decoded and encoded meanwhile
         entry = tree.lookup(by_block[block][0])
         tree.read(entry, 0, entry.size)
     assert tree.readahead is not None
@@ -251,9 +251,9 @@ def test_a_reader_going_in_order_gets_the_next_blocks_read_ahead(tmp_path: Path)
     assert (0, 4) in tree.cache._items and tree.cache.misses == misses + 2  # blocks 4 and 5, ahead
 
     random_reader = AtlasTree(AtlasDataset(dataset), store=TableStore(str(dataset)))
-    for block in (5, 2, 4):  # not in order: nothing read ahead
+    for block in (5, 2, 3, 1):  # not in order (one step in order is chance): nothing read ahead
         entry = random_reader.lookup(by_block[block][0])
         random_reader.read(entry, 0, entry.size)
     assert random_reader.readahead is not None
     wait_until(random_reader.readahead.idle)
-    assert random_reader.readahead.loaded == 0 and random_reader.cache.misses == 3
+    assert random_reader.readahead.loaded == 0 and random_reader.cache.misses == 4
