@@ -25,6 +25,7 @@ import logging
 import os
 import threading
 from collections import OrderedDict
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -74,7 +75,7 @@ class _Folder(NamedTuple):
     """A recently listed folder: its listing, and its readable children by name
     (their entry, or their table row while their size is not known)."""
 
-    listing: list[tuple[str, bool, int]]
+    listing: tuple[tuple[str, bool, int], ...]  # a tuple: every caller gets this same one
     children: dict[str, Entry | int]
 
 
@@ -133,9 +134,9 @@ class AtlasTree(Tree):
         self._failed_lock = threading.Lock()
         # Tables that do not know every size yet.
         self._unsized: dict[int, _Unsized] = {}
-        # Recently listed folders. The lookups that follow a listing (tar, find,
-        # ls -l) become dict hits, and a second listing costs nothing. Bounded by
-        # the names it holds; callers must not change the lists they are given.
+        # Recently listed folders, least recently listed first. The lookups that
+        # follow a listing (tar, find, ls -l) become dict hits, and a second
+        # listing costs nothing. Bounded by the names it holds.
         self._folders: OrderedDict[tuple[int, str], _Folder] = OrderedDict()
         self._folder_names = 0
         self._folders_lock = threading.Lock()
@@ -182,20 +183,23 @@ class AtlasTree(Tree):
         children = table.children(folder)
         return list(zip([name for name, _ in children], self._entries(s, table, [i for _, i in children])))
 
-    def names(self, path: str) -> list[tuple[str, bool, int]]:
+    def names(self, path: str) -> Sequence[tuple[str, bool, int]]:
         parts = split_path(path)
         if not parts:
             return super().names(path)
         s, folder = self._folder_of(path, parts)
         listed = self._folders.get((s, folder))
         if listed is not None:  # every pass of tar or find lists every folder again
+            with self._folders_lock:
+                if (s, folder) in self._folders:
+                    self._folders.move_to_end((s, folder))
             return listed.listing
         table = self.table(s)
         children = table.children(folder)
         rows = [i for _, i in children]
         kinds = table.kind[rows].tolist()
         base = ((s + 1) << 32) + 1
-        listing = [(name, kind == DIR, base + i) for (name, i), kind in zip(children, kinds)]
+        listing = tuple([(name, kind == DIR, base + i) for (name, i), kind in zip(children, kinds)])
         # Rows whose sizes are known get their entries now, at once (a stored table,
         # usually); the others when first looked up. Unreadable entries stay out:
         # their lookups must fail.

@@ -14,7 +14,8 @@ from __future__ import annotations
 import errno
 import os
 from abc import ABC, abstractmethod
-from typing import Any, Iterator, NamedTuple
+from collections.abc import Iterator, Sequence
+from typing import Any, NamedTuple
 
 
 class Entry(NamedTuple):
@@ -41,10 +42,11 @@ class Tree(ABC):
     def listdir(self, path: str) -> list[tuple[str, Entry]]:
         """``(name, entry)`` of each child of the folder ``path``, sorted by name bytes."""
 
-    def names(self, path: str) -> list[tuple[str, bool, int]]:
+    def names(self, path: str) -> Sequence[tuple[str, bool, int]]:
         """``(name, is_dir, ino)`` of each child of the folder ``path``, in :meth:`listdir`
         order: what a directory listing shows. A source that must work to know
-        its file sizes overrides this to skip that work."""
+        its file sizes overrides this to skip that work (and may hand out the
+        same immutable sequence to every caller)."""
         return [(name, entry.is_dir, entry.ino) for name, entry in self.listdir(path)]
 
     @abstractmethod

@@ -143,7 +143,7 @@ def test_a_first_listing_names_files_without_encoding_any(tmp_path: Path) -> Non
     tree = AtlasTree(AtlasDataset(dataset), store=TableStore(str(dataset)))
     shard = tree.dataset.shards[0]
     listing = tree.names(f"/{shard.name}")
-    assert listing == [(name, e.is_dir, e.ino) for name, e in full.listdir(f"/{shard.name}")]
+    assert list(listing) == [(name, e.is_dir, e.ino) for name, e in full.listdir(f"/{shard.name}")]
     assert tree.cache.misses == shard.num_blocks  # each block decoded once...
     for block, _ in tree.cache._items.values():
         assert block.encoded == [None] * len(block.examples)  # ...and no example encoded
@@ -257,3 +257,20 @@ def test_a_reader_going_in_order_gets_the_next_blocks_read_ahead(tmp_path: Path)
     assert random_reader.readahead is not None
     wait_until(random_reader.readahead.idle)
     assert random_reader.readahead.loaded == 0 and random_reader.cache.misses == 4
+
+
+def test_the_folder_cache_keeps_the_recently_listed_within_its_bound(tmp_path: Path, monkeypatch) -> None:
+    import atlasfs.atlas_tree as atlas_tree
+
+    dataset = tmp_path / "ds"
+    _write(dataset, 300)  # three shards of 300 files
+    tree = AtlasTree(AtlasDataset(dataset))
+    monkeypatch.setattr(atlas_tree, "FOLDER_CACHE_NAMES", 700)  # room for two shards' listings
+    first = tree.names("/0")
+    tree.names("/1")
+    assert tree.names("/0") is first  # from the cache, and now the most recently listed
+    tree.names("/2")  # pushes out the least recently listed: shard 1
+    assert set(tree._folders) == {(0, ""), (2, "")} and tree._folder_names == 600
+    assert tree.names("/0") is first
+    with pytest.raises(TypeError):
+        first[0] = ("x", False, 1)  # type: ignore[index]  # shared, so immutable
