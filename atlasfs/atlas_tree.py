@@ -10,6 +10,8 @@ their example, as reading it would), and the table is stored again once it
 knows them all. A listing needs no sizes. File bytes come from a cache of
 decoded blocks bounded in bytes; a block's examples are encoded as files one
 at a time, when first needed, and kept with it. Evicted blocks are decoded again.
+Readers that go through a shard in order get its next blocks decoded and
+encoded ahead of them, on a background thread (:mod:`atlasfs.readahead`).
 
 A block that cannot be decoded is logged once; its examples appear as
 ``<index key>.unreadable`` entries whose lookups and reads fail with EIO,

@@ -4,7 +4,8 @@ A reader that goes through a shard in order (``tar``, ``cp -r``, a training
 loop) spends most of its time in FUSE round trips, during which the daemon's
 CPU idles. Decoding and encoding the next blocks meanwhile, on one
 background thread, takes that work off the reader's path: with two cores,
-cold ``tar`` through the mount got about a fifth faster (docs/performance.md).
+cold ``tar`` of small files through the mount got a fifth to a quarter
+faster (docs/performance.md).
 
 This module knows nothing of blocks: it runs ``load(key)`` for hinted keys,
 oldest hint first, each key once while it is pending. Hints are only hints:
