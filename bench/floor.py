@@ -47,8 +47,8 @@ class ConstantTree(Tree):
     def __init__(self, files: int, size: int) -> None:
         self.data = b"x" * size
         self.folder = Entry(True, 0, 0.0, 2)
-        self.names = [f"{i:06d}.bin" for i in range(files)]
-        self.files = {f"/d/{name}": Entry(False, size, 0.0, i + 10) for i, name in enumerate(self.names)}
+        self.file_names = [f"{i:06d}.bin" for i in range(files)]
+        self.files = {f"/d/{name}": Entry(False, size, 0.0, i + 10) for i, name in enumerate(self.file_names)}
 
     def lookup(self, path: str) -> Entry:
         if path in ("/", "/d"):
@@ -61,7 +61,7 @@ class ConstantTree(Tree):
     def listdir(self, path: str) -> list[tuple[str, Entry]]:
         if path == "/":
             return [("d", self.folder)]
-        return [(name, self.files[f"/d/{name}"]) for name in self.names]
+        return [(name, self.files[f"/d/{name}"]) for name in self.file_names]
 
     def read(self, entry: Entry, offset: int, size: int) -> bytes:
         return self.data[offset:offset + size]

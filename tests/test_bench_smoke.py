@@ -89,3 +89,18 @@ def test_bench_smoke_reports_every_figure(tmp_path: Path) -> None:
             assert target["measured"] is None and target["met"] is None
         else:
             assert target["measured"] is not None and target["met"] in (True, False), target
+
+
+@pytest.mark.fuse
+def test_floor_script_runs_and_reports_every_line() -> None:
+    """bench/floor.py mounts its own trivial Tree through the adapter (it broke once when the
+    Tree interface grew a method its tree shadowed)."""
+    require_fuse()
+    result = subprocess.run([sys.executable, str(REPO / "bench" / "floor.py"), "--files", "300", "--repeat", "1"],
+                            capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert result.returncode == 0, result.stderr[-3000:]
+    for name in ("tmpfs", "adapter cold", "adapter warm"):
+        line = next((line for line in result.stdout.splitlines() if line.strip().startswith(name)), "")
+        assert "files/s" in line and "of tmpfs" in line, result.stdout
+    with open("/proc/self/mountinfo") as f:
+        assert not [line for line in f if "atlasfs-floor-" in line]
