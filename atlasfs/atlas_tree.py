@@ -37,7 +37,7 @@ from .dataset import DEFAULT_CACHE_BYTES, AtlasDataset, BrokenShard
 from .errors import AtlasFormatError
 from .filetable import DIR, FILE, UNKNOWN_SIZE, UNREADABLE, FileTable, Limits
 from .naming import (LAYOUT_VERSION, MAX_NAME_BYTES, NO_KEY, KeyAssigner, declared_key, encode_as, example_fields,
-                     example_files, index_key_width)
+                     index_key_width)
 from .readahead import ReadAhead
 from .tablestore import TableStore
 from .tree import Entry, Tree, not_found, split_path
@@ -115,6 +115,11 @@ def _eio(message: str) -> OSError:
     return OSError(errno.EIO, message)
 
 
+def _shard_ino(s: int) -> int:
+    """The inode number of shard position ``s``'s folder; row ``i`` of its table is this + 1 + i."""
+    return (s + 1) << 32
+
+
 class AtlasTree(Tree):
     """A :class:`Tree` over an open :class:`AtlasDataset`.
 
@@ -148,7 +153,7 @@ class AtlasTree(Tree):
         self.readahead = ReadAhead(self._read_ahead) if cache_bytes > 0 else None
         self._root = Entry(True, 0, os.stat(os.path.join(dataset.root, "meta.json")).st_mtime, 1)
         self._shard_entries = [
-            Entry(True, 0, shard.mtime, (s + 1) << 32) for s, shard in enumerate(dataset.shards)]
+            Entry(True, 0, shard.mtime, _shard_ino(s)) for s, shard in enumerate(dataset.shards)]
 
     # -- the Tree interface
 
@@ -190,17 +195,16 @@ class AtlasTree(Tree):
         if not parts:
             return super().names(path)
         s, folder = self._folder_of(path, parts)
-        listed = self._folders.get((s, folder))
-        if listed is not None:  # every pass of tar or find lists every folder again
-            with self._folders_lock:
-                if (s, folder) in self._folders:
-                    self._folders.move_to_end((s, folder))
-            return listed.listing
+        with self._folders_lock:
+            listed = self._folders.get((s, folder))
+            if listed is not None:  # every pass of tar or find lists every folder again
+                self._folders.move_to_end((s, folder))
+                return listed.listing
         table = self.table(s)
         children = table.children(folder)
         rows = [i for _, i in children]
         kinds = table.kind[rows].tolist()
-        base = ((s + 1) << 32) + 1
+        base = _shard_ino(s) + 1
         listing = tuple([(name, kind == DIR, base + i) for (name, i), kind in zip(children, kinds)])
         # Rows whose sizes are known get their entries now, at once (a stored table,
         # usually); the others when first looked up. Unreadable entries stay out:
@@ -237,7 +241,7 @@ class AtlasTree(Tree):
         files = self.encoded_example(ref.shard, ref.block, ref.pos)
         if ref.file >= len(files) or len(files[ref.file]) != entry.size:
             # only if the dataset changed under us, or a stored table lies
-            raise _eio(f"{self.dataset.shards[ref.shard].path}: block {ref.block} does not match its file table")
+            raise self._mismatch(ref.shard, ref.block)
         return files[ref.file][offset:offset + size]
 
     def total_bytes(self) -> int:
@@ -252,12 +256,12 @@ class AtlasTree(Tree):
             i = indices[0]
             if table.kind.item(i) == FILE:
                 ref = FileRef(s, table.block.item(i), table.pos.item(i), table.file.item(i))
-                return [Entry(False, table.size.item(i), self._shard_entries[s].mtime, ((s + 1) << 32) + 1 + i, ref)]
+                return [Entry(False, table.size.item(i), self._shard_entries[s].mtime, _shard_ino(s) + 1 + i, ref)]
         lo, hi = indices[0], indices[-1] + 1
         kinds, sizes, blocks, positions, files = (column[lo:hi].tolist() for column in (
             table.kind, table.size, table.block, table.pos, table.file))
         mtime = self._shard_entries[s].mtime
-        base = ((s + 1) << 32) + 1
+        base = _shard_ino(s) + 1
         new = tuple.__new__  # a named tuple's own __new__ is a Python call: a third of a big listing's time
         result = []
         for i in indices:
@@ -269,7 +273,6 @@ class AtlasTree(Tree):
                 entry = new(Entry, (kind == DIR, 0, mtime, base + i, None))
             result.append(entry)
         return result
-
 
     # -- blocks and examples
 
@@ -328,7 +331,7 @@ class AtlasTree(Tree):
 
     def _example_of(self, decoded: Block, s: int, block: int, pos: int) -> tuple[bytes, ...]:
         if pos >= len(decoded.examples):
-            raise _eio(f"{self.dataset.shards[s].data_path}: block {block} does not match its file table")
+            raise self._mismatch(s, block)
         encoded = decoded.encoded[pos]
         if encoded is None:
             encoded, cost = self._encode(decoded, s, block, pos)
@@ -340,18 +343,17 @@ class AtlasTree(Tree):
         shard = self.dataset.shards[s]
         example = decoded.examples[pos]
         try:
-            if decoded.fields is not None:
-                files = [(suffix, encode_as(suffix, value)) for suffix, value in decoded.fields[pos]]
-            else:
-                files, _ = example_files(example, self.max_suffix_bytes)
+            fields = decoded.fields[pos] if decoded.fields is not None else example_fields(
+                example, self.max_suffix_bytes)[0]
+            files = [(suffix, encode_as(suffix, value)) for suffix, value in fields]
         except Exception as exc:  # an example the encoders cannot handle
             raise self._fail(s, block, f"{shard.data_path} block {block}: cannot encode example {pos} ({exc!r})") from None
         decoded.encoded_bytes += sum(len(data) for _, data in files)
         limit = shard.codec.max_block_bytes
         if decoded.encoded_bytes > limit:  # shared references can make files far larger than the pickle
             raise self._fail(s, block, f"{shard.data_path} block {block}: its files would take more than {limit} bytes")
-        fields = example.values() if isinstance(example, dict) else (example,)
-        shared = {id(value) for value in fields if type(value) is bytes}
+        values = example.values() if isinstance(example, dict) else (example,)
+        shared = {id(value) for value in values if type(value) is bytes}
         cost = sum(len(data) for _, data in files if id(data) not in shared) + 100 * len(files)
         return tuple(data for _, data in files), cost
 
@@ -362,6 +364,11 @@ class AtlasTree(Tree):
                 self._failed[(s, block)] = message
                 log.error("%s (its files fail with EIO)", message)
         return _eio(message)
+
+    def _mismatch(self, s: int, block: int) -> OSError:
+        """The error for a block whose examples are not what the file table says (only if
+        the dataset changed under us, or a stored table lies)."""
+        return _eio(f"{self.dataset.shards[s].data_path}: block {block} does not match its file table")
 
     def _failure(self, s: int, block: int) -> str:
         return self._failed.get((s, block), f"{self.dataset.shards[s].data_path} block {block} cannot be decoded")
@@ -418,7 +425,7 @@ class AtlasTree(Tree):
         for pos, file in zip(table.pos[rows].tolist(), table.file[rows].tolist()):
             files = self._example_of(decoded, s, block, pos)
             if file >= len(files):  # only if a stored table lies
-                raise _eio(f"{self.dataset.shards[s].path}: block {block} does not match its file table")
+                raise self._mismatch(s, block)
             sizes.append(len(files[file]))
         with self._table_locks[s]:
             still = table.size[rows] == UNKNOWN_SIZE  # another thread may have been first
