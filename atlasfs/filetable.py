@@ -66,7 +66,8 @@ class FileTable:
     @classmethod
     def build(cls, rows: list[tuple[str, int, int, int, int, int]]) -> "FileTable":
         """A table from ``(path, kind, size, block, pos, file)`` rows (``size`` may be
-        :data:`UNKNOWN_SIZE`); folders implied by paths are added. Paths must be unique (the naming layer guarantees it)."""
+        :data:`UNKNOWN_SIZE`); folders implied by paths are added. Paths must be unique
+        (the naming layer guarantees it)."""
         entries = {path.encode("utf-8"): (kind, size, block, pos, file) for path, kind, size, block, pos, file in rows}
         for path in list(entries):
             parent = path.rpartition(b"/")[0]
