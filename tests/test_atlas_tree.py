@@ -15,6 +15,7 @@ from atlasfs import AtlasDataset, AtlasWriter
 from atlasfs.atlas_tree import AtlasTree
 from atlasfs.filetable import UNKNOWN_SIZE, FileTable
 from atlasfs.tablestore import TableStore
+from threadwait import wait_until
 
 
 def _write(path: Path, examples: int = 200) -> None:
@@ -225,8 +226,6 @@ print(sorted(set(sys.modules) - before))
 
 
 def test_a_reader_going_in_order_gets_the_next_blocks_read_ahead(tmp_path: Path) -> None:
-    from test_readahead import wait_until
-
     dataset = tmp_path / "ds"
     _write(dataset)
     AtlasTree(AtlasDataset(dataset), cache_bytes=0, store=TableStore(str(dataset))).table(0, sizes=True)

@@ -3,17 +3,9 @@
 from __future__ import annotations
 
 import threading
-import time
-from collections.abc import Callable
 
 from atlasfs.readahead import ReadAhead
-
-
-def wait_until(condition: Callable[[], bool], timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.005)
+from threadwait import wait_until
 
 
 def _readahead_threads() -> int:

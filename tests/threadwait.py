@@ -15,7 +15,7 @@ import gc
 import sys
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 _THREADING_FILE = threading.__file__
@@ -56,3 +56,11 @@ def wait_until_parked(threads: Iterable[threading.Thread], timeout: float = 5.0)
             return True
         time.sleep(0.001)
     return False
+
+
+def wait_until(condition: Callable[[], bool], timeout: float = 10.0) -> None:
+    """Poll ``condition`` until it holds (work another thread finishes); fail after ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.005)
