@@ -2,18 +2,30 @@
 
 from __future__ import annotations
 
+import atexit
 import json
-import os
 import pickle
+import shutil
+import tempfile
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 REPO = Path(__file__).resolve().parent.parent
-#: ../shared beside the repository, as CI lays it out; ATLASFS_SHARED overrides.
-SHARED = Path(os.environ.get("ATLASFS_SHARED", REPO.parent / "shared"))
-REFERENCE = SHARED / "fixtures" / "reference"
+#: The reference fixtures as the repository keeps them (tests/fixtures/reference/README.md).
+VENDORED = REPO / "tests" / "fixtures" / "reference"
+
+
+def _session_copy() -> Path:
+    """A copy of the reference fixtures in a temporary folder, made once per test process:
+    tests read, mount, index and export it, so nothing they run can write into the repository."""
+    folder = Path(tempfile.mkdtemp(prefix="atlasfs-test-fixtures-"))
+    atexit.register(shutil.rmtree, folder, True)
+    return Path(shutil.copytree(VENDORED, folder / "reference"))
+
+
+REFERENCE = _session_copy()
 
 
 def reference_names() -> list[str]:
