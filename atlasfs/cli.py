@@ -79,6 +79,8 @@ def cmd_mount(args: argparse.Namespace) -> int:
         options.cache_bytes = args.cache_size
     if args.log_file is not None:
         options.log_file = args.log_file
+    if args.index_dir is not None:
+        options.index_dir = args.index_dir
     return mount(args.dataset, args.mountpoint, options)
 
 
@@ -89,7 +91,7 @@ def cmd_umount(args: argparse.Namespace) -> int:
 
 def cmd_export(args: argparse.Namespace) -> int:
     from .atlas_tree import AtlasTree
-    from .export import write_shard_tar
+    from .export import count_files, write_shard_tar
     with _open(args.dataset, args.trust_pickle) as dataset:
         names = [s.name for s in dataset.shards]
         chosen = args.shards or names
@@ -101,7 +103,7 @@ def cmd_export(args: argparse.Namespace) -> int:
         failed = 0
         for name in chosen:
             out = os.path.join(args.outdir, f"{name}.tar")
-            total = sum(1 for _ in tree.walk(f"/{name}"))
+            total = count_files(tree, f"/{name}")
             progress = Progress(f"export {name}.tar", total, "files")
             try:
                 count = write_shard_tar(tree, f"/{name}", out, progress.advance)
@@ -119,14 +121,43 @@ def cmd_index(args: argparse.Namespace) -> int:
     from .atlas_tree import AtlasTree
     from .tablestore import TableStore
     with _open(args.dataset, args.trust_pickle) as dataset:
-        tree = AtlasTree(dataset, cache_bytes=0, store=TableStore(dataset.root))
+        store = TableStore(dataset.root, index_dir=args.index_dir, beside=True)
+        try:
+            os.makedirs(store.save_folder, exist_ok=True)
+        except OSError as exc:
+            raise UsageError(f"{store.save_folder}: cannot create it ({exc.strerror}); "
+                             "choose a writable folder with --index-dir DIR") from None
+        if not os.access(store.save_folder, os.W_OK):
+            raise UsageError(f"{store.save_folder}: not writable; choose a writable folder with --index-dir DIR")
+        tree = AtlasTree(dataset, cache_bytes=0, store=store)
         progress = Progress("index", len(dataset.shards), "shards")
         for s in range(len(dataset.shards)):
             tree.table(s, sizes=True)
             progress.advance()
         progress.close()
-        print(f"file tables of {len(dataset.shards)} shards are up to date "
-              f"(kept in {tree.store.location() if tree.store else '-'})")
+        print(f"file tables of {len(dataset.shards)} shards are up to date in {store.save_folder}")
+    return 0
+
+
+def cmd_cache(args: argparse.Namespace) -> int:
+    from . import tablestore
+    if args.clear:
+        freed = tablestore.clear(args.dataset)
+        what = f"the tables of {args.dataset}" if args.dataset else "every table"
+        print(f"removed {what} from {tablestore.cache_root()} ({format_size(freed)})")
+        return 0
+    tables = tablestore.cached_tables()
+    if args.dataset is not None:
+        folder = os.path.join(tablestore.cache_root(), tablestore.dataset_id(args.dataset))
+        tables = [t for t in tables if os.path.dirname(t.path) == folder]
+    by_dataset: dict[str, list[tablestore.CachedTable]] = {}
+    for table in tables:
+        by_dataset.setdefault(table.dataset, []).append(table)
+    for dataset, found in sorted(by_dataset.items(), key=lambda item: -item[1][-1].used):
+        print(f"{dataset}: {len(found)} tables, {format_size(sum(t.bytes for t in found))}")
+    total = sum(t.bytes for t in tables)
+    print(f"{tablestore.cache_root()}: {format_size(total)} of {format_size(tablestore.cache_bound())} "
+          "(least recently used tables go first past that bound; ATLASFS_TABLE_CACHE_SIZE sets it)")
     return 0
 
 
@@ -158,6 +189,9 @@ def build_parser() -> argparse.ArgumentParser:
         p.set_defaults(func=func)
         return p
 
+    def index_dir(p: argparse.ArgumentParser, help: str) -> None:
+        p.add_argument("--index-dir", metavar="DIR", help=help)
+
     def trust(p: argparse.ArgumentParser) -> None:
         p.add_argument("--trust-pickle", action="store_true",
                        help="unpickle blocks without the allow-list: runs code from the dataset; "
@@ -179,7 +213,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-f", "--foreground", action="store_true",
                    help="stay in the foreground until unmounted or signalled (for systemd: Type=notify)")
     p.add_argument("-o", dest="options", action="append", default=[], metavar="OPT[,OPT...]",
-                   help="mount options: cache_size=SIZE, allow_other, trust_pickle, log_file=PATH, nothreads, "
+                   help="mount options: cache_size=SIZE, allow_other, trust_pickle, log_file=PATH, index_dir=DIR, nothreads, "
                         "debug, and libfuse options such as default_permissions or max_read=N; "
                         "fstab-only options (nofail, noauto, x-systemd.*...) are ignored")
     p.add_argument("--cache-size", type=_size, metavar="SIZE",
@@ -187,6 +221,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--allow-other", action="store_true", help="let other users read the mount")
     p.add_argument("--log-file", metavar="PATH",
                    help="append the daemon's log here (default: stderr with -f, else syslog)")
+    index_dir(p, "read file tables from DIR first and store new ones there (default: stored in the "
+                 "user's cache, ~/.cache/atlasfs; tables written by 'atlasfs index' beside the dataset are read too)")
     trust(p)
 
     p = command("umount", cmd_umount, "unmount an atlasfs mount")
@@ -202,9 +238,16 @@ def build_parser() -> argparse.ArgumentParser:
                    help="bound of the block cache (default 256M)")
     trust(p)
 
-    p = command("index", cmd_index, "build the shards' file tables ahead of time, so mounts list without decoding")
+    p = command("index", cmd_index,
+                "build the shards' file tables ahead of time, beside the dataset (DATASET/.atlasfs-tables), "
+                "so that every mount of it lists without decoding")
     p.add_argument("dataset", help="dataset folder")
+    index_dir(p, "store the tables in DIR instead (mount with --index-dir DIR to use them)")
     trust(p)
+
+    p = command("cache", cmd_cache, "show or clear the file tables mounts keep in the user's cache")
+    p.add_argument("dataset", nargs="?", help="only this dataset's tables")
+    p.add_argument("--clear", action="store_true", help="delete them")
 
     p = command("demo", cmd_demo, "write the small built-in demo dataset")
     p.add_argument("path", help="where to write it (must not exist)")

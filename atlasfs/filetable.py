@@ -1,15 +1,19 @@
 """A shard's file table: every folder and file, compact, searchable, storable.
 
-Entries are kept sorted by path bytes in a few numpy arrays and one blob of
-names, about 20 bytes per entry plus its path, so that the tables of
-millions of files fit in memory. The children of a folder are a contiguous
-run of that order (``"d/x"`` sorts between ``"d/"`` and ``"d0"``), so
-lookups and listings are binary searches.
+Entries are kept in *tree order*, the order a listing shows them and ``tar``
+walks them: each folder's children in the order of the first example under
+them (files of one example adjacent, in its fixed order), each sub-folder's
+entries right after it. A shard without sub-folders is thus simply in
+example order. Lookups go through a permutation that sorts the entries by
+path bytes, so they are binary searches. The table is a few numpy arrays and
+one blob of names, about 24 bytes per entry plus its path, so that the
+tables of millions of files fit in memory.
 
 A table can be saved to a file and loaded back: the mount keeps one per
 shard so that a second mount lists without decoding anything. A stored table
 is untrusted input (it may sit inside a downloaded dataset), so loading
-validates every path and position before the table is used.
+validates every path and position before the table is used, and says why it
+refuses one.
 """
 
 from __future__ import annotations
@@ -28,11 +32,17 @@ FILE, DIR, UNREADABLE = 0, 1, 2
 #: The size of a file whose bytes have not been encoded yet: a table can name
 #: files before it knows how big they are (a listing needs no sizes).
 UNKNOWN_SIZE = 2**64 - 1
-_MAGIC = b"ATLFSTB1"
+_MAGIC = b"ATLFSTB2"
 _HEADER_MAX = 1 << 20
-#: (name, dtype) of the per-entry arrays, in file order.
+#: (name, dtype) of the per-entry arrays, in file order. ``by_path``: entry numbers sorted by path bytes.
 _COLUMNS = (("kind", np.uint8), ("size", np.uint64), ("block", np.uint32), ("pos", np.uint32),
-            ("file", np.uint16))
+            ("file", np.uint16), ("by_path", np.uint32))
+
+Rows = list[tuple[str, int, int, int, int, int]]
+
+
+class TableError(ValueError):
+    """A stored table that must not be used; the message says why."""
 
 
 @dataclass(frozen=True)
@@ -48,8 +58,36 @@ class Row:
     file: int
 
 
+def _tree_order(rows: Rows) -> Rows:
+    """``rows`` (files in example order, paths unique) in tree order, with the folders
+    their paths imply added, each where its first file is met."""
+    if not any("/" in row[0] for row in rows):
+        return rows
+    root: dict[str, Any] = {}  # name -> sub-folder dict, or the row of a file (dicts keep insertion order)
+    for row in rows:
+        *folders, name = row[0].split("/")
+        node = root
+        for part in folders:
+            node = node.setdefault(part, {})
+        node[name] = row
+    ordered: Rows = []
+    stack = [("", iter(root.items()))]
+    while stack:  # depth first without recursion: keys may nest hundreds of folders deep
+        prefix, children = stack[-1]
+        for name, child in children:
+            if isinstance(child, dict):
+                path = prefix + name
+                ordered.append((path, DIR, 0, 0, 0, 0))
+                stack.append((path + "/", iter(child.items())))
+                break
+            ordered.append(child)
+        else:
+            stack.pop()
+    return ordered
+
+
 class FileTable:
-    """The sorted entries of one shard. Build with :meth:`build`, or :meth:`load`."""
+    """The entries of one shard in tree order. Build with :meth:`build`, or :meth:`load`."""
 
     def __init__(self, names: bytes, offsets: np.ndarray, columns: dict[str, np.ndarray]) -> None:
         self._names = names
@@ -59,64 +97,73 @@ class FileTable:
         self.block = columns["block"]
         self.pos = columns["pos"]
         self.file = columns["file"]
+        self.by_path = columns["by_path"]
 
     def __len__(self) -> int:
         return len(self.kind)
 
     @classmethod
-    def build(cls, rows: list[tuple[str, int, int, int, int, int]]) -> "FileTable":
-        """A table from ``(path, kind, size, block, pos, file)`` rows (``size`` may be
-        :data:`UNKNOWN_SIZE`); folders implied by paths are added. Paths must be unique
-        (the naming layer guarantees it)."""
-        entries = {path.encode("utf-8"): (kind, size, block, pos, file) for path, kind, size, block, pos, file in rows}
-        for path in list(entries):
-            parent = path.rpartition(b"/")[0]
-            while parent and parent not in entries:
-                entries[parent] = (DIR, 0, 0, 0, 0)
-                parent = parent.rpartition(b"/")[0]
-        order = sorted(entries)
-        lengths = np.fromiter((len(p) for p in order), dtype=np.uint64, count=len(order))
-        offsets = np.zeros(len(order) + 1, dtype=np.uint64)
+    def build(cls, rows: Rows) -> "FileTable":
+        """A table from ``(path, kind, size, block, pos, file)`` rows of files in example
+        order (``size`` may be :data:`UNKNOWN_SIZE`); folders implied by paths are added.
+        Paths must be unique (the naming layer guarantees it)."""
+        ordered = _tree_order(rows)
+        paths = [row[0].encode("utf-8") for row in ordered]
+        lengths = np.fromiter(map(len, paths), dtype=np.uint64, count=len(paths))
+        offsets = np.zeros(len(paths) + 1, dtype=np.uint64)
         np.cumsum(lengths, out=offsets[1:])
-        values = [entries[p] for p in order]
-        columns = {name: np.array([v[i] for v in values], dtype=dtype)
-                   for i, (name, dtype) in enumerate(_COLUMNS)}
-        return cls(b"".join(order), offsets, columns)
+        columns = {name: np.array([row[i + 1] for row in ordered], dtype=dtype)
+                   for i, (name, dtype) in enumerate(_COLUMNS[:-1])}
+        columns["by_path"] = np.array(sorted(range(len(paths)), key=paths.__getitem__), dtype=np.uint32)
+        return cls(b"".join(paths), offsets, columns)
 
     def _path(self, i: int) -> bytes:
         return self._names[int(self._offsets[i]):int(self._offsets[i + 1])]
 
     def row(self, i: int) -> Row:
-        """Entry ``i`` (in path order)."""
+        """Entry ``i`` (in tree order)."""
         return Row(i, self._path(i).decode("utf-8"), int(self.kind[i]), int(self.size[i]), int(self.block[i]),
                    int(self.pos[i]), int(self.file[i]))
 
     def find(self, path: str) -> int | None:
         """Index of the entry at ``path`` (relative to the shard folder), or None."""
         target = path.encode("utf-8")
-        i = bisect_left(range(len(self)), target, key=self._path)
-        return i if i < len(self) and self._path(i) == target else None
+        by_path = self.by_path
+        j = bisect_left(range(len(self)), target, key=lambda j: self._path(by_path.item(j)))
+        if j < len(self) and self._path(by_path.item(j)) == target:
+            return by_path.item(j)
+        return None
 
     def children(self, folder: str) -> list[tuple[str, int]]:
-        """``(name, index)`` of each entry directly in ``folder`` ("" for the shard folder), in byte order."""
-        prefix = folder.encode("utf-8") + b"/" if folder else b""
-        n = len(self)
-        lo, hi = 0, n
-        if prefix:
-            lo = bisect_left(range(n), prefix, key=self._path)
-            # what is under "d/" sorts before "d0" ("0" follows "/")
-            hi = bisect_left(range(lo, n), prefix[:-1] + b"0", key=self._path) + lo
-        offsets = self._offsets[lo:hi + 1].tolist()
-        start = len(prefix)
+        """``(name, index)`` of each entry directly in ``folder`` ("" for the shard folder), in tree order."""
         names = self._names
-        if not prefix and b"/" not in names:  # a flat shard folder: every entry is a child
-            return list(zip([names[a:b].decode("utf-8") for a, b in zip(offsets, offsets[1:])], range(lo, hi)))
+        if not folder:
+            lo, prefix = 0, b""
+            if b"/" not in names:  # a flat shard folder: every entry is a child
+                offsets = self._offsets.tolist()
+                return list(zip([names[a:b].decode("utf-8") for a, b in zip(offsets, offsets[1:])], range(len(self))))
+        else:
+            found = self.find(folder)
+            if found is None or self.kind[found] != DIR:
+                return []
+            lo, prefix = found + 1, folder.encode("utf-8") + b"/"
         result = []
-        for i, (a, b) in enumerate(zip(offsets, offsets[1:]), lo):
-            rest = names[a + start:b]
-            if rest and b"/" not in rest:
+        start = len(prefix)
+        for i in range(lo, len(self)):  # the folder's entries follow it, up to the first one outside it
+            path = self._path(i)
+            if not path.startswith(prefix):
+                break
+            rest = path[start:]
+            if b"/" not in rest:
                 result.append((rest.decode("utf-8"), i))
         return result
+
+    def example_order(self) -> list[int]:
+        """Indices of the files (readable or not) in example order, a file's example's files adjacent."""
+        files = np.flatnonzero(self.kind != DIR)
+        if b"/" in self._names:  # sub-folders group a folder's files: put them back in example order
+            files = files[np.lexsort((self.file[files], self.pos[files], self.block[files]))]
+        return files.tolist()
 
     # -- storage
 
@@ -140,32 +187,37 @@ class FileTable:
 
     @classmethod
     def load(cls, path: str, key: dict[str, Any], limits: "Limits") -> "FileTable | None":
-        """The table stored at ``path`` if it was built from ``key`` and is well formed, else None."""
+        """The table stored at ``path``, or None if there is no such file; raises
+        :class:`TableError` saying why if it was not built from ``key`` or is not well formed."""
         try:
             with open(path, "rb") as f:
                 data = f.read()
-        except OSError:
+        except FileNotFoundError:
             return None
+        except OSError as exc:
+            raise TableError(f"cannot be read ({exc.strerror})") from None
         try:
             return cls._parse(data, key, limits)
-        except (ValueError, KeyError, TypeError, UnicodeDecodeError):
-            return None
+        except (ValueError, KeyError, TypeError, UnicodeDecodeError) as exc:
+            if isinstance(exc, TableError):
+                raise
+            raise TableError(f"is corrupt ({exc})") from None
 
     @classmethod
-    def _parse(cls, data: bytes, key: dict[str, Any], limits: "Limits") -> "FileTable | None":
+    def _parse(cls, data: bytes, key: dict[str, Any], limits: "Limits") -> "FileTable":
         if not data.startswith(_MAGIC):
-            return None
+            raise TableError("is not a file table of this atlasfs version")
         size = int.from_bytes(data[8:12], "little")
         if size > _HEADER_MAX:
-            return None
+            raise TableError("is corrupt (header too large)")
         header = json.loads(data[12:12 + size])
         if header.get("key") != key:
-            return None
+            raise TableError("was built from other files or by other naming rules (stale or foreign)")
         n, names_len = int(header["entries"]), int(header["names"])
         at = 12 + size
         expected = at + 8 * (n + 1) + sum(np.dtype(d).itemsize * n for _, d in _COLUMNS) + names_len
         if n < 0 or names_len < 0 or len(data) != expected:
-            return None
+            raise TableError(f"is corrupt ({len(data)} bytes where its header means {expected})")
         offsets = np.frombuffer(data, dtype=np.uint64, count=n + 1, offset=at)
         at += 8 * (n + 1)
         columns = {}
@@ -174,43 +226,55 @@ class FileTable:
             at += np.dtype(dtype).itemsize * n
         columns["size"] = columns["size"].copy()  # writable: unknown sizes are filled in later
         table = cls(data[at:], offsets, columns)
-        return table if table._valid(limits) else None
+        problem = table._problem(limits)
+        if problem:
+            raise TableError(f"is corrupt ({problem})")
+        return table
 
-    def _valid(self, limits: "Limits") -> bool:
-        """Paths safe, sorted and unique; positions inside the shard; folders consistent."""
-        if len(self) == 0:
-            return len(self._names) == 0 and int(self._offsets[0]) == 0
+    def _problem(self, limits: "Limits") -> str | None:
+        """Why the table is unsafe to use, or None: paths safe and unique, positions inside
+        the shard, every folder listed before its entries and holding them contiguously."""
+        n = len(self)
+        if n == 0:
+            return None if len(self._names) == 0 and int(self._offsets[0]) == 0 else "names without entries"
         if int(self._offsets[0]) != 0 or int(self._offsets[-1]) != len(self._names):
-            return False
+            return "name offsets do not cover the names"
         if not bool(np.all(self._offsets[1:] > self._offsets[:-1])):
-            return False
-        if bool(np.any(self.kind > UNREADABLE)) or bool(np.any(self.block >= max(limits.blocks, 1))):
-            return False
-        if bool(np.any(self.pos >= max(limits.block_size, 1))):
-            return False
+            return "an empty name"
+        if bool(np.any(self.kind > UNREADABLE)):
+            return "an unknown entry kind"
+        if bool(np.any(self.block >= max(limits.blocks, 1))) or bool(np.any(self.pos >= max(limits.block_size, 1))):
+            return "a position outside the shard"
+        if not np.array_equal(np.sort(self.by_path), np.arange(n, dtype=np.uint32)):
+            return "the path order is not a permutation of the entries"
         names = self._names
-        offsets = self._offsets[:-1]
         if b"\0" in names:
-            return False
+            return "a NUL in a name"
         names.decode("utf-8")  # raises if not UTF-8; a path must also start on a character:
-        if len(names) and bool(np.any(np.frombuffer(names, dtype=np.uint8)[offsets] & 0xC0 == 0x80)):
-            return False
+        if bool(np.any(np.frombuffer(names, dtype=np.uint8)[self._offsets[:-1]] & 0xC0 == 0x80)):
+            return "a name that is not UTF-8"
         bounds = self._offsets.tolist()
         paths = [names[a:b] for a, b in zip(bounds, bounds[1:])]
-        if not all(map(operator.lt, paths, paths[1:])):  # sorted and unique
-            return False
+        in_path_order = [paths[i] for i in self.by_path.tolist()]
+        if not all(map(operator.lt, in_path_order, in_path_order[1:])):
+            return "paths out of order or repeated"
         if b"/" not in names:  # one flat folder, the usual shard: the per-path checks below, at once
-            return b"." not in paths and b".." not in paths and int(np.max(np.diff(self._offsets))) <= 255
-        folders = set()
-        for i, path in enumerate(paths):
+            if b"." in paths or b".." in paths or int(np.max(np.diff(self._offsets))) > 255:
+                return "an unsafe name"
+            return None
+        open_folders: list[bytes] = []  # the folders the walk is inside, outermost first
+        kinds = self.kind.tolist()
+        for path, kind in zip(paths, kinds):
             if any(part in (b"", b".", b"..") or len(part) > 255 for part in path.split(b"/")):
-                return False
+                return "an unsafe name"
             parent = path.rpartition(b"/")[0]
-            if parent and parent not in folders:  # a parent sorts before its children
-                return False
-            if self.kind[i] == DIR:
-                folders.add(path)
-        return True
+            while open_folders and open_folders[-1] != parent:
+                open_folders.pop()
+            if parent and not open_folders:  # its folder is not listed before it, or was left already
+                return "entries not grouped under their folders"
+            if kind == DIR:
+                open_folders.append(path)
+        return None
 
 
 @dataclass(frozen=True)

@@ -74,6 +74,7 @@ class MountOptions:
     threads: bool = True
     log_file: str | None = None
     fuse_options: dict[str, str | bool] = field(default_factory=dict)
+    index_dir: str | None = None
 
     def describe(self) -> str:
         """The settings that matter, for the log."""
@@ -99,6 +100,8 @@ class MountOptions:
             elif name == "log_file" and has_value:
                 self.log_file = value
             elif name in ("trust_pickle", "allow_other", "debug") and not has_value:
+            elif name == "index_dir" and has_value:
+                self.index_dir = value
                 setattr(self, name, True)
             elif name == "nothreads" and not has_value:
                 self.threads = False
@@ -233,7 +236,8 @@ def open_tree(dataset_path: str, options: MountOptions) -> AtlasTree:
     for shard in dataset.shards:
         if isinstance(shard, BrokenShard):
             log.error("%s (the folder %s fails with EIO)", shard.error, shard.name)
-    return AtlasTree(dataset, cache_bytes=options.cache_bytes, store=TableStore(dataset_path))
+    store = TableStore(dataset_path, index_dir=options.index_dir)
+    return AtlasTree(dataset, cache_bytes=options.cache_bytes, store=store)
 
 
 def mount(dataset_path: str, mountpoint: str, options: MountOptions) -> int:

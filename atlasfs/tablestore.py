@@ -1,67 +1,234 @@
 """Where shard file tables are kept between mounts.
 
-Beside the dataset (``<dataset>/.atlasfs-tables/``, a hidden folder and so
-never taken for a shard) when it is writable, else under the user's cache
-folder (``$XDG_CACHE_HOME/atlasfs/<dataset id>/``). A table is used only if
-it was built from exactly the same shard files (sizes and mtimes) and naming
-rules; anything else is rebuilt.
+A mount never writes into the dataset it shows. It reads tables from, in
+this order: the folder given with ``--index-dir``; the dataset's own
+``.atlasfs-tables/`` folder, written only by ``atlasfs index`` (for datasets
+shared read-only by many users); and the user's cache,
+``$XDG_CACHE_HOME/atlasfs/tables/<dataset id>/`` (default ``~/.cache``), where
+the dataset id is a hash of the dataset's resolved path. It saves new tables
+to ``--index-dir`` if given, else to the user's cache; ``atlasfs index`` saves
+beside the dataset instead.
+
+A table is used only if it was built from exactly the same shard files
+(sizes and mtimes) and naming rules; a stale, foreign or corrupt one is
+ignored with one log line and built again. Tables are written atomically
+(a temporary file, then a rename), so two mounts of one dataset at once
+each leave a whole table. The user's cache is bounded in bytes: after each
+save, the tables used least recently go until it fits.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import os
+import time
+from dataclasses import dataclass
 from typing import Any
 
-from .filetable import FileTable, Limits
+from .filetable import FileTable, Limits, TableError
+from .sizes import parse_size
 
 log = logging.getLogger("atlasfs")
+#: The folder ``atlasfs index`` writes inside a dataset (hidden, so never taken for a shard).
 BESIDE_DATASET = ".atlasfs-tables"
+#: Default bound of the user's table cache; ``ATLASFS_TABLE_CACHE_SIZE`` sets another (e.g. ``4G``).
+DEFAULT_CACHE_BOUND = 1 << 30
+_SOURCE_FILE = "dataset.json"
+_SUFFIX = ".table"
 
 
-def _user_cache(root: str) -> str:
+def cache_root() -> str:
+    """The user's table cache: ``$XDG_CACHE_HOME/atlasfs/tables`` (default ``~/.cache/atlasfs/tables``)."""
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    digest = hashlib.sha256(os.path.realpath(root).encode("utf-8", "surrogateescape")).hexdigest()[:16]
-    return os.path.join(base, "atlasfs", digest)
+    return os.path.join(base, "atlasfs", "tables")
 
 
-def _writable(folder: str) -> bool:
-    """Writable, and meant to be: root may write anywhere, but a folder without
-    write permission bits is read-only by intent (a shared dataset)."""
-    if not os.path.isdir(folder):
-        return True  # the cache folder, created on demand
-    return os.access(folder, os.W_OK) and bool(os.stat(folder).st_mode & 0o222)
+def cache_bound() -> int:
+    """The bound of the user's table cache in bytes."""
+    text = os.environ.get("ATLASFS_TABLE_CACHE_SIZE")
+    if not text:
+        return DEFAULT_CACHE_BOUND
+    try:
+        return parse_size(text)
+    except ValueError as exc:
+        log.warning("ATLASFS_TABLE_CACHE_SIZE: %s; using %d bytes", exc, DEFAULT_CACHE_BOUND)
+        return DEFAULT_CACHE_BOUND
+
+
+def dataset_id(dataset_root: str) -> str:
+    """The name of a dataset's folder in the user's cache."""
+    path = os.path.realpath(dataset_root).encode("utf-8", "surrogateescape")
+    return hashlib.sha256(path).hexdigest()[:20]
 
 
 class TableStore:
-    """Loads and saves the file tables of one dataset's shards."""
+    """Loads and saves the file tables of one dataset's shards.
 
-    def __init__(self, dataset_root: str) -> None:
-        self.folders = [os.path.join(dataset_root, BESIDE_DATASET), _user_cache(dataset_root)]
+    ``index_dir`` (if given) is read first and written to; otherwise tables are
+    written to the user's cache, or beside the dataset when ``beside`` is true
+    (``atlasfs index``).
+    """
 
-    def location(self) -> str:
-        """Where new tables go: the first writable place."""
-        return next((f for f in self.folders if _writable(os.path.dirname(f))), self.folders[-1])
+    def __init__(self, dataset_root: str, index_dir: str | None = None, beside: bool = False) -> None:
+        self.dataset_root = os.path.realpath(dataset_root)
+        self.cache_folder = os.path.join(cache_root(), dataset_id(dataset_root))
+        beside_folder = os.path.join(self.dataset_root, BESIDE_DATASET)
+        if index_dir is not None:
+            self.save_folder = os.path.abspath(index_dir)
+        else:
+            self.save_folder = beside_folder if beside else self.cache_folder
+        self.folders = list(dict.fromkeys(
+            [f for f in (index_dir and self.save_folder, beside_folder, self.cache_folder) if f]))
+        self._cache_bytes: int | None = None  # the cache's size as last counted, kept up to date by saves
 
     def load(self, shard: str, key: dict[str, Any], limits: Limits) -> FileTable | None:
-        """The stored table of ``shard`` built from ``key``, if any is valid."""
+        """The stored table of ``shard`` built from ``key``, from the first place holding a valid one."""
         for folder in self.folders:
-            table = FileTable.load(os.path.join(folder, f"{shard}.table"), key, limits)
+            path = os.path.join(folder, shard + _SUFFIX)
+            try:
+                table = FileTable.load(path, key, limits)
+            except TableError as exc:
+                log.info("ignoring the stored file table %s: it %s; building it again", path, exc)
+                continue
             if table is not None:
+                if folder == self.cache_folder:
+                    _touch(path)  # eviction goes by last use
                 return table
         return None
 
     def save(self, shard: str, key: dict[str, Any], table: FileTable) -> str | None:
-        """Store ``table`` in the first writable place; returns where, or None."""
-        for folder in self.folders:
-            if not _writable(os.path.dirname(folder)):
-                continue
-            try:
-                os.makedirs(folder, exist_ok=True)
-                path = os.path.join(folder, f"{shard}.table")
-                table.save(path, key)
-                return path
-            except OSError as exc:
-                log.debug("cannot store the file table of shard %s in %s: %s", shard, folder, exc)
-        return None
+        """Store ``table``; returns where, or None if it could not be written (logged)."""
+        folder = self.save_folder
+        path = os.path.join(folder, shard + _SUFFIX)
+        try:
+            os.makedirs(folder, exist_ok=True)
+            if folder == self.cache_folder:
+                _write_source(folder, self.dataset_root)
+            table.save(path, key)
+        except OSError as exc:
+            log.warning("cannot store the file table of shard %s in %s: %s", shard, folder, exc.strerror or exc)
+            return None
+        if folder == self.cache_folder:
+            self._keep_cache_bound(path)
+        return path
+
+    def _keep_cache_bound(self, just_saved: str) -> None:
+        size = os.path.getsize(just_saved)
+        if self._cache_bytes is None:
+            self._cache_bytes = sum(entry.bytes for entry in cached_tables())
+        else:
+            self._cache_bytes += size
+        bound = cache_bound()
+        if self._cache_bytes > bound:
+            self._cache_bytes = evict(bound, keep=just_saved)
+
+
+@dataclass(frozen=True)
+class CachedTable:
+    """One table file in the user's cache."""
+
+    path: str
+    dataset: str  # the dataset's path, as recorded when the folder was made ("?" if unknown)
+    bytes: int
+    used: float  # last use, seconds since the epoch
+
+
+def cached_tables() -> list[CachedTable]:
+    """Every table in the user's cache, least recently used first."""
+    found = []
+    root = cache_root()
+    try:
+        folders = list(os.scandir(root))
+    except OSError:
+        return []
+    for folder in folders:
+        if not folder.is_dir(follow_symlinks=False):
+            continue
+        source = _read_source(folder.path)
+        try:
+            entries = list(os.scandir(folder.path))
+        except OSError:
+            continue
+        for entry in entries:
+            if entry.name.endswith(_SUFFIX):
+                try:
+                    st = entry.stat(follow_symlinks=False)
+                except OSError:
+                    continue
+                found.append(CachedTable(entry.path, source, st.st_size, st.st_mtime))
+    found.sort(key=lambda t: t.used)
+    return found
+
+
+def evict(bound: int, keep: str | None = None) -> int:
+    """Delete the least recently used tables of the user's cache until it holds at most
+    ``bound`` bytes (never ``keep``); returns the bytes left."""
+    tables = cached_tables()
+    total = sum(t.bytes for t in tables)
+    for table in tables:
+        if total <= bound:
+            break
+        if table.path == keep:
+            continue
+        try:
+            os.unlink(table.path)
+        except OSError:
+            continue
+        total -= table.bytes
+        _remove_if_empty(os.path.dirname(table.path))
+    return total
+
+
+def clear(dataset_root: str | None = None) -> int:
+    """Delete the user's cached tables (only those of ``dataset_root`` if given); returns bytes freed."""
+    tables = cached_tables()
+    if dataset_root is not None:
+        folder = os.path.join(cache_root(), dataset_id(dataset_root))
+        tables = [t for t in tables if os.path.dirname(t.path) == folder]
+    freed = 0
+    for table in tables:
+        try:
+            os.unlink(table.path)
+            freed += table.bytes
+        except OSError:
+            pass
+    for folder in {os.path.dirname(t.path) for t in tables}:
+        _remove_if_empty(folder)
+    return freed
+
+
+def _remove_if_empty(folder: str) -> None:
+    """Remove a dataset's cache folder once it holds no table (rmdir fails if a mount saved one meanwhile)."""
+    try:
+        if not any(name.endswith(_SUFFIX) for name in os.listdir(folder)):
+            os.unlink(os.path.join(folder, _SOURCE_FILE))
+            os.rmdir(folder)
+    except OSError:
+        pass
+
+
+def _touch(path: str) -> None:
+    try:
+        os.utime(path)
+    except OSError:  # a read-only cache still serves
+        pass
+
+
+def _write_source(folder: str, dataset_root: str) -> None:
+    """Record which dataset a cache folder belongs to (for ``atlasfs cache``)."""
+    path = os.path.join(folder, _SOURCE_FILE)
+    if not os.path.exists(path):
+        tmp = f"{path}.{os.getpid()}.{time.monotonic_ns()}.tmp"
+        with open(tmp, "w") as f:
+            json.dump({"dataset": dataset_root}, f)
+        os.replace(tmp, path)
+
+
+def _read_source(folder: str) -> str:
+    try:
+        with open(os.path.join(folder, _SOURCE_FILE)) as f:
+            return str(json.load(f)["dataset"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return "?"

@@ -62,11 +62,12 @@ def force_unmount(path: str | Path) -> None:
 
 
 @contextlib.contextmanager
-def mounted(dataset: str | Path, *args: str) -> Iterator[Path]:
-    """Mount ``dataset`` with ``atlasfs mount`` (background mode) for the duration."""
+def mounted(dataset: str | Path, *args: str, env: dict[str, str] | None = None) -> Iterator[Path]:
+    """Mount ``dataset`` with ``atlasfs mount`` (background mode) for the duration;
+    ``env`` adds to the daemon's environment."""
     require_fuse()
     mountpoint = Path(tempfile.mkdtemp(prefix="atlasfs-test-mnt-"))
-    result = atlasfs("mount", str(dataset), str(mountpoint), *args)
+    result = atlasfs("mount", str(dataset), str(mountpoint), *args, env={**os.environ, **(env or {})})
     try:
         assert result.returncode == 0, f"mount failed: {result.stderr}"
         assert is_mounted(mountpoint)

@@ -3,33 +3,50 @@
 from __future__ import annotations
 
 import os
+import subprocess
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from atlasfs import AtlasDataset, AtlasWriter
-from atlasfs.filetable import DIR, FILE, UNREADABLE, FileTable, Limits
+from atlasfs.filetable import DIR, FILE, UNREADABLE, FileTable, Limits, TableError
 from atlasfs.tablestore import BESIDE_DATASET
 from fusemount import atlasfs, mounted
 
-ROWS = [("b.txt", FILE, 3, 0, 1, 0), ("a/x.cls", FILE, 1, 0, 0, 0), ("a.cls", FILE, 2, 1, 0, 0),
-        ("a/y/z.jpg", FILE, 5, 1, 1, 1), ("a-b.txt", FILE, 4, 2, 0, 0), ("ü.txt", FILE, 1, 2, 1, 0),
-        ("000007.unreadable", UNREADABLE, 0, 3, 1, 0)]
+#: Files in example order: the keys are unsorted and the folder "a" comes back after "b.txt".
+ROWS = [("b.txt", FILE, 3, 0, 0, 0), ("a/x.cls", FILE, 1, 0, 1, 0), ("a.cls", FILE, 2, 1, 0, 0),
+        ("a-b.txt", FILE, 4, 1, 1, 0), ("a/y/z.jpg", FILE, 5, 2, 0, 0), ("ü.txt", FILE, 1, 2, 1, 0),
+        ("a/w.cls", FILE, 1, 3, 0, 0), ("000007.unreadable", UNREADABLE, 0, 3, 1, 0)]
 KEY = {"layout": 1, "files": {"data.bin": [10, 20]}}
 LIMITS = Limits(blocks=4, block_size=2)
 
 
-def test_lookup_and_byte_ordered_listings() -> None:
+def test_listings_follow_example_order_and_lookups_find_every_path() -> None:
     table = FileTable.build(ROWS)
-    assert [name for name, _ in table.children("")] == ["000007.unreadable", "a", "a-b.txt", "a.cls", "b.txt", "ü.txt"]
-    assert [name for name, _ in table.children("a")] == ["x.cls", "y"]
+    # a folder stands where its first example is, and holds its later examples too
+    assert [name for name, _ in table.children("")] == ["b.txt", "a", "a.cls", "a-b.txt", "ü.txt", "000007.unreadable"]
+    assert [name for name, _ in table.children("a")] == ["x.cls", "y", "w.cls"]
     assert [name for name, _ in table.children("a/y")] == ["z.jpg"]
+    assert table.children("a/x.cls") == [] and table.children("nope") == []
     row = table.row(table.find("a/y/z.jpg"))
-    assert (row.kind, row.size, row.block, row.pos, row.file) == (FILE, 5, 1, 1, 1)
+    assert (row.kind, row.size, row.block, row.pos, row.file) == (FILE, 5, 2, 0, 0)
     assert table.row(table.find("a/y")).kind == DIR
-    assert table.find("a/nope") is None and table.find("") is None
+    for i in range(len(table)):
+        assert table.find(table.row(i).path) == i
+    assert table.find("a/nope") is None and table.find("") is None and table.find("zz") is None
+    # export order: every file by example, whatever folder it is in
+    assert [table.row(i).path for i in table.example_order()] == [r[0] for r in ROWS]
     assert len(FileTable.build([])) == 0 and list(FileTable.build([]).children("")) == []
+
+
+def test_a_flat_table_keeps_example_order() -> None:
+    rows = [(f"{key}.{ext}", FILE, 1, i, 0, j) for i, key in enumerate(["zeta", "alpha", "mid", "beta"])
+            for j, ext in enumerate(["cls", "txt"])]
+    table = FileTable.build(rows)
+    assert [name for name, _ in table.children("")] == [r[0] for r in rows]
+    assert table.example_order() == list(range(len(rows)))
+    assert table.find("beta.txt") == 7
 
 
 def test_save_and_load(tmp_path: Path) -> None:
@@ -38,9 +55,37 @@ def test_save_and_load(tmp_path: Path) -> None:
     loaded = FileTable.load(str(tmp_path / "t"), KEY, LIMITS)
     assert loaded is not None
     assert [table.row(i) for i in range(len(table))] == [loaded.row(i) for i in range(len(loaded))]
-    assert FileTable.load(str(tmp_path / "t"), {**KEY, "layout": 2}, LIMITS) is None  # stale
+    assert [name for name, _ in loaded.children("a")] == ["x.cls", "y", "w.cls"]
     assert FileTable.load(str(tmp_path / "missing"), KEY, LIMITS) is None
-    assert FileTable.load(str(tmp_path / "t"), KEY, Limits(blocks=1, block_size=2)) is None  # out of range
+    with pytest.raises(TableError, match="stale or foreign"):
+        FileTable.load(str(tmp_path / "t"), {**KEY, "layout": 2}, LIMITS)
+    with pytest.raises(TableError, match="outside the shard"):
+        FileTable.load(str(tmp_path / "t"), KEY, Limits(blocks=1, block_size=2))
+
+
+def _forged(paths: list[str], kinds: list[int], by_path: list[int] | None = None) -> FileTable:
+    encoded = [p.encode() for p in paths]
+    offsets = np.cumsum([0] + [len(p) for p in encoded]).astype(np.uint64)
+    n = len(paths)
+    order = by_path if by_path is not None else sorted(range(n), key=encoded.__getitem__)
+    return FileTable(b"".join(encoded), offsets,
+                     {"kind": np.array(kinds, np.uint8), "size": np.ones(n, np.uint64), "block": np.zeros(n, np.uint32),
+                      "pos": np.zeros(n, np.uint32), "file": np.zeros(n, np.uint16),
+                      "by_path": np.array(order, np.uint32)})
+
+
+@pytest.mark.parametrize("paths, kinds, by_path", [
+    (["a", "b/c", "a/d"], [DIR, FILE, FILE], None),  # a/d is not under its folder's run
+    (["a/d"], [FILE], None),  # no folder entry for a
+    (["a", "a/d"], [FILE, FILE], None),  # the parent is a file
+    (["b", "a"], [FILE, FILE], [0, 1]),  # path order not sorted
+    (["b", "a"], [FILE, FILE], [1, 1]),  # not a permutation
+    (["a", "a"], [FILE, FILE], None),  # repeated
+])
+def test_forged_orders_are_refused(tmp_path: Path, paths: list[str], kinds: list[int], by_path: list[int] | None) -> None:
+    _forged(paths, kinds, by_path).save(str(tmp_path / "t"), KEY)
+    with pytest.raises(TableError):
+        FileTable.load(str(tmp_path / "t"), KEY, LIMITS)
 
 
 @pytest.mark.parametrize("rows", [
@@ -54,16 +99,15 @@ def test_save_and_load(tmp_path: Path) -> None:
 ])
 def test_forged_tables_are_refused(tmp_path: Path, rows: list) -> None:
     table = FileTable.build([("fine.txt", FILE, 1, 0, 0, 0)])
-    forged = FileTable(b"".join(r[0].encode() for r in rows), np.array([0, len(rows[0][0].encode())], dtype=np.uint64),
-                       {"kind": np.array([r[1] for r in rows], np.uint8), "size": np.array([1], np.uint64),
-                        "block": np.zeros(1, np.uint32), "pos": np.zeros(1, np.uint32), "file": np.zeros(1, np.uint16)})
-    forged.save(str(tmp_path / "t"), KEY)
-    assert FileTable.load(str(tmp_path / "t"), KEY, LIMITS) is None
+    _forged([rows[0][0]], [rows[0][1]]).save(str(tmp_path / "t"), KEY)
+    with pytest.raises(TableError):
+        FileTable.load(str(tmp_path / "t"), KEY, LIMITS)
     table.save(str(tmp_path / "ok"), KEY)
     data = (tmp_path / "ok").read_bytes()
     for damaged in (data[:-1], data + b"x", b"garbage", data[:20]):
         (tmp_path / "d").write_bytes(damaged)
-        assert FileTable.load(str(tmp_path / "d"), KEY, LIMITS) is None
+        with pytest.raises(TableError):
+            FileTable.load(str(tmp_path / "d"), KEY, LIMITS)
 
 
 def _dataset(path: Path) -> Path:
@@ -72,11 +116,26 @@ def _dataset(path: Path) -> Path:
     return path
 
 
-def test_second_mount_lists_from_the_stored_table_without_decoding(tmp_path: Path) -> None:
+def _state(folder: Path) -> list[str]:
+    """What ``find FOLDER -printf '%p %s %T@ %m'`` shows: every path, size, mtime and mode."""
+    result = subprocess.run(["find", str(folder), "-printf", r"%p %s %T@ %m\n"], capture_output=True, text=True,
+                            check=True)
+    return sorted(result.stdout.splitlines())
+
+
+def test_a_mount_writes_nothing_into_the_dataset_and_stores_tables_in_the_user_cache(tmp_path: Path) -> None:
     dataset = _dataset(tmp_path / "ds")
-    with mounted(dataset) as mnt:
-        first = sorted(os.listdir(mnt / "1" / "k"))
-    assert sorted(p.name for p in (dataset / BESIDE_DATASET).iterdir()) == ["1.table"]  # only shard 1 was looked at
+    before = _state(dataset)
+    cache = tmp_path / "cache"
+    env = {"XDG_CACHE_HOME": str(cache)}
+    with mounted(dataset, env=env) as mnt:
+        first = os.listdir(mnt / "1" / "k")
+        assert (mnt / "1" / "k" / "021.txt").read_bytes() == b"t21"
+    assert _state(dataset) == before  # writable, and still untouched
+    stored = sorted(cache.glob("atlasfs/tables/*/*.table"))
+    assert [p.name for p in stored] == ["1.table"]  # only shard 1 was looked at
+    listed = atlasfs("cache", env={**os.environ, **env})
+    assert str(dataset) in listed.stdout and "1 tables" in listed.stdout, listed.stdout
     # Damage block 0 of shard 1 without changing its size or mtime: the stored table still
     # applies, so the listing must come out whole (nothing decoded), and only reads fail.
     data = dataset / "1" / "data.bin"
@@ -85,32 +144,34 @@ def test_second_mount_lists_from_the_stored_table_without_decoding(tmp_path: Pat
     raw[20:40] = bytes(20)
     data.write_bytes(bytes(raw))
     os.utime(data, ns=(st.st_atime_ns, st.st_mtime_ns))
-    with mounted(dataset) as mnt:
-        assert sorted(os.listdir(mnt / "1" / "k")) == first
+    with mounted(dataset, env=env) as mnt:
+        assert os.listdir(mnt / "1" / "k") == first
         with pytest.raises(OSError):
             (mnt / "1" / "k" / "020.txt").read_bytes()
         assert (mnt / "1" / "k" / "039.txt").read_bytes() == b"t39"
     # A real change (new mtime) makes the table stale: rebuilt, the damage now shows in names.
     os.utime(data)
-    with mounted(dataset) as mnt:
+    with mounted(dataset, env=env) as mnt:
         names = os.listdir(mnt / "1")
         assert "000020.unreadable" in names
+    cleared = atlasfs("cache", "--clear", env={**os.environ, **env})
+    assert cleared.returncode == 0 and not list(cache.glob("atlasfs/tables/*/*.table")), cleared.stderr
 
 
-def test_index_command_builds_tables_ahead_and_respects_read_only_datasets(tmp_path: Path) -> None:
+def test_index_command_writes_beside_the_dataset_or_to_an_index_dir(tmp_path: Path) -> None:
     dataset = _dataset(tmp_path / "ds")
     result = atlasfs("index", str(dataset))
     assert result.returncode == 0, result.stderr
-    assert (dataset / BESIDE_DATASET / "2.table").exists()
+    assert sorted(p.name for p in (dataset / BESIDE_DATASET).iterdir()) == ["0.table", "1.table", "2.table"]
     assert AtlasDataset(dataset).shards[0].name == "0"  # the hidden folder is not a shard
-    readonly = _dataset(tmp_path / "ro")
-    cache = tmp_path / "cache"
-    os.chmod(readonly, 0o555)
-    try:
-        result = atlasfs("index", str(readonly), env={**os.environ, "XDG_CACHE_HOME": str(cache)})
-        assert result.returncode == 0, result.stderr
-        assert not (readonly / BESIDE_DATASET).exists()
-        assert len(list(cache.glob("atlasfs/*/*.table"))) == 3
-        assert str(cache) in result.stdout
-    finally:
-        os.chmod(readonly, 0o755)
+    other = _dataset(tmp_path / "other")
+    index = tmp_path / "index"
+    result = atlasfs("index", str(other), "--index-dir", str(index))
+    assert result.returncode == 0, result.stderr
+    assert not (other / BESIDE_DATASET).exists()
+    assert sorted(p.name for p in index.iterdir()) == ["0.table", "1.table", "2.table"]
+    assert str(index) in result.stdout
+    blocked = tmp_path / "file"
+    blocked.write_text("")
+    result = atlasfs("index", str(other), "--index-dir", str(blocked / "sub"))
+    assert result.returncode == 1 and result.stderr.count("\n") == 1 and "--index-dir" in result.stderr
