@@ -27,7 +27,7 @@ import logging
 import os
 import threading
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -55,6 +55,8 @@ READ_AHEAD_AFTER = 3
 #: Blocks stored in more than this share of the cache bound are not read ahead: decoded, two
 #: of them could push out the block being read.
 READ_AHEAD_MAX_SHARE = 16
+#: Files whose entries :meth:`AtlasTree.members` makes at once (bounds the blocks it sizes ahead of use).
+MEMBERS_BATCH = 1024
 #: Suffix of the entries standing for examples of a block that cannot be decoded.
 UNREADABLE_SUFFIX = "unreadable"
 
@@ -234,6 +236,24 @@ class AtlasTree(Tree):
                 _, evicted = self._folders.popitem(last=False)
                 self._folder_names -= len(evicted.listing)
 
+    def members(self, path: str) -> Iterator[tuple[str, Entry]]:
+        parts = split_path(path)
+        if not parts:
+            yield from super().members(path)
+            return
+        s, folder = self._folder_of(path, parts)
+        table = self.table(s)
+        prefix = f"{folder}/" if folder else ""
+        rows = [i for i in table.example_order() if table.row(i).path.startswith(prefix)] if prefix else \
+            table.example_order()
+        for start in range(0, len(rows), MEMBERS_BATCH):  # entries a batch at a time: sizing encodes their blocks
+            batch = rows[start:start + MEMBERS_BATCH]
+            for i in batch:
+                if table.kind[i] == UNREADABLE:
+                    raise _eio(self._failure(s, int(table.block[i])))
+            for i, entry in zip(batch, self._entries(s, table, batch)):
+                yield table.row(i).path[len(prefix):], entry
+
     def read(self, entry: Entry, offset: int, size: int) -> bytes:
         ref = entry.ref
         if ref is None:
@@ -248,7 +268,7 @@ class AtlasTree(Tree):
         return sum(shard.data_size for shard in self.dataset.shards)
 
     def _entries(self, s: int, table: FileTable, indices: list[int]) -> list[Entry]:
-        """The entries of table rows ``indices`` (ascending), at once: a listing makes one per file."""
+        """The entries of table rows ``indices``, at once: a listing makes one per file."""
         if not indices:
             return []
         self._fill_sizes(s, table, indices)
@@ -257,7 +277,7 @@ class AtlasTree(Tree):
             if table.kind.item(i) == FILE:
                 ref = FileRef(s, table.block.item(i), table.pos.item(i), table.file.item(i))
                 return [Entry(False, table.size.item(i), self._shard_entries[s].mtime, _shard_ino(s) + 1 + i, ref)]
-        lo, hi = indices[0], indices[-1] + 1
+        lo, hi = min(indices), max(indices) + 1
         kinds, sizes, blocks, positions, files = (column[lo:hi].tolist() for column in (
             table.kind, table.size, table.block, table.pos, table.file))
         mtime = self._shard_entries[s].mtime

@@ -1,8 +1,9 @@
 """``atlasfs export``: a tree's shard folders as WebDataset tar files, without FUSE.
 
-It walks the same :class:`~atlasfs.tree.Tree` the mount serves, in the order
-``tar`` archives the mounted folder, so members are byte-identical to
-``tar cf x.tar -C <mount>/<shard> .`` (names have no ``./`` prefix).
+It reads the same :class:`~atlasfs.tree.Tree` the mount serves. Members are
+the shard's files in example order (:meth:`~atlasfs.tree.Tree.members`), a
+sample's files adjacent, named by their full key paths without a ``./``
+prefix, so ``webdataset`` yields the samples in the dataset's order.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ def write_shard_tar(tree: Tree, folder: str, out_path: str, on_file: Callable[[]
     count = 0
     try:
         with tarfile.open(partial, "w", format=tarfile.PAX_FORMAT) as archive:
-            for name, entry in tree.walk(folder):
+            for name, entry in tree.members(folder):
                 archive.addfile(_member(name, entry), io.BytesIO(tree.read(entry, 0, entry.size)))
                 count += 1
                 if on_file is not None:
@@ -38,6 +39,14 @@ def write_shard_tar(tree: Tree, folder: str, out_path: str, on_file: Callable[[]
             os.unlink(partial)
         raise
     return count
+
+
+def count_files(tree: Tree, folder: str) -> int:
+    """How many files are below ``folder`` (from names only: nothing is sized or read)."""
+    total = 0
+    for name, is_dir, _ in tree.names(folder):
+        total += count_files(tree, f"{folder.rstrip('/')}/{name}") if is_dir else 1
+    return total
 
 
 def _member(name: str, entry: Entry) -> tarfile.TarInfo:

@@ -40,7 +40,8 @@ class Tree(ABC):
 
     @abstractmethod
     def listdir(self, path: str) -> list[tuple[str, Entry]]:
-        """``(name, entry)`` of each child of the folder ``path``, sorted by name bytes."""
+        """``(name, entry)`` of each child of the folder ``path``, in the order the source gives
+        its samples (the dataset's example order): a listing keeps a dataset's order."""
 
     def names(self, path: str) -> Sequence[tuple[str, bool, int]]:
         """``(name, is_dir, ino)`` of each child of the folder ``path``, in :meth:`listdir`
@@ -67,6 +68,14 @@ class Tree(ABC):
                     yield f"{name}/{sub}", sub_entry
             else:
                 yield name, entry
+
+    def members(self, path: str) -> Iterator[tuple[str, Entry]]:
+        """Every file below the folder ``path`` as ``(path relative to it, entry)``, in the
+        order of the samples they belong to, a sample's files adjacent: what a tar of the
+        folder holds (``atlasfs export``). The default is :meth:`walk`'s order, which is the
+        same for a folder without sub-folders; a source whose sub-folders regroup samples
+        overrides it."""
+        return self.walk(path)
 
 
 def split_path(path: str) -> list[str]:

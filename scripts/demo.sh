@@ -25,7 +25,7 @@ step "ls $mnt  (one folder per shard)"
 ls "$mnt"
 step "ls $mnt/0  (samples grouped by their __key__ folders)"
 ls "$mnt/0"
-first=$(find "$mnt/0" -type f | LC_ALL=C sort | sed -n 1p)   # not head: SIGPIPE under pipefail
+first=$(find "$mnt/0" -type f | sed -n 1p)   # the first example's first file; not head: SIGPIPE under pipefail
 base=$(basename "$first")
 sample="$(dirname "$first")/${base%%.*}"   # a sample is <key>.<field>...
 step "one sample's files: ls -l ${sample#$mnt/}.*"
@@ -34,8 +34,9 @@ step "its label and metadata: cat ${sample#$mnt/}.cls ${sample#$mnt/}.json"
 cat "$sample.cls"; echo
 cat "$sample.json"; echo
 
-step "exporting shard 0 with plain tar: tar cf $work/0.tar -C $mnt/0 ."
-tar cf "$work/0.tar" -C "$mnt/0" .
+step "exporting shard 0 with tar, in example order and with clean keys (no ./ prefix):"
+echo "    find $mnt/0 -type f -printf '%P\n' | tar cf $work/0.tar -C $mnt/0 --no-recursion -T -"
+find "$mnt/0" -type f -printf '%P\n' | tar cf "$work/0.tar" -C "$mnt/0" --no-recursion -T -
 ls -l "$work/0.tar"
 
 step "reading the tar back with the webdataset library"
@@ -47,6 +48,7 @@ first = samples[0]
 print(f"{len(samples)} samples; the first: key={first['__key__']!r} cls={first['cls']!r} "
       f"json={first['json']!r} png={len(first['png'])} bytes")
 assert len(samples) == 50, len(samples)
+assert not any(s["__key__"].startswith("./") for s in samples), "keys must be clean"
 PY
 
 step "unmounting: atlasfs umount $mnt"
