@@ -167,9 +167,9 @@ class Atlasfs(System):
         self.shards = shards
         self.workdir = workdir
         self.extra_args = extra_args or []
-        # Mounts keep shard file tables beside the dataset, or under $XDG_CACHE_HOME when
-        # the dataset is read-only: point that into the work folder so that both places
-        # are ours to clear.
+        # Mounts store shard file tables under $XDG_CACHE_HOME (atlasfs index writes them
+        # beside the dataset): point that into the work folder so that both places are ours
+        # to clear.
         self.cache_home = os.path.join(workdir, "xdg-cache")
         self.env = dict(os.environ, XDG_CACHE_HOME=self.cache_home)
 
