@@ -91,7 +91,7 @@ def cmd_umount(args: argparse.Namespace) -> int:
 
 def cmd_export(args: argparse.Namespace) -> int:
     from .atlas_tree import AtlasTree
-    from .export import count_files, write_shard_tar
+    from .export import count_files, write_index, write_shard_tar
     with _open(args.dataset, args.trust_pickle) as dataset:
         names = [s.name for s in dataset.shards]
         chosen = args.shards or names
@@ -101,19 +101,24 @@ def cmd_export(args: argparse.Namespace) -> int:
         tree = AtlasTree(dataset, cache_bytes=args.cache_size)
         os.makedirs(args.outdir, exist_ok=True)
         failed = 0
+        written = []
         for name in chosen:
             out = os.path.join(args.outdir, f"{name}.tar")
             total = count_files(tree, f"/{name}")
             progress = Progress(f"export {name}.tar", total, "files")
             try:
-                count = write_shard_tar(tree, f"/{name}", out, progress.advance)
+                layout = write_shard_tar(tree, f"/{name}", out, progress.advance)
             except OSError as exc:
                 progress.close()
                 print(f"atlasfs: export of shard {name} failed: {exc.strerror or exc}", file=sys.stderr)
                 failed += 1
                 continue
             progress.close()
-            print(f"{out}: {count} files, {format_size(os.path.getsize(out))}")
+            samples = layout.samples()
+            written.append((f"{name}.tar", samples))
+            print(f"{out}: {samples} samples, {len(layout)} files, {format_size(layout.size)}")
+        if written:
+            print(f"{write_index(args.outdir, written)}: wids index of {len(written)} shards")
         return 1 if failed else 0
 
 
@@ -230,7 +235,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-z", "--lazy", action="store_true",
                    help="detach now even if busy or dead (the mount goes once nothing uses it)")
 
-    p = command("export", cmd_export, "write each shard as a WebDataset tar (<shard>.tar), without FUSE")
+    p = command("export", cmd_export, "write each shard as a WebDataset tar (<shard>.tar, samples in example order) "
+                                      "and a wids index (shards.json), without FUSE")
     p.add_argument("dataset", help="dataset folder")
     p.add_argument("outdir", help="folder for the tar files (created if missing)")
     p.add_argument("--shards", nargs="+", metavar="SHARD", help="shard folder names to export (default: all)")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+import json
 import tarfile
 from pathlib import Path
 
@@ -82,10 +83,12 @@ def test_errors_are_one_line_without_traceback(tmp_path: Path) -> None:
 def test_export_writes_one_tar_per_shard(tmp_path: Path) -> None:
     result = atlasfs("export", str(SHARED_DICT), str(tmp_path / "out"), "--shards", "0", "2")
     assert result.returncode == 0, result.stderr
-    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["0.tar", "2.tar"]
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["0.tar", "2.tar", "shards.json"]
     with tarfile.open(tmp_path / "out" / "2.tar") as archive:
         names = archive.getnames()
     assert len({n.split(".")[0] for n in names}) == 11
+    index = json.loads((tmp_path / "out" / "shards.json").read_text())
+    assert index == {"wids_version": 1, "shardlist": [{"url": "0.tar", "nsamples": 32}, {"url": "2.tar", "nsamples": 11}]}
     result = atlasfs("export", str(SHARED_DICT), str(tmp_path / "out"), "--shards", "9")
     assert result.returncode == 1 and "no shard named '9'" in result.stderr
 
