@@ -218,6 +218,19 @@ class AtlasTree(Tree):
         self._remember_folder(s, folder, _Folder(listing, readable))
         return listing
 
+    def known_entries(self, path: str, start: int = 0, stop: int | None = None) -> Sequence[Entry | None]:
+        parts = split_path(path)
+        if not parts:
+            return super().known_entries(path, start, stop)
+        listing = self.names(path)[start:stop]
+        # What names() remembered: entries once sizes are known (a stored table, or
+        # files looked up since), table rows before; unreadable files are absent.
+        listed = self._folders.get((self._shard_by_name[parts[0]], "/".join(parts[1:])))
+        if listed is None:  # too big a folder to remember
+            return [None] * len(listing)
+        found = map(listed.children.get, [name for name, _, _ in listing])
+        return [value if type(value) is Entry else None for value in found]
+
     def _folder_of(self, path: str, parts: list[str]) -> tuple[int, str]:
         """(shard position, folder inside it) of the folder ``path``."""
         if not self.lookup(path).is_dir:

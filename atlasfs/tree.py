@@ -50,6 +50,17 @@ class Tree(ABC):
         same immutable sequence to every caller)."""
         return [(name, entry.is_dir, entry.ino) for name, entry in self.listdir(path)]
 
+    def known_entries(self, path: str, start: int = 0, stop: int | None = None) -> Sequence[Entry | None]:
+        """For the children ``start:stop`` of the folder ``path``, in :meth:`names` order:
+        each one's entry if the source knows it without work, else None.
+
+        A listing that carries attributes (FUSE's READDIRPLUS) spares the kernel a
+        lookup per file for ``ls -l``, ``find`` or ``tar``; a source that would
+        have to work out sizes answers None for those files, which are then
+        looked up when needed. The default takes them from :meth:`listdir`: a
+        source that overrides :meth:`names` to skip work overrides this too."""
+        return [entry for _, entry in self.listdir(path)[start:stop]]
+
     @abstractmethod
     def read(self, entry: Entry, offset: int, size: int) -> bytes:
         """Up to ``size`` bytes of the file ``entry`` from ``offset``."""
