@@ -9,7 +9,7 @@ BIN := $(VENV)/bin
 install: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml
-	./scripts/install-system-packages.sh fuse libfuse2
+	./scripts/install-system-packages.sh fuse3 libfuse3-3
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[test]'
 	touch $@

@@ -26,7 +26,7 @@ from typing import Callable
 from .atlas_tree import AtlasTree
 from .dataset import DEFAULT_CACHE_BYTES, AtlasDataset, BrokenShard
 from .errors import AtlasFormatError
-from .fuse_adapter import FuseAdapter, fuse_main
+from .fuse_adapter import FuseAdapter, fuse_main, libfuse3
 from .sdnotify import notify
 from .sizes import parse_size
 from .tablestore import TableStore
@@ -41,6 +41,11 @@ KERNEL_CACHE_SECONDS = 86400
 GC_THRESHOLDS = (100_000, 20, 20)
 #: How long ``atlasfs mount`` waits for the daemon's mount to answer.
 READY_TIMEOUT = 60.0
+#: The read-ahead (KiB) the daemon gives its mount. libfuse 3 lets a read request
+#: carry 1 MiB (256 pages), but the kernel starts a FUSE mount with 128 KiB of
+#: read-ahead and reads through the page cache come in read-ahead sized requests:
+#: a big file would take eight round trips per MiB instead of one.
+READ_AHEAD_KB = 1024
 
 #: Options mount(8) and fstab pass along that mean nothing to a FUSE daemon.
 _MOUNT_ONLY_OPTIONS = {
@@ -49,12 +54,13 @@ _MOUNT_ONLY_OPTIONS = {
     "diratime", "lazytime", "nolazytime",
 }
 _MOUNT_ONLY_PREFIXES = ("x-", "comment=", "_")
-#: libfuse options handed through unchanged.
+#: libfuse options handed through (libfuse 2's names: the few that libfuse 3 takes
+#: in ``init`` instead are moved there by :func:`~atlasfs.fuse_adapter.fuse_main`).
 _FUSE_OPTIONS = {
     "allow_root", "default_permissions", "nosuid", "suid", "nodev", "dev", "noexec", "exec",
     "max_read", "max_readahead", "uid", "gid", "umask", "attr_timeout", "entry_timeout",
     "negative_timeout", "kernel_cache", "auto_cache", "fsname", "max_background",
-    "congestion_threshold", "async_read", "sync_read", "noforget", "remember",
+    "congestion_threshold", "async_read", "sync_read", "noforget", "remember", "max_idle_threads", "max_threads",
 }
 
 
@@ -153,16 +159,20 @@ def check_mountpoint(mountpoint: str) -> None:
 
 def check_fuse(allow_other: bool) -> None:
     """Raise :class:`MountError` if FUSE cannot be used here, saying what to install or change."""
-    if ctypes.util.find_library("fuse") is None and not os.environ.get("FUSE_LIBRARY_PATH"):
-        raise MountError("libfuse 2 not found: install it (Debian/Ubuntu: apt-get install fuse libfuse2)")
+    if ctypes.util.find_library("fuse3") is None and not os.environ.get("FUSE_LIBRARY_PATH"):
+        raise MountError("libfuse 3 not found: install it (Debian/Ubuntu: apt-get install fuse3 libfuse3-3)")
+    try:
+        libfuse3()
+    except OSError as exc:
+        raise MountError(str(exc)) from None
     try:
         os.close(os.open("/dev/fuse", os.O_RDWR))
     except OSError as exc:
         raise MountError(
             f"/dev/fuse: {exc.strerror} (load the fuse kernel module; in a container, pass the device in)") from None
     if os.geteuid() != 0:
-        if shutil.which("fusermount") is None:
-            raise MountError("fusermount not found: install it (Debian/Ubuntu: apt-get install fuse)")
+        if shutil.which("fusermount3") is None:
+            raise MountError("fusermount3 not found: install it (Debian/Ubuntu: apt-get install fuse3)")
         if allow_other and not _user_allow_other():
             raise MountError("allow_other needs 'user_allow_other' in /etc/fuse.conf when not mounting as root")
 
@@ -173,6 +183,20 @@ def _user_allow_other() -> bool:
             return any(line.split("#")[0].strip() == "user_allow_other" for line in f)
     except OSError:
         return False
+
+
+def set_read_ahead(mountpoint: str, kib: int) -> bool:
+    """Set the mount's read-ahead (its sysfs ``read_ahead_kb``); False if not allowed
+    (only root may, and /sys may be read-only in a container), the kernel's 128 KiB then."""
+    dev = os.stat(mountpoint).st_dev
+    path = f"/sys/class/bdi/{os.major(dev)}:{os.minor(dev)}/read_ahead_kb"
+    try:
+        with open(path, "w") as f:
+            f.write(str(kib))
+    except OSError as exc:
+        log.debug("%s: read-ahead left as it is: %s", path, exc.strerror)
+        return False
+    return True
 
 
 def _wait_until_live(mountpoint: str, timeout: float) -> bool:
@@ -204,24 +228,37 @@ def serve(tree: Tree, mountpoint: str, options: MountOptions, fsname: str,
     def on_init() -> None:
         def watch() -> None:
             if _wait_until_live(mountpoint, READY_TIMEOUT):
+                # After the kernel took libfuse's INIT reply, which may only lower it;
+                # before anyone opens a file, which keeps the read-ahead of its open.
+                wanted = int(options.fuse_options.get("max_readahead", READ_AHEAD_KB * 1024))
+                if wanted > 128 * 1024:
+                    set_read_ahead(mountpoint, wanted // 1024)
                 on_ready()
             else:
                 log.error("%s: the mount did not answer within %.0f s", mountpoint, READY_TIMEOUT)
         threading.Thread(target=watch, name="atlasfs-ready", daemon=True).start()
 
+    fuse_main(FuseAdapter(tree, on_init), mountpoint, fuse_options(options, fsname), threads=options.threads,
+              debug=options.debug)
+
+
+def fuse_options(options: MountOptions, fsname: str) -> dict[str, str | bool | int]:
+    """The libfuse options of a mount: atlasfs's own, then those the user passed."""
     fuse_kwargs: dict[str, str | bool | int] = {
         "fsname": fsname.replace(",", "_"),
         "subtype": "atlasfs",
         "ro": True,
-        "use_ino": True,
         "kernel_cache": True,
         "attr_timeout": KERNEL_CACHE_SECONDS,
         "entry_timeout": KERNEL_CACHE_SECONDS,
         "negative_timeout": KERNEL_CACHE_SECONDS,
         "allow_other": options.allow_other,
+        # libfuse 3.14 complains of its own default here unless given one; its
+        # fuse_main runs at most 10 workers, so this keeps every one.
+        "max_idle_threads": 10,
     }
     fuse_kwargs.update(options.fuse_options)
-    fuse_main(FuseAdapter(tree, on_init), mountpoint, fuse_kwargs, threads=options.threads, debug=options.debug)
+    return fuse_kwargs
 
 
 def open_tree(dataset_path: str, options: MountOptions) -> AtlasTree:
@@ -339,8 +376,8 @@ def unmount(mountpoint: str, lazy: bool = False) -> None:
     mountpoint = os.path.abspath(mountpoint)
     if mountpoint not in mounted_filesystems():
         raise MountError(f"{mountpoint}: not mounted")
-    if shutil.which("fusermount"):
-        command = ["fusermount", "-u"] + (["-z"] if lazy else []) + [mountpoint]
+    if shutil.which("fusermount3"):
+        command = ["fusermount3", "-u"] + (["-z"] if lazy else []) + [mountpoint]
     else:
         command = ["umount"] + (["-l"] if lazy else []) + [mountpoint]
     result = subprocess.run(command, capture_output=True, text=True)

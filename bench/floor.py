@@ -4,7 +4,7 @@
 Mounts a trivial in-memory tree (N files of SIZE bytes, every lookup a dict hit, every read
 a slice of one constant) with atlasfs's own adapter and mount options, and the same files
 materialized on tmpfs, then times ``tar cf - -C <folder> . | wc -c`` on each (cold: a fresh
-mount; then warm: a second pass). What the adapter, libfuse 2 and the kernel cost per file,
+mount; then warm: a second pass). What the adapter, libfuse 3 and the kernel cost per file,
 with no decoding at all, bounds what atlasfs can reach on small files.
 
     python bench/floor.py                 # 24,000 files of 1 KiB, 3 repeats
@@ -34,10 +34,8 @@ import sys
 sys.path.insert(0, {repo!r})
 from bench.floor import ConstantTree
 from atlasfs.fuse_adapter import FuseAdapter, fuse_main
-from atlasfs.mount import KERNEL_CACHE_SECONDS
-fuse_main(FuseAdapter(ConstantTree({files}, {size})), {mnt!r},
-          {{"ro": True, "use_ino": True, "kernel_cache": True, "attr_timeout": KERNEL_CACHE_SECONDS,
-           "entry_timeout": KERNEL_CACHE_SECONDS, "negative_timeout": KERNEL_CACHE_SECONDS, "fsname": "floor"}})
+from atlasfs.mount import MountOptions, fuse_options
+fuse_main(FuseAdapter(ConstantTree({files}, {size})), {mnt!r}, fuse_options(MountOptions(), "floor"))
 """
 
 

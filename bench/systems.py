@@ -82,7 +82,7 @@ def is_mounted(path: str) -> bool:
 def unmount(mountpoint: str, process: subprocess.Popen[bytes] | None) -> None:
     """Unmount ``mountpoint`` and stop the daemon ``process``, however stuck; never raises."""
     try:
-        for command in (["fusermount", "-u", mountpoint], ["fusermount", "-uz", mountpoint]):
+        for command in (["fusermount3", "-u", mountpoint], ["fusermount3", "-uz", mountpoint]):
             if not is_mounted(mountpoint):
                 break
             subprocess.run(command, capture_output=True, check=False, timeout=30)
@@ -100,7 +100,7 @@ def unmount(mountpoint: str, process: subprocess.Popen[bytes] | None) -> None:
                     process.kill()
                     process.wait(timeout=5)
         if is_mounted(mountpoint):  # the daemon died: detach what is left
-            subprocess.run(["fusermount", "-uz", mountpoint], capture_output=True, check=False, timeout=30)
+            subprocess.run(["fusermount3", "-uz", mountpoint], capture_output=True, check=False, timeout=30)
     finally:
         with contextlib.suppress(OSError):
             os.rmdir(mountpoint)

@@ -19,8 +19,8 @@ IN_CI = os.environ.get("CI", "").lower() == "true"
 
 def fuse_unavailable() -> str | None:
     """Why FUSE cannot be used on this machine, or None."""
-    if ctypes.util.find_library("fuse") is None:
-        return "libfuse 2 is not installed (apt-get install fuse libfuse2)"
+    if ctypes.util.find_library("fuse3") is None:
+        return "libfuse 3 is not installed (apt-get install fuse3 libfuse3-3)"
     try:
         os.close(os.open("/dev/fuse", os.O_RDWR))
     except OSError as exc:
@@ -52,7 +52,7 @@ def is_mounted(path: str | Path) -> bool:
 
 def force_unmount(path: str | Path) -> None:
     """Unmount ``path`` whatever its state, and wait until it is gone."""
-    for command in (["fusermount", "-u", str(path)], ["fusermount", "-uz", str(path)]):
+    for command in (["fusermount3", "-u", str(path)], ["fusermount3", "-uz", str(path)]):
         if not is_mounted(path):
             return
         subprocess.run(command, capture_output=True)

@@ -39,8 +39,8 @@ def test_exceptions_become_negative_errnos(adapter: FuseAdapter) -> None:
 
 def test_paths_that_are_not_utf8_are_not_found(adapter: FuseAdapter) -> None:
     guarded = adapter._guard("getattr", adapter.getattr)
-    assert guarded(b"/0/\xff.txt", None) == -errno.ENOENT
-    assert guarded(b"/\xc3(", None) == -errno.ENOENT
+    assert guarded(b"/0/\xff.txt", None, None) == -errno.ENOENT
+    assert guarded(b"/\xc3(", None, None) == -errno.ENOENT
 
 
 def test_kept_thread_states_are_bounded(adapter: FuseAdapter) -> None:

@@ -33,7 +33,7 @@ def test_bad_options(text: str, message: str) -> None:
 def test_missing_libfuse_names_the_package(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(ctypes.util, "find_library", lambda name: None)
     monkeypatch.delenv("FUSE_LIBRARY_PATH", raising=False)
-    with pytest.raises(MountError, match="apt-get install fuse libfuse2"):
+    with pytest.raises(MountError, match="apt-get install fuse3 libfuse3-3"):
         check_fuse(allow_other=False)
 
 
@@ -45,7 +45,7 @@ def test_unusable_dev_fuse_is_explained(monkeypatch: pytest.MonkeyPatch) -> None
             raise PermissionError(13, "Permission denied")
         return real_open(path, *args)
 
-    monkeypatch.setattr(ctypes.util, "find_library", lambda name: "libfuse.so.2")
+    monkeypatch.setattr(ctypes.util, "find_library", lambda name: "libfuse3.so.3")
     monkeypatch.setattr(os, "open", refuse)
     with pytest.raises(MountError, match="/dev/fuse: Permission denied"):
         check_fuse(allow_other=False)
