@@ -1,0 +1,297 @@
+"""libfuse 3 under the adapter, for real: the library the daemon maps, the requests a listing
+costs (READDIRPLUS), the size of the reads a big file arrives in.
+
+The request-counting tests serve an in-memory tree with atlasfs's own ``serve`` in a child
+process (this file run as a script) that logs every call the adapter makes into the tree.
+"""
+
+from __future__ import annotations
+
+import collections
+import ctypes
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Iterator, Sequence
+
+if __name__ == "__main__":  # run as the server: import atlasfs from this checkout
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import pytest
+
+from atlasfs.tree import Entry, Tree, not_found
+
+#: Files in the listed folder: more than one READDIRPLUS reply holds.
+FILES = 200
+FILE_SIZE = 100
+#: The big file: its bytes are a pattern that does not repeat at any power of two.
+BIG_SIZE = 8 << 20
+BIG_DATA = (bytes(range(251)) * (BIG_SIZE // 251 + 1))[:BIG_SIZE]
+#: The largest read libfuse 2 and the kernel's default read-ahead allow.
+OLD_MAX_READ = 128 * 1024
+
+
+class LoggingTree(Tree):
+    """``/d`` holds ``files`` files of ``size`` bytes, ``/big`` one of :data:`BIG_SIZE`
+    bytes. With ``known``, the entries of ``/d`` are known up front (as with a stored
+    table); without, :meth:`known_entries` answers None for them (as on a first mount
+    of a dataset whose sizes take work). Every call is counted by method and path."""
+
+    def __init__(self, files: int, size: int, known: bool = True) -> None:
+        self.known = known
+        self.root = Entry(True, 0, 0.0, 1)
+        self.folder = Entry(True, 0, 0.0, 2)
+        self.big = Entry(False, BIG_SIZE, 0.0, 3)
+        self.files = {f"{i:05d}.txt": Entry(False, size, 0.0, 100 + i) for i in range(files)}
+        self.listing = list(self.files.items())
+        self.listed_names = [(name, False, entry.ino) for name, entry in self.listing]
+        self.calls: collections.Counter[str] = collections.Counter()
+        self.read_sizes: list[int] = []
+
+    def lookup(self, path: str) -> Entry:
+        self.calls[f"lookup {path}"] += 1
+        entry = {"/": self.root, "/d": self.folder, "/big": self.big}.get(path)
+        if entry is None and path.startswith("/d/"):
+            entry = self.files.get(path[3:])
+        if entry is None:
+            raise not_found(path)
+        return entry
+
+    def listdir(self, path: str) -> list[tuple[str, Entry]]:
+        self.calls[f"listdir {path}"] += 1
+        return [("big", self.big), ("d", self.folder)] if path == "/" else self.listing
+
+    def names(self, path: str) -> Sequence[tuple[str, bool, int]]:
+        self.calls[f"names {path}"] += 1
+        return [("big", False, 3), ("d", True, 2)] if path == "/" else self.listed_names
+
+    def known_entries(self, path: str, start: int = 0, stop: int | None = None) -> Sequence[Entry | None]:
+        self.calls[f"known_entries {path}"] += 1
+        if path == "/":
+            return [self.big, self.folder][start:stop]
+        return [entry if self.known else None for _, entry in self.listing[start:stop]]
+
+    def read(self, entry: Entry, offset: int, size: int) -> bytes:
+        self.read_sizes.append(size)
+        if entry is self.big:
+            return BIG_DATA[offset:offset + size]
+        return b"x" * max(0, min(size, entry.size - offset))
+
+
+def serve_logging_tree(mountpoint: str, log_path: str, known: bool) -> None:
+    """Mount a :class:`LoggingTree` with atlasfs's ``serve`` until unmounted, then write
+    its counts to ``log_path`` as JSON. Prints ``ready`` once the mount answers."""
+    from atlasfs.mount import MountOptions, serve
+
+    tree = LoggingTree(FILES, FILE_SIZE, known)
+    serve(tree, mountpoint, MountOptions(foreground=True), "logging-tree", lambda: print("ready", flush=True))
+    with open(log_path, "w") as f:
+        json.dump({"calls": tree.calls, "read_sizes": tree.read_sizes}, f)
+
+
+if __name__ == "__main__":
+    serve_logging_tree(sys.argv[1], sys.argv[2], sys.argv[3] == "known")
+    sys.exit(0)
+
+from fusemount import atlasfs, force_unmount, is_mounted, mounted, require_fuse  # noqa: E402
+
+pytestmark = pytest.mark.fuse
+
+
+class Served:
+    """A mounted :class:`LoggingTree`; :attr:`log` holds its counts once unmounted."""
+
+    def __init__(self, mountpoint: Path) -> None:
+        self.mountpoint = mountpoint
+        self.log: dict[str, Any] = {}
+
+    def file_lookups(self) -> int:
+        """How many times a file of ``/d`` was looked up (a LOOKUP or GETATTR each)."""
+        return sum(n for call, n in self.log["calls"].items() if call.startswith("lookup /d/"))
+
+
+@contextlib.contextmanager
+def served(known: bool = True) -> Iterator[Served]:
+    """Serve a :class:`LoggingTree` on a fresh mount point for the duration."""
+    require_fuse()
+    folder = Path(tempfile.mkdtemp(prefix="atlasfs-test-fuse3-"))
+    mountpoint, log_path = folder / "mnt", folder / "log.json"
+    mountpoint.mkdir()
+    server = subprocess.Popen([sys.executable, __file__, str(mountpoint), str(log_path),
+                               "known" if known else "unknown"], stdout=subprocess.PIPE, text=True)
+    result = Served(mountpoint)
+    try:
+        assert server.stdout is not None and server.stdout.readline().strip() == "ready", "the server did not mount"
+        yield result
+    finally:
+        force_unmount(mountpoint)
+        server.wait(timeout=30)
+        if log_path.exists():
+            result.log = json.loads(log_path.read_text())
+            log_path.unlink()
+        mountpoint.rmdir()
+        folder.rmdir()
+
+
+def _listing(mountpoint: Path, command: list[str]) -> str:
+    return subprocess.run(command, cwd=mountpoint, capture_output=True, text=True, check=True,
+                          env={**os.environ, "LC_ALL": "C"}).stdout
+
+
+def test_the_daemon_maps_libfuse3_and_not_libfuse2(tmp_path: Path) -> None:
+    from atlasfs import AtlasWriter
+
+    with AtlasWriter(tmp_path / "ds", shard_size=4, block_size=2) as writer:
+        for i in range(4):
+            writer.add_example({"bin": bytes([i]) * 10})
+    with mounted(tmp_path / "ds") as mnt:
+        daemons = [pid for pid in os.listdir("/proc") if pid.isdigit() and _cmdline(pid)[-2:] == [
+            str(tmp_path / "ds"), str(mnt)]]
+        assert len(daemons) == 1, daemons
+        with open(f"/proc/{daemons[0]}/maps") as f:
+            libraries = {Path(line.split()[-1]).name for line in f if ".so" in line}
+    assert any(name.startswith("libfuse3.so.3") for name in libraries), sorted(libraries)
+    assert not any(name.startswith("libfuse.so.2") for name in libraries), sorted(libraries)
+
+
+def _cmdline(pid: str) -> list[str]:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return [os.fsdecode(arg) for arg in f.read().split(b"\0")[:-1]]
+    except OSError:  # gone meanwhile
+        return []
+
+
+@pytest.mark.parametrize("command", [["ls", "-ln", "d"], ["find", "d", "-type", "f", "-printf", "%s %i\n"],
+                                     ["du", "-ab", "d"]])
+def test_listing_with_attributes_looks_up_no_file(command: list[str]) -> None:
+    """The tree knows every entry, so READDIRPLUS hands them to the kernel with the names:
+    ls -l, find and du stat every file and the daemon is asked about none of them."""
+    with served(known=True) as tree:
+        out = _listing(tree.mountpoint, command)
+    assert out.count(str(FILE_SIZE)) >= FILES
+    assert tree.file_lookups() == 0
+    calls = tree.log["calls"]
+    assert calls["known_entries /d"] >= 1 and calls["names /d"] >= 2  # more than one reply: all of them PLUS
+
+
+def test_entries_the_tree_does_not_know_are_looked_up() -> None:
+    """The other side: a tree that would have to work out its sizes answers None, and the
+    kernel looks each file up when ls -l stats it (what the first test would miss)."""
+    with served(known=False) as tree:
+        out = _listing(tree.mountpoint, ["ls", "-ln", "d"])
+    assert len([line for line in out.splitlines() if f" {FILE_SIZE} " in line]) == FILES
+    assert tree.file_lookups() == FILES
+
+
+def test_a_big_sequential_read_comes_in_reads_of_a_mebibyte() -> None:
+    """libfuse 3 lets a request carry 1 MiB and the mount widens its read-ahead to match,
+    so dd bs=1M reaches the daemon in reads of more than libfuse 2's 128 KiB."""
+    if os.geteuid() != 0:
+        pytest.skip("only root may widen a mount's read-ahead (sysfs)")
+    with served() as tree:
+        dev = os.stat(tree.mountpoint).st_dev
+        with open(f"/sys/class/bdi/{os.major(dev)}:{os.minor(dev)}/read_ahead_kb") as f:
+            assert int(f.read()) == 1024
+        copy = subprocess.run(["dd", f"if={tree.mountpoint / 'big'}", "bs=1M", "status=none"],
+                              capture_output=True, check=True).stdout
+    assert copy == BIG_DATA
+    sizes = tree.log["read_sizes"]
+    assert max(sizes) > OLD_MAX_READ, collections.Counter(sizes)
+    assert sum(size > OLD_MAX_READ for size in sizes) * 1024 * 1024 >= BIG_SIZE * 3 // 4, collections.Counter(sizes)
+
+
+def test_atlas_mount_of_known_sizes_lists_with_attributes(tmp_path: Path) -> None:
+    """End to end on an Atlas dataset whose files are all ``bytes`` fields (sizes known from
+    the first listing): libfuse's own debug log shows READDIRPLUS and no LOOKUP per file."""
+    from atlasfs import AtlasWriter
+
+    with AtlasWriter(tmp_path / "ds", shard_size=FILES // 2, block_size=10) as writer:
+        for i in range(FILES // 2):
+            writer.add_example({"jpg": bytes([i % 256]) * (i + 1), "bin": b"y" * 7})
+    require_fuse()
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    log_path = tmp_path / "debug.log"
+    with open(log_path, "w") as log:
+        daemon = subprocess.Popen([sys.executable, "-m", "atlasfs", "mount", "-f", "-o", "debug",
+                                   str(tmp_path / "ds"), str(mnt)], stderr=log, stdout=log)
+    try:
+        deadline = time.monotonic() + 30
+        while not is_mounted(mnt) and daemon.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert is_mounted(mnt), log_path.read_text()[-2000:]
+        shard = sorted(os.listdir(mnt))[0]
+        out = _listing(mnt / shard, ["ls", "-ln"])
+        assert len([line for line in out.splitlines() if line.startswith("-r--r--r--")]) == FILES
+        assert atlasfs("umount", str(mnt)).returncode == 0
+        daemon.wait(timeout=30)
+    finally:
+        force_unmount(mnt)
+        if daemon.poll() is None:
+            daemon.kill()
+            daemon.wait()
+    debug = log_path.read_text()
+    assert "opcode: READDIRPLUS" in debug
+    assert debug.count("opcode: LOOKUP") <= 2, debug.count("opcode: LOOKUP")  # the shard folder, at most twice
+
+
+def test_init_settles_the_connection_and_moves_libfuse2_options_there() -> None:
+    """What init writes into libfuse's structures, checked on structures of our own."""
+    from atlasfs.fuse_adapter import (FUSE_CAP_ASYNC_READ, FUSE_CAP_READDIRPLUS, FUSE_CAP_READDIRPLUS_AUTO,
+                                      FuseAdapter, libfuse3)
+
+    fuse = libfuse3()
+    started: list[bool] = []
+    adapter = FuseAdapter(LoggingTree(1, 1), lambda: started.append(True))
+    adapter.conn_options = {"max_read": "65536", "max_readahead": "32768", "sync_read": True, "max_background": "20"}
+    every = FUSE_CAP_ASYNC_READ | FUSE_CAP_READDIRPLUS | FUSE_CAP_READDIRPLUS_AUTO
+    conn, config = fuse.fuse_conn_info(capable=every, want=every, max_readahead=131072), fuse.fuse_config()
+    adapter._init(ctypes.pointer(conn), ctypes.pointer(config))
+    assert started == [True]
+    assert config.use_ino == 1
+    assert conn.want == FUSE_CAP_READDIRPLUS  # always READDIRPLUS; sync_read: no async reads
+    assert (conn.max_read, conn.max_readahead, conn.max_background) == (65536, 32768, 20)
+
+
+def test_libfuse2_options_still_mount(tmp_path: Path) -> None:
+    """libfuse 3 refuses these on its command line (and max_read unless init repeats it)."""
+    from atlasfs import AtlasWriter
+
+    with AtlasWriter(tmp_path / "ds", shard_size=4, block_size=2) as writer:
+        for i in range(4):
+            writer.add_example({"bin": bytes([i]) * 300_000})
+    options = "max_read=65536,max_readahead=65536,sync_read,max_background=20,congestion_threshold=10,noforget"
+    with mounted(tmp_path / "ds", "-o", options) as mnt:
+        shard = mnt / sorted(os.listdir(mnt))[0]
+        assert [(shard / name).read_bytes() for name in sorted(os.listdir(shard))] == [
+            bytes([i]) * 300_000 for i in range(4)]
+
+
+def test_known_entries_of_an_atlas_tree(tmp_path: Path) -> None:
+    """An Atlas folder's entries are known once their sizes are: at once when every file is a
+    ``bytes`` field, else each after its first lookup; and they are the entries lookups give."""
+    from atlasfs import AtlasDataset, AtlasWriter
+    from atlasfs.atlas_tree import AtlasTree
+
+    for name, fields in (("raw", lambda i: {"bin": bytes([i]) * (i + 1)}),
+                         ("encoded", lambda i: {"bin": bytes([i]), "txt": f"example {i}"})):
+        with AtlasWriter(tmp_path / name, shard_size=6, block_size=3) as writer:
+            for i in range(6):
+                writer.add_example(fields(i))
+    raw = AtlasTree(AtlasDataset(tmp_path / "raw"))
+    assert raw.known_entries("/") == [entry for _, entry in raw.listdir("/")]
+    names = [name for name, _, _ in raw.names("/0")]
+    assert list(raw.known_entries("/0")) == [raw.lookup(f"/0/{name}") for name in names]
+    assert list(raw.known_entries("/0", 2, 5)) == [raw.lookup(f"/0/{name}") for name in names[2:5]]
+
+    encoded = AtlasTree(AtlasDataset(tmp_path / "encoded"))
+    names = [name for name, _, _ in encoded.names("/0")]
+    assert list(encoded.known_entries("/0")) == [None] * len(names)
+    looked_up = {name: encoded.lookup(f"/0/{name}") for name in names[:3]}
+    assert list(encoded.known_entries("/0")) == [looked_up.get(name) for name in names]
