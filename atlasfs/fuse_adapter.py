@@ -10,8 +10,9 @@ Here each operation is one ctypes callback that calls the tree and fills
 libfuse's buffers directly.
 
 Only the operations implemented are registered: each registered but useless
-operation (``flush``, ``opendir``, ``access``...) costs a kernel round trip
-per file. Every exception becomes an errno here; nothing escapes into C.
+operation (``flush``, ``access``...) costs a kernel round trip per file.
+(``opendir`` and ``releasedir`` come anyway; they hold a folder's listing.)
+Every exception becomes an errno here; nothing escapes into C.
 
 libfuse 2 is not supported: its operations take other arguments, so it would
 need a second set of callbacks.
@@ -21,11 +22,13 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import itertools
 import logging
 import os
 import signal
 import stat
 import threading
+from collections.abc import Sequence
 from types import ModuleType
 from typing import Any, Callable
 
@@ -55,14 +58,14 @@ FUSE_CAP_ASYNC_READ = 1 << 0
 FUSE_CAP_READDIRPLUS = 1 << 13
 FUSE_CAP_READDIRPLUS_AUTO = 1 << 14
 
+#: At most this many folders are remembered as listed with attributes (then
+#: forgotten all at once: their next listings hand attributes out again).
+LISTED_FOLDERS_KEPT = 100_000
 #: The signals that unmount and end the daemon.
 STOP_SIGNALS = (signal.SIGHUP, signal.SIGINT, signal.SIGTERM)
 #: libfuse 2 mount options that libfuse 3 no longer takes on its command line
 #: but as fields of ``fuse_conn_info`` in ``init``: :func:`fuse_main` moves them there.
 CONN_OPTIONS = ("max_readahead", "max_background", "congestion_threshold", "async_read", "sync_read")
-#: Entries handed to libfuse's filler between two calls to the tree: a listing
-#: reply holds a few hundred at most, and each reply is a call from where the last stopped.
-_BATCH = 128
 
 #: The libfuse 3 binding, once loaded.
 _binding: ModuleType | None = None
@@ -87,6 +90,18 @@ def libfuse3() -> ModuleType:
                           f"libfuse 3 (unset FUSE_LIBRARY_PATH/FUSE_LIBRARY_NAME, or point them to libfuse3)")
         _binding = mfusepy
     return _binding
+
+
+class _OpenFolder:
+    """A folder between opendir and releasedir: its listing, and its known entries
+    once a READDIRPLUS asked for them."""
+
+    __slots__ = ("children", "known", "path")
+
+    def __init__(self, path: str, children: Sequence[tuple[str, bool, int]]) -> None:
+        self.path = path
+        self.children = children
+        self.known: Sequence[Entry | None] | None = None
 
 
 def _path(raw: bytes) -> str:
@@ -121,6 +136,9 @@ class FuseAdapter:
         self._handle: int | None = None  # libfuse's ``struct fuse``, known from init on
         self._stopped = False
         self._loop_thread: int | None = None  # the thread in fuse_main
+        self._open_folders: dict[int, _OpenFolder] = {}
+        self._listed_with_attributes: set[str] = set()
+        self._handles = itertools.count(1)
 
     # -- building the operations table
 
@@ -133,8 +151,8 @@ class FuseAdapter:
         ops = fuse.fuse_operations()
         prototypes = {name: prototype for name, prototype, *_ in fuse.fuse_operations._fields_}
         handlers: dict[str, Callable[..., int]] = {
-            "getattr": self.getattr, "readdir": self.readdir, "open": self.open, "read": self.read,
-            "statfs": self.statfs,
+            "getattr": self.getattr, "opendir": self.opendir, "readdir": self.readdir,
+            "releasedir": self.releasedir, "open": self.open, "read": self.read, "statfs": self.statfs,
         }
         for name in _WRITE_OPERATIONS:
             handlers[name] = _read_only
@@ -253,6 +271,21 @@ class FuseAdapter:
             when.tv_sec = sec
             when.tv_nsec = nsec
 
+    def opendir(self, path: bytes, fip: Any) -> int:
+        # The listing is taken once per open folder and kept until releasedir: the
+        # kernel reads a long listing in several replies, each a readdir call, and a
+        # source's names() or known_entries() may cost a pass over the whole folder.
+        tree_path = _path(path)
+        folder = _OpenFolder(tree_path, self.tree.names(tree_path))  # ENOTDIR for a file
+        handle = next(self._handles)
+        self._open_folders[handle] = folder
+        fip.contents.fh = handle
+        return 0
+
+    def releasedir(self, path: bytes, fip: Any) -> int:
+        self._open_folders.pop(fip.contents.fh, None)
+        return 0
+
     def readdir(self, path: bytes, buf: Any, filler: Any, offset: int, fip: Any, flags: int) -> int:
         # Entries are given with their offsets (position + 1), and the kernel asks
         # again from where a reply filled up. (Given with offset 0, libfuse 3.14
@@ -262,32 +295,51 @@ class FuseAdapter:
         # Without READDIRPLUS the kernel takes nothing else, and tree.names spares
         # the source from working out sizes. With it, files whose entries the
         # tree knows cheaply get their attributes here, the others are looked up
-        # later. filler copies the stat it is given (and without the PLUS flag
-        # reads only type and inode number), so one structure serves every entry.
-        tree_path = _path(path)
-        children = self.tree.names(tree_path)
-        plus = bool(flags & FUSE_READDIR_PLUS)
+        # later; each folder's attributes are handed out once. filler copies the
+        # stat it is given (and without the PLUS flag reads only type and inode
+        # number), so one structure serves every entry.
+        folder = self._open_folders.get(fip.contents.fh) if fip else None
+        if folder is None:  # not opened through opendir
+            tree_path = _path(path)
+            folder = _OpenFolder(tree_path, self.tree.names(tree_path))
+        children = folder.children
+        if flags & FUSE_READDIR_PLUS and folder.known is None:
+            folder.known = self._attributes_to_hand_out(folder.path) or ()
+        known = (folder.known or None) if flags & FUSE_READDIR_PLUS else None
         st = self._fuse.c_stat(st_mode=DIR_MODE)
         ref = ctypes.byref(st)
         if offset < 1 and filler(buf, b".", ref, 1, 0):
             return 0
         if offset < 2 and filler(buf, b"..", ref, 2, 0):
             return 0
-        for first in range(max(offset - 2, 0), len(children), _BATCH):
-            batch = children[first:first + _BATCH]
-            known = self.tree.known_entries(tree_path, first, first + len(batch)) if plus else None
-            for i, (name, is_dir, ino) in enumerate(batch):
-                entry = known[i] if known is not None else None
-                if entry is None:
-                    st.st_mode = DIR_MODE if is_dir else FILE_MODE
-                    st.st_ino = ino
-                    fill_flags = 0
-                else:
-                    self._fill(st, entry)
-                    fill_flags = FUSE_FILL_DIR_PLUS
-                if filler(buf, name.encode("utf-8"), ref, first + i + 3, fill_flags):
-                    return 0
+        for i in range(max(offset - 2, 0), len(children)):
+            entry = known[i] if known is not None else None
+            if entry is None:
+                name, is_dir, ino = children[i]
+                st.st_mode = DIR_MODE if is_dir else FILE_MODE
+                st.st_ino = ino
+                fill_flags = 0
+            else:
+                name = children[i][0]
+                self._fill(st, entry)
+                fill_flags = FUSE_FILL_DIR_PLUS
+            if filler(buf, name.encode("utf-8"), ref, i + 3, fill_flags):
+                return 0
         return 0
+
+    def _attributes_to_hand_out(self, path: str) -> Sequence[Entry | None] | None:
+        """The known entries of the folder ``path`` the first time it is listed with
+        some: later listings find them in the kernel's caches (the tree never changes),
+        and handing them out again costs a third of a warm tar of small files.
+        (Should the kernel have dropped them, its lookups bring them back.)"""
+        if path in self._listed_with_attributes:
+            return None
+        known = self.tree.known_entries(path)
+        if any(entry is not None for entry in known):
+            if len(self._listed_with_attributes) >= LISTED_FOLDERS_KEPT:
+                self._listed_with_attributes.clear()
+            self._listed_with_attributes.add(path)
+        return known
 
     def open(self, path: bytes, fip: Any) -> int:
         # ENOSYS tells the kernel (Linux >= 3.16 with FUSE 7.23) that this file system

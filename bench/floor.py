@@ -2,10 +2,10 @@
 """The floor under atlasfs: how fast can *any* tree served by our FUSE adapter be?
 
 Mounts a trivial in-memory tree (N files of SIZE bytes, every lookup a dict hit, every read
-a slice of one constant) with atlasfs's own adapter and mount options, and the same files
-materialized on tmpfs, then times ``tar cf - -C <folder> . | wc -c`` on each (cold: a fresh
-mount; then warm: a second pass). What the adapter, libfuse 3 and the kernel cost per file,
-with no decoding at all, bounds what atlasfs can reach on small files.
+a slice of one constant) with atlasfs's own ``serve`` (adapter, mount options, read-ahead),
+and the same files materialized on tmpfs, then times ``tar cf - -C <folder> . | wc -c`` on
+each (cold: a fresh mount; then warm: a second pass). What the adapter, libfuse 3 and the
+kernel cost per file, with no decoding at all, bounds what atlasfs can reach on small files.
 
     python bench/floor.py                 # 24,000 files of 1 KiB, 3 repeats
     python bench/floor.py --files 4500 --size 102400
@@ -20,7 +20,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 
 if __package__ in (None, ""):
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -33,9 +32,8 @@ _SERVE = """
 import sys
 sys.path.insert(0, {repo!r})
 from bench.floor import ConstantTree
-from atlasfs.fuse_adapter import FuseAdapter, fuse_main
-from atlasfs.mount import MountOptions, fuse_options
-fuse_main(FuseAdapter(ConstantTree({files}, {size})), {mnt!r}, fuse_options(MountOptions(), "floor"))
+from atlasfs.mount import MountOptions, serve
+serve(ConstantTree({files}, {size}), {mnt!r}, MountOptions(foreground=True), "floor", lambda: print("ready", flush=True))
 """
 
 
@@ -85,13 +83,11 @@ def main() -> int:
             results["tmpfs"].append(tar_all(View("tmpfs", plain, {"d": plain}), ["d"]).seconds)
             mnt = tempfile.mkdtemp(prefix="mnt-", dir=work)
             code = _SERVE.format(repo=repo, files=args.files, size=args.size, mnt=mnt)
-            daemon = subprocess.Popen([sys.executable, "-c", code])
+            daemon = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
             try:
-                deadline = time.monotonic() + 30
-                while not is_mounted(mnt):
-                    if daemon.poll() is not None or time.monotonic() > deadline:
-                        raise SystemExit("floor: the mount did not come up")
-                    time.sleep(0.02)
+                # "ready" once the mount answers and its read-ahead is set, as atlasfs mount waits for
+                if daemon.stdout is None or daemon.stdout.readline().strip() != "ready" or not is_mounted(mnt):
+                    raise SystemExit("floor: the mount did not come up")
                 view = View("floor", mnt, {"d": os.path.join(mnt, "d")})
                 results["adapter cold"].append(tar_all(view, ["d"]).seconds)
                 results["adapter warm"].append(tar_all(view, ["d"]).seconds)

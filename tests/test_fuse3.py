@@ -177,7 +177,19 @@ def test_listing_with_attributes_looks_up_no_file(command: list[str]) -> None:
     assert out.count(str(FILE_SIZE)) >= FILES
     assert tree.file_lookups() == 0
     calls = tree.log["calls"]
-    assert calls["known_entries /d"] >= 1 and calls["names /d"] >= 2  # more than one reply: all of them PLUS
+    # one listing for the open folder, however many replies the kernel reads it in
+    assert calls["names /d"] == calls["known_entries /d"] == 1
+
+
+def test_a_folder_hands_out_its_attributes_once() -> None:
+    """The kernel keeps what a listing gave it (the tree never changes): a second ls -l
+    asks the daemon neither for attributes nor for lookups."""
+    with served(known=True) as tree:
+        first = _listing(tree.mountpoint, ["ls", "-ln", "d"])
+        assert _listing(tree.mountpoint, ["ls", "-ln", "d"]) == first
+    calls = tree.log["calls"]
+    assert calls["names /d"] == 2 and calls["known_entries /d"] == 1
+    assert tree.file_lookups() == 0
 
 
 def test_entries_the_tree_does_not_know_are_looked_up() -> None:
