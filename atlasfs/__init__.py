@@ -3,7 +3,9 @@
 from .dataset import AtlasDataset, Shard
 from .errors import AtlasFormatError, UnsafePickleError
 from .meta import CompressionStrategy
+from .wids_in_place import wids_in_place
 from .writer import AtlasWriter
 
-__all__ = ["AtlasDataset", "AtlasFormatError", "AtlasWriter", "CompressionStrategy", "Shard", "UnsafePickleError"]
+__all__ = ["AtlasDataset", "AtlasFormatError", "AtlasWriter", "CompressionStrategy", "Shard", "UnsafePickleError",
+           "wids_in_place"]
 __version__ = "0.1.0"

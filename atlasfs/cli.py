@@ -81,6 +81,8 @@ def cmd_mount(args: argparse.Namespace) -> int:
         options.log_file = args.log_file
     if args.index_dir is not None:
         options.index_dir = args.index_dir
+    if args.view is not None:
+        options.set_view(args.view)
     return mount(args.dataset, args.mountpoint, options)
 
 
@@ -218,7 +220,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-f", "--foreground", action="store_true",
                    help="stay in the foreground until unmounted or signalled (for systemd: Type=notify)")
     p.add_argument("-o", dest="options", action="append", default=[], metavar="OPT[,OPT...]",
-                   help="mount options: cache_size=SIZE, allow_other, trust_pickle, log_file=PATH, index_dir=DIR, nothreads, "
+                   help="mount options: cache_size=SIZE, view=files|tars|both, allow_other, trust_pickle, log_file=PATH, "
+                        "index_dir=DIR, nothreads, "
                         "debug, and libfuse options such as default_permissions or max_read=N; "
                         "fstab-only options (nofail, noauto, x-systemd.*...) are ignored")
     p.add_argument("--cache-size", type=_size, metavar="SIZE",
@@ -226,6 +229,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--allow-other", action="store_true", help="let other users read the mount")
     p.add_argument("--log-file", metavar="PATH",
                    help="append the daemon's log here (default: stderr with -f, else syslog)")
+    p.add_argument("--view", choices=("files", "tars", "both"),
+                   help="what to show: the files of every sample, one folder per shard (files, the default); "
+                        "each shard as one seekable <shard>.tar with a wids index shards.json (tars); or both")
     index_dir(p, "read file tables from DIR first and store new ones there (default: stored in the "
                  "user's cache, ~/.cache/atlasfs; tables written by 'atlasfs index' beside the dataset are read too)")
     trust(p)

@@ -30,6 +30,7 @@ from .fuse_adapter import FuseAdapter, fuse_main, libfuse3
 from .sdnotify import notify
 from .sizes import parse_size
 from .tablestore import TableStore
+from .tarview import TarView
 from .tree import Tree
 
 log = logging.getLogger("atlasfs")
@@ -64,6 +65,11 @@ _FUSE_OPTIONS = {
 }
 
 
+#: What a mount can show: the files of every sample (``files``), each shard as one
+#: tar file with a wids index (``tars``), or both side by side.
+VIEWS = ("files", "tars", "both")
+
+
 class MountError(Exception):
     """A reason not to mount, for the user (one line)."""
 
@@ -79,8 +85,9 @@ class MountOptions:
     debug: bool = False
     threads: bool = True
     log_file: str | None = None
-    fuse_options: dict[str, str | bool] = field(default_factory=dict)
     index_dir: str | None = None
+    view: str = "files"
+    fuse_options: dict[str, str | bool] = field(default_factory=dict)
 
     def describe(self) -> str:
         """The settings that matter, for the log."""
@@ -89,6 +96,12 @@ class MountOptions:
         flags += [name for name in ("allow_other", "trust_pickle") if getattr(self, name)]
         flags += [k if v is True else f"{k}={v}" for k, v in self.fuse_options.items()]
         return ", ".join(flags)
+
+    def set_view(self, view: str) -> None:
+        """Choose what the mount shows: ``files``, ``tars`` or ``both``."""
+        if view not in VIEWS:
+            raise MountError(f"unknown view {view!r} (choose one of: {', '.join(VIEWS)})")
+        self.view = view
 
     def apply(self, option_text: str) -> None:
         """Apply a ``-o`` argument (comma-separated, as FUSE tools take them)."""
@@ -105,9 +118,11 @@ class MountOptions:
                     raise MountError(f"-o cache_size: {exc}") from None
             elif name == "log_file" and has_value:
                 self.log_file = value
-            elif name in ("trust_pickle", "allow_other", "debug") and not has_value:
             elif name == "index_dir" and has_value:
                 self.index_dir = value
+            elif name == "view" and has_value:
+                self.set_view(value)
+            elif name in ("trust_pickle", "allow_other", "debug") and not has_value:
                 setattr(self, name, True)
             elif name == "nothreads" and not has_value:
                 self.threads = False
@@ -261,7 +276,7 @@ def fuse_options(options: MountOptions, fsname: str) -> dict[str, str | bool | i
     return fuse_kwargs
 
 
-def open_tree(dataset_path: str, options: MountOptions) -> AtlasTree:
+def open_tree(dataset_path: str, options: MountOptions) -> Tree:
     """Open the dataset for mounting; :class:`MountError` if it is invalid."""
     try:
         # The tree caches encoded blocks itself; the index is read into memory
@@ -274,7 +289,10 @@ def open_tree(dataset_path: str, options: MountOptions) -> AtlasTree:
         if isinstance(shard, BrokenShard):
             log.error("%s (the folder %s fails with EIO)", shard.error, shard.name)
     store = TableStore(dataset_path, index_dir=options.index_dir)
-    return AtlasTree(dataset, cache_bytes=options.cache_bytes, store=store)
+    tree = AtlasTree(dataset, cache_bytes=options.cache_bytes, store=store)
+    if options.view == "files":
+        return tree
+    return TarView(tree, folders=options.view == "both")
 
 
 def mount(dataset_path: str, mountpoint: str, options: MountOptions) -> int:

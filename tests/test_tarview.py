@@ -1,0 +1,202 @@
+"""The tar view: each shard as a seekable <shard>.tar equal to `atlasfs export`'s, and a wids
+index; any byte range reads only the blocks under it. Real mounts at the end."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+import tarfile
+import threading
+import types
+from pathlib import Path
+
+import pytest
+import webdataset as wds
+
+from atlasfs import AtlasDataset, AtlasWriter
+from atlasfs.atlas_tree import AtlasTree
+from atlasfs.tablestore import TableStore
+from atlasfs.tarview import TarLayout, TarView
+from fusemount import atlasfs, mounted
+from helpers import REFERENCE, expected_examples, reference_names
+
+
+def _dataset(path: Path, examples: int = 120, plain_keys: bool = False) -> Path:
+    rng = random.Random(7)
+    keys = [f"k{i:04d}" for i in range(examples)]
+    rng.shuffle(keys)  # written shuffled: the view keeps that order
+    if not plain_keys:  # names that need a pax header: too long, not ASCII
+        keys[3], keys[8] = "x" * 120, "ünï/" + keys[8]
+    with AtlasWriter(path, shard_size=50, block_size=6, compression_strategy=1) as writer:
+        for i, key in enumerate(keys):
+            writer.add_example({"__key__": key,
+                                "jpg": rng.randbytes(rng.randrange(1, 3000)), "cls": i,
+                                "json": {"i": i}})
+    return path
+
+
+def _export(dataset: Path, out: Path) -> None:
+    result = atlasfs("export", str(dataset), str(out))
+    assert result.returncode == 0, result.stderr
+
+
+def test_every_byte_range_equals_export(tmp_path: Path) -> None:
+    dataset = _dataset(tmp_path / "ds")
+    _export(dataset, tmp_path / "out")
+    view = TarView(AtlasTree(AtlasDataset(dataset)))
+    assert [name for name, _, _ in view.names("/")] == ["0.tar", "1.tar", "2.tar", "shards.json"]
+    rng = random.Random(1)
+    for shard in ("0", "1", "2"):
+        expected = (tmp_path / "out" / f"{shard}.tar").read_bytes()
+        entry = view.lookup(f"/{shard}.tar")
+        assert entry.size == len(expected)
+        assert view.read(entry, 0, entry.size + 100) == expected
+        for _ in range(300):
+            offset = rng.randrange(entry.size + 10)
+            size = rng.choice([1, 511, 512, 4096, 70000])
+            assert view.read(entry, offset, size) == expected[offset:offset + size]
+    index = view.read(view.lookup("/shards.json"), 0, 1 << 20)
+    assert index == (tmp_path / "out" / "shards.json").read_bytes()
+    assert json.loads(index)["shardlist"] == [{"url": "0.tar", "nsamples": 50}, {"url": "1.tar", "nsamples": 50},
+                                              {"url": "2.tar", "nsamples": 20}]
+
+
+def test_a_random_read_decodes_only_the_blocks_under_it(tmp_path: Path) -> None:
+    dataset = _dataset(tmp_path / "ds")
+    AtlasTree(AtlasDataset(dataset), cache_bytes=0, store=TableStore(str(dataset))).table(0, sizes=True)
+    tree = AtlasTree(AtlasDataset(dataset), store=TableStore(str(dataset)))
+    tree.readahead = None  # only what the reads need (read-ahead serves readers going in order)
+    view = TarView(tree)
+    entry = view.lookup("/0.tar")  # its size: from the stored table, nothing decoded
+    assert tree.cache.misses == 0
+    layout: TarLayout = entry.ref
+    expected: set[int] = set()
+    for offset in (700, 40_000, int(layout.starts[-1]) - 5000):
+        view.read(entry, offset, 4096)
+        for i in range(len(layout)):  # the blocks of the members whose bytes the range touches
+            data = int(layout.starts[i]) + len(layout.header(i))
+            if data < offset + 4096 and offset < data + int(layout.sizes[i]):
+                expected.add(tree.lookup(f"/0/{layout.name(i)}").ref.block)
+        assert {block for _, block in tree.cache._items} == expected
+    assert 1 < len(expected) < 9
+    end = int(layout.starts[-1])  # the end blocks and record padding: zeros, nothing decoded
+    assert view.read(entry, end, entry.size) == bytes(entry.size - end) and len(tree.cache) == len(expected)
+
+
+@pytest.mark.parametrize("name", reference_names())
+def test_every_reference_fixture_tar_equals_export_and_reads_back(tmp_path: Path, name: str) -> None:
+    dataset = REFERENCE / name / "dataset"
+    _export(dataset, tmp_path / "out")
+    view = TarView(AtlasTree(AtlasDataset(dataset)))
+    total = 0
+    for shard in AtlasDataset(dataset).shards:
+        expected = (tmp_path / "out" / f"{shard.name}.tar").read_bytes()
+        entry = view.lookup(f"/{shard.name}.tar")
+        assert view.read(entry, 0, entry.size) == expected
+        with tarfile.open(tmp_path / "out" / f"{shard.name}.tar") as archive:
+            assert all(m.isreg() and not m.name.startswith("./") for m in archive.getmembers())
+        total += len(list(wds.WebDataset(str(tmp_path / "out" / f"{shard.name}.tar"), shardshuffle=False,
+                                         empty_check=False)))
+    assert total == len(expected_examples(name))
+
+
+# ---------------------------------------------------------------- through a real mount
+
+
+def test_the_tar_view_through_a_mount(tmp_path: Path) -> None:
+    dataset = _dataset(tmp_path / "ds")
+    _export(dataset, tmp_path / "out")
+    with mounted(dataset, "--view", "tars") as mnt:
+        assert sorted(os.listdir(mnt)) == ["0.tar", "1.tar", "2.tar", "shards.json"]
+        for shard in ("0", "1", "2"):
+            assert subprocess.run(["cmp", str(mnt / f"{shard}.tar"), str(tmp_path / "out" / f"{shard}.tar")]).returncode == 0
+            listed = subprocess.run(["tar", "tf", str(mnt / f"{shard}.tar")], capture_output=True, text=True, check=True)
+            exported = subprocess.run(["tar", "tf", str(tmp_path / "out" / f"{shard}.tar")], capture_output=True,
+                                      text=True, check=True)
+            assert listed.stdout == exported.stdout
+        expected = (tmp_path / "out" / "1.tar").read_bytes()
+        tail = subprocess.run(["tail", "-c", "5000", str(mnt / "1.tar")], capture_output=True, check=True).stdout
+        assert tail == expected[-5000:]
+        part = subprocess.run(["dd", f"if={mnt / '1.tar'}", "bs=512", "skip=7", "count=9", "status=none"],
+                              capture_output=True, check=True).stdout
+        assert part == expected[7 * 512:16 * 512]
+        samples = list(wds.WebDataset(str(mnt / "{0..2}.tar"), shardshuffle=False).decode())
+        assert [s["cls"] for s in samples] == list(range(120))
+        assert not any(s["__key__"].startswith("./") for s in samples)
+
+        errors: list[str] = []
+
+        def reader(seed: int) -> None:
+            rng = random.Random(seed)
+            fd = os.open(mnt / "1.tar", os.O_RDONLY)
+            try:
+                for _ in range(200):
+                    offset = rng.randrange(len(expected))
+                    size = rng.choice([1, 4096, 65536])
+                    if os.pread(fd, size, offset) != expected[offset:offset + size]:
+                        errors.append(f"{offset}+{size}")
+            finally:
+                os.close(fd)
+
+        threads = [threading.Thread(target=reader, args=(seed,)) for seed in range(8)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert errors == []
+
+
+def test_view_both_shows_folders_and_tars(tmp_path: Path) -> None:
+    dataset = _dataset(tmp_path / "ds", examples=60)
+    with mounted(dataset, "-o", "view=both") as mnt:
+        assert sorted(os.listdir(mnt)) == ["0", "0.tar", "1", "1.tar", "shards.json"]
+        assert sum(len(files) for _, _, files in os.walk(mnt / "0")) == 150
+        with tarfile.open(mnt / "0.tar") as archive:
+            assert archive.getnames()[:3] == [n for n in os.listdir(mnt / "0")][:3]
+
+
+#: wids imports torch at import time; these tests give it a minimal stand-in for the two
+#: modules it imports (torch.distributed, torch.utils.data) rather than install torch.
+_TORCH_STANDIN = '''
+import sys, types
+torch = types.ModuleType("torch")
+distributed = types.ModuleType("torch.distributed")
+distributed.is_initialized = lambda: False
+utils = types.ModuleType("torch.utils")
+data = types.ModuleType("torch.utils.data")
+from typing import Generic, TypeVar
+T = TypeVar("T")
+class Dataset(Generic[T]): pass
+class Sampler(Generic[T]):
+    def __init__(self, *args, **kwargs): pass
+data.Dataset, data.Sampler = Dataset, Sampler
+torch.distributed, torch.utils, utils.data = distributed, utils, data
+sys.modules.update({"torch": torch, "torch.distributed": distributed, "torch.utils": utils, "torch.utils.data": data})
+'''
+
+
+def test_wids_reads_every_sample_by_index_through_the_mount(tmp_path: Path) -> None:
+    # wids reads member names from the ustar header only (docs/layout.md): keys that fit it
+    dataset = _dataset(tmp_path / "ds", plain_keys=True)
+    script = _TORCH_STANDIN + f'''
+import os
+import wids
+from atlasfs import wids_in_place
+copied = wids.ShardListDataset(sys.argv[1], transformations=[], cache_dir={str(tmp_path / "copies")!r})
+linked = wids.ShardListDataset(sys.argv[1], transformations=[], localname=wids_in_place({str(tmp_path / "links")!r}))
+for ds in (copied, linked):
+    assert len(ds) == 120, len(ds)
+    for i in range(len(ds)):
+        sample = ds[i]
+        assert int(sample[".cls"].read()) == i, (i, sample["__key__"])
+links = os.listdir({str(tmp_path / "links")!r})
+assert len(links) == 3 and all(os.path.islink(os.path.join({str(tmp_path / "links")!r}, l)) for l in links), links
+print("ok", len(ds))
+'''
+    with mounted(dataset, "--view", "tars") as mnt:
+        result = subprocess.run([sys.executable, "-c", script, str(mnt / "shards.json")], capture_output=True,
+                                text=True, timeout=120)
+    assert result.returncode == 0 and "ok 120" in result.stdout, result.stderr[-3000:]
