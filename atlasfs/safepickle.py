@@ -272,7 +272,15 @@ class _RestrictedUnpickler(pickle.Unpickler):
 
     def load(self) -> Any:
         self._pending = False
-        value = super().load()
+        try:
+            value = super().load()
+        finally:
+            # The resolved globals are bound methods and closures of this unpickler,
+            # a reference cycle through its memo (every object of the block) and its
+            # input (the whole pickle). Left to the cycle collector, which the daemon
+            # runs seldom, a listing kept every block it decoded (docs/performance.md).
+            self._resolved.clear()
+            self.memo.clear()
         return _replace_pending(value, set()) if self._pending else value
 
     def _resolve(self, module: str, name: str) -> Any:

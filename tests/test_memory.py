@@ -1,0 +1,109 @@
+"""Memory a mount keeps: decoded blocks within the cache bound, nothing per file beyond the tables.
+
+These count live objects, not RSS (RSS depends on the allocator and on what else ran in the
+process; ``bench/memory.py`` measures it on a real mount). The daemon runs the cycle collector
+seldom (``mount.GC_THRESHOLDS``), so anything decoded that ends up in a reference cycle stays in
+memory long after its block left the cache: the tests run with the collector off to see it.
+"""
+
+from __future__ import annotations
+
+import gc
+import random
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from atlasfs import AtlasDataset, AtlasWriter
+from atlasfs.atlas_tree import AtlasTree, Block
+
+SHARDS = 6
+PER_SHARD = 160
+BLOCK = 16
+#: The field every test example carries (metadata: not shown as a file), to count them alive.
+MARKER = "__memory_test__"
+
+
+def _write(path: Path, strategy: int = 2) -> None:
+    rng = np.random.default_rng(11)
+    words = ["alpha", "beta", "gamma", "delta", "epsilon"]
+    with AtlasWriter(path, shard_size=PER_SHARD, block_size=BLOCK, compression_strategy=strategy) as writer:
+        for i in range(SHARDS * PER_SHARD):
+            writer.add_example({MARKER: i, "npy": rng.random(256), "txt": " ".join(random.Random(i).choices(words, k=300)),
+                                "json": {"i": i, "score": float(rng.random())}})
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("memory") / "ds"
+    _write(path)
+    return path
+
+
+@contextmanager
+def _collector_off() -> Iterator[None]:
+    """No cycle collection inside: what a cycle keeps stays countable."""
+    gc.collect()
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _live() -> tuple[int, int]:
+    """(Block objects, decoded test examples) alive now, garbage awaiting collection included."""
+    blocks = examples = 0
+    for obj in gc.get_objects():
+        kind = type(obj)
+        if kind is Block:
+            blocks += 1
+        elif kind is dict and MARKER in obj:
+            examples += 1
+    return blocks, examples
+
+
+def _capacity(tree: AtlasTree) -> int:
+    """Blocks the cache bound can hold at most (the cheapest block's decoded size), plus one being decoded."""
+    smallest = min(shard.decode_block(b)[1] for shard in tree.dataset.shards for b in range(shard.num_blocks))
+    return tree.cache.max_bytes // smallest + 1
+
+
+def test_listing_every_shard_keeps_no_decoded_block_beyond_the_cache_bound(dataset: Path) -> None:
+    tree = AtlasTree(AtlasDataset(dataset), cache_bytes=96 << 10)  # a few blocks of a dataset ~30x larger
+    capacity = _capacity(tree)
+    assert capacity * 8 < SHARDS * PER_SHARD // BLOCK  # the dataset is far larger than the cache
+    with _collector_off():
+        for shard in tree.dataset.shards:
+            assert len(tree.names(f"/{shard.name}")) == PER_SHARD * 3
+        blocks, examples = _live()
+    assert blocks <= capacity and examples <= capacity * BLOCK, (blocks, examples, capacity)
+
+
+def test_reading_every_file_from_threads_keeps_no_decoded_block_beyond_the_cache_bound(dataset: Path) -> None:
+    tree = AtlasTree(AtlasDataset(dataset), cache_bytes=96 << 10)
+    capacity = _capacity(tree)
+    paths = [f"/{shard.name}/{name}" for shard in tree.dataset.shards for name, _, _ in tree.names(f"/{shard.name}")]
+    threads = 4
+
+    def read(k: int) -> None:
+        for path in paths[k::threads]:
+            entry = tree.lookup(path)
+            tree.read(entry, 0, entry.size)
+
+    with _collector_off():
+        workers = [threading.Thread(target=read, args=(k,)) for k in range(threads)]
+        for worker in workers:
+            worker.start()
+        for worker in workers:
+            worker.join()
+        assert tree.readahead is not None
+        blocks, examples = _live()
+    # threads may each hold one block they are reading beside what the cache holds
+    assert blocks <= capacity + threads and examples <= (capacity + threads) * BLOCK, (blocks, examples, capacity)
