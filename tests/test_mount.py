@@ -45,7 +45,19 @@ def test_find_lists_exactly_the_contract_names_and_sizes(fixture_mount: tuple[st
     assert shards == sorted(contract(name))
 
 
-def test_ls_lR_shows_modes_sizes_and_byte_sorted_order(fixture_mount: tuple[str, Path]) -> None:
+def _children_in_order(paths: list[str], folder: str) -> list[str]:
+    """The samples and sub-folders directly in ``folder`` in order of first appearance among
+    ``paths`` (in example order); a sample is its key's last part, the name up to its first dot."""
+    prefix = f"{folder}/" if folder else ""
+    seen: dict[str, None] = {}
+    for path in paths:
+        if path.startswith(prefix):
+            first, slash, _ = path[len(prefix):].partition("/")
+            seen[first if slash else first.split(".")[0]] = None
+    return list(seen)
+
+
+def test_ls_lR_shows_modes_sizes_and_example_order(fixture_mount: tuple[str, Path]) -> None:
     name, mnt = fixture_mount
     listing = subprocess.run(["ls", "-lRn", "--time-style=+%s"], cwd=mnt, capture_output=True, text=True,
                              check=True, env={**os.environ, "LC_ALL": "C"}).stdout
@@ -54,9 +66,17 @@ def test_ls_lR_shows_modes_sizes_and_byte_sorted_order(fixture_mount: tuple[str,
             assert line.startswith("-r--r--r-- 1 "), line
         elif line.startswith("d"):
             assert line.startswith("dr-xr-xr-x 1 "), line
-    for folder, dirs, files in os.walk(mnt):
-        names = os.listdir(folder)
-        assert names == sorted(names, key=lambda n: n.encode()), folder
+    for shard, files in contract(name).items():
+        for folder, _, _ in os.walk(mnt / shard):
+            inside = "" if folder == str(mnt / shard) else os.path.relpath(folder, mnt / shard)
+            names = os.listdir(folder)  # readdir order
+            samples = [n if os.path.isdir(os.path.join(folder, n)) else n.split(".")[0] for n in names]
+            assert list(dict.fromkeys(samples)) == _children_in_order(list(files), inside), folder
+            for sample in set(samples):  # a sample's files adjacent, by suffix bytes
+                own = [n for n in names if n.split(".")[0] == sample and not os.path.isdir(os.path.join(folder, n))]
+                at = [i for i, n in enumerate(names) if n in own]
+                assert at == list(range(at[0], at[0] + len(at))) if at else True
+                assert own == sorted(own, key=lambda n: n.encode()), folder
 
 
 def test_listings_and_stat_agree_on_inode_numbers(fixture_mount: tuple[str, Path]) -> None:
