@@ -1,0 +1,1 @@
+"""The formats atlasfs shows, one module (or package) each, beside each other."""
