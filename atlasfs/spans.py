@@ -16,7 +16,7 @@ bytes there equal the file's real encoding (:func:`atlasfs.naming.encode_as`).
 :func:`read_span` then serves the file from the block's stored bytes alone:
 strategy 0 needs just a ``pread`` of the run; a zstd frame is decompressed
 only as far as the end of the run; nothing is unpickled. Every span carries
-the CRC-32 of its run, checked on every read, so that a block that changed
+a checksum of its run (CRC-32), compared on every read, so that a block that changed
 since the span was recorded raises :class:`SpanMismatch` instead of serving
 wrong bytes.
 
@@ -31,7 +31,7 @@ from __future__ import annotations
 import functools
 import os
 import zlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -61,6 +61,11 @@ _BUDGET_SLACK = 1 << 16
 #: from a file: a frame is decompressed (and read) only as far as needed.
 _READ_SIZE = 1 << 17
 _NPY_MAGIC = b"\x93NUMPY"
+#: The checksum of a run, kept with its span and compared on every read: 32 bits.
+#: CRC-32 (zlib, ~2-4 GB/s) is the one the standard library has; a faster hash
+#: (xxhash's XXH3, ~10x) would cut what spans cost to build and read. Tables
+#: must record which one made their checksums.
+run_checksum: Callable[[bytes | memoryview], int] = zlib.crc32
 #: Fixed-width columns of :class:`SpanColumns`.
 NO_SPAN = 0xFFFFFFFF
 MAX_HEADERS = 0xFFFF
@@ -78,12 +83,12 @@ class Span(NamedTuple):
 
     The file is ``header + block[offset:offset + length]``. ``header`` is empty
     except for ``.npy`` files, where it is the ``.npy`` header (the run is the
-    array's data); ``crc`` is ``zlib.crc32`` of the run, checked on every read.
+    array's data); ``checksum`` is :data:`run_checksum` of the run, compared on every read.
     """
 
     offset: int
     length: int
-    crc: int
+    checksum: int
     header: bytes = b""
 
     @property
@@ -188,7 +193,7 @@ class _Search:
         for opcode in _opcodes(kind, len(run), self.protocol):
             offset = self.run_at(opcode, run, start)
             if offset is not None:
-                return Span(offset, len(run), zlib.crc32(run), header)
+                return Span(offset, len(run), run_checksum(run), header)
         return None
 
 
@@ -220,7 +225,7 @@ def find_spans(payload: bytes, fields: Sequence[Sequence[tuple[str, Any]]]) -> l
     # This runs over every file of every block when a table is built, so the usual
     # case (bytes or text under 4 GiB, found where its head first appears) is inlined,
     # and Spans are made without NamedTuple's Python-level __new__.
-    find, startswith, crc32, new, to_bytes = payload.find, payload.startswith, zlib.crc32, tuple.__new__, int.to_bytes
+    find, startswith, checksum, new, to_bytes = payload.find, payload.startswith, run_checksum, tuple.__new__, int.to_bytes
     short_text = protocol >= 4
     known: dict[int, Any] = {}  # id of a value -> its span; the values stay alive meanwhile
     value_kinds = _VALUE_KINDS
@@ -258,7 +263,7 @@ def find_spans(payload: bytes, fields: Sequence[Sequence[tuple[str, Any]]]) -> l
                             search.budget -= len(payload) - start
                             span = None
                         elif n <= _HEAD or startswith(run, at + len(opcode)):
-                            span = new(Span, (at + len(opcode), n, crc32(run), b""))
+                            span = new(Span, (at + len(opcode), n, checksum(run), b""))
                         else:  # only its head is there: search on, counting the cost
                             span = search.span(kind, suffix, value, start)
                 known[id(value)] = span
@@ -308,7 +313,7 @@ def check_run(span: Span, run: bytes, where: str) -> bytes:
     """The file's bytes, ``span.header + run``, if ``run`` is the span's run; raises
     :class:`SpanMismatch` otherwise. Whoever reads a run some other way (a pread of
     a strategy 0 block) must pass it through here."""
-    if len(run) != span.length or zlib.crc32(run) != span.crc:
+    if len(run) != span.length or run_checksum(run) != span.checksum:
         raise SpanMismatch(
             f"{where}: the {span.length} bytes at offset {span.offset} of the decompressed block are not "
             "what the file table recorded (the block changed since, or the table is wrong)")
@@ -381,7 +386,7 @@ class SpanColumns:
     """A table's spans as fixed-width columns, one row per file, for
     :mod:`atlasfs.filetable`: 10 bytes a file, plus each distinct ``.npy`` header once.
 
-    ``offset`` (uint32, :data:`NO_SPAN` where a file has none), ``crc``
+    ``offset`` (uint32, :data:`NO_SPAN` where a file has none), ``checksum``
     (uint32), ``header`` (uint16: 0 for none, else 1 + its index in
     ``headers``). A span's length is not stored: it is the file's size (which
     the table holds) minus its header's. A table whose files have more than
@@ -389,9 +394,9 @@ class SpanColumns:
     spans only for the files whose header came first.
     """
 
-    def __init__(self, offset: np.ndarray, crc: np.ndarray, header: np.ndarray, headers: list[bytes]) -> None:
+    def __init__(self, offset: np.ndarray, checksum: np.ndarray, header: np.ndarray, headers: list[bytes]) -> None:
         self.offset = offset
-        self.crc = crc
+        self.checksum = checksum
         self.header = header
         self.headers = headers
 
@@ -400,7 +405,7 @@ class SpanColumns:
         """Columns for ``spans``, one per table row (None: no span)."""
         n = len(spans)
         offset = np.full(n, NO_SPAN, dtype=np.uint32)
-        crc = np.zeros(n, dtype=np.uint32)
+        checksum = np.zeros(n, dtype=np.uint32)
         header = np.zeros(n, dtype=np.uint16)
         numbers: dict[bytes, int] = {}
         for i, span in enumerate(spans):
@@ -414,8 +419,8 @@ class SpanColumns:
                     number = numbers[span.header] = len(numbers) + 1
                 header[i] = number
             offset[i] = span.offset
-            crc[i] = span.crc
-        return cls(offset, crc, header, list(numbers))
+            checksum[i] = span.checksum
+        return cls(offset, checksum, header, list(numbers))
 
     def __len__(self) -> int:
         return len(self.offset)
@@ -430,11 +435,11 @@ class SpanColumns:
         length = size - len(header)
         if size == UNKNOWN_SIZE or length < 0:  # a size smaller than its header: only if the table lies
             return None
-        return Span(offset, length, self.crc.item(i), header)
+        return Span(offset, length, self.checksum.item(i), header)
 
     def problem(self) -> str | None:
         """Why stored columns are unusable, or None (they come from an untrusted file)."""
-        if not len(self.offset) == len(self.crc) == len(self.header):
+        if not len(self.offset) == len(self.checksum) == len(self.header):
             return "span columns of different lengths"
         if len(self.headers) > MAX_HEADERS or (len(self.header) and int(self.header.max()) > len(self.headers)):
             return "a span header out of range"

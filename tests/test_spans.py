@@ -7,7 +7,6 @@ import os
 import pickle
 import shutil
 import tempfile
-import zlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,7 +22,7 @@ from atlasfs.dataset import Shard
 from atlasfs.meta import CompressionStrategy
 from atlasfs.naming import MAX_NAME_BYTES, encode_as, example_fields, index_key_width
 from atlasfs.spans import (NO_SPAN, BlockReader, Span, SpanColumns, SpanMismatch, check_run, find_spans,
-                           read_span)
+                           read_span, run_checksum)
 from helpers import REFERENCE, reference_names
 
 # ---------------------------------------------------------------- helpers
@@ -73,7 +72,7 @@ def _check_block(payload: bytes, fields: list[list[tuple[str, Any]]],
         for (suffix, value), span in zip(files, found):
             if span is not None:
                 assert span.header + payload[span.offset:span.end] == encode_as(suffix, value), suffix
-                assert span.crc == zlib.crc32(payload[span.offset:span.end])
+                assert span.checksum == run_checksum(payload[span.offset:span.end])
                 assert span.size == len(encode_as(suffix, value))
 
 
@@ -357,7 +356,7 @@ def test_spans_past_the_frame_or_the_block_bound_are_refused(tmp_path: Path) -> 
 
 def test_check_run_verifies_length_and_checksum() -> None:
     run = b"0123456789"
-    span = Span(5, len(run), zlib.crc32(run), b"HDR")
+    span = Span(5, len(run), run_checksum(run), b"HDR")
     assert check_run(span, run, "x") == b"HDR" + run
     for bad in (run[:-1], run + b"!", b"0123456780"):
         with pytest.raises(SpanMismatch):
@@ -385,7 +384,7 @@ def test_columns_round_trip_and_share_headers() -> None:
     assert len(columns.headers) == 2  # one per array shape and dtype, however many files
     assert [columns.span(i, size) for i, size in enumerate(sizes)] == spans
     assert columns.span(0, 2**64 - 1) is None  # a size not known yet
-    assert columns.offset.dtype == columns.crc.dtype == np.uint32 and columns.header.dtype == np.uint16
+    assert columns.offset.dtype == columns.checksum.dtype == np.uint32 and columns.header.dtype == np.uint16
     assert columns.offset[-1] == NO_SPAN
 
 
@@ -399,7 +398,8 @@ def test_columns_keep_spans_up_to_the_header_bound(monkeypatch: pytest.MonkeyPat
 def test_stored_columns_that_lie_are_refused() -> None:
     good = SpanColumns.build([Span(0, 3, 1, b"\x93NUMPYx")])
     assert good.problem() is None
-    assert SpanColumns(good.offset, good.crc, np.array([2], np.uint16), good.headers).problem()
-    assert SpanColumns(good.offset, good.crc, good.header, [b"not npy"]).problem()
-    assert SpanColumns(good.offset, good.crc[:0], good.header, good.headers).problem()
+    assert SpanColumns(good.offset, good.checksum, np.array([2], np.uint16), good.headers).problem()
+    assert SpanColumns(good.offset, good.checksum, good.header, [b"not npy"]).problem()
+    assert SpanColumns(good.offset, good.checksum[:0], good.header, good.headers).problem()
     assert good.span(0, 3) is None  # a size smaller than its header
+
