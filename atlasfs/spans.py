@@ -57,8 +57,8 @@ _HEAD = 48
 #: bound keeps a block full of them from costing one scan per file.
 SCAN_BUDGET = 3
 _BUDGET_SLACK = 1 << 16
-#: ``decompressed block -> compressed block`` read size when reading a span
-#: from a file: a frame is decompressed (and read) only as far as needed.
+#: How many stored bytes the zstd stream reader asks a :class:`BlockReader` for
+#: at a time: a frame is read (and decompressed) only as far as a span needs.
 _READ_SIZE = 1 << 17
 _NPY_MAGIC = b"\x93NUMPY"
 #: The checksum of a run, kept with its span and compared on every read: 32 bits.
