@@ -69,6 +69,9 @@ run_checksum: Callable[[bytes | memoryview], int] = zlib.crc32
 #: Fixed-width columns of :class:`SpanColumns`.
 NO_SPAN = 0xFFFFFFFF
 MAX_HEADERS = 0xFFFF
+#: Bound on the distinct ``.npy`` headers a table keeps (~128 bytes each): arrays of
+#: many shapes (token arrays of every length) would otherwise grow it by 8 MiB.
+MAX_HEADER_BYTES = 1 << 20
 
 _RAW, _TEXT, _NPY = 0, 1, 2
 
@@ -389,9 +392,10 @@ class SpanColumns:
     ``offset`` (uint32, :data:`NO_SPAN` where a file has none), ``checksum``
     (uint32), ``header`` (uint16: 0 for none, else 1 + its index in
     ``headers``). A span's length is not stored: it is the file's size (which
-    the table holds) minus its header's. A table whose files have more than
-    :data:`MAX_HEADERS` distinct headers (arrays of that many shapes) keeps
-    spans only for the files whose header came first.
+    the table holds) minus its header's. A table whose files have more distinct
+    headers than :data:`MAX_HEADERS`, or more than :data:`MAX_HEADER_BYTES` of
+    them (arrays of that many shapes), keeps spans only for the files whose
+    header came first.
     """
 
     def __init__(self, offset: np.ndarray, checksum: np.ndarray, header: np.ndarray, headers: list[bytes]) -> None:
@@ -408,14 +412,16 @@ class SpanColumns:
         checksum = np.zeros(n, dtype=np.uint32)
         header = np.zeros(n, dtype=np.uint16)
         numbers: dict[bytes, int] = {}
+        header_bytes = 0
         for i, span in enumerate(spans):
             if span is None or span.offset >= NO_SPAN:
                 continue
             if span.header:
                 number = numbers.get(span.header)
                 if number is None:
-                    if len(numbers) >= MAX_HEADERS:
+                    if len(numbers) >= MAX_HEADERS or header_bytes + len(span.header) > MAX_HEADER_BYTES:
                         continue
+                    header_bytes += len(span.header)
                     number = numbers[span.header] = len(numbers) + 1
                 header[i] = number
             offset[i] = span.offset
@@ -443,6 +449,8 @@ class SpanColumns:
             return "span columns of different lengths"
         if len(self.headers) > MAX_HEADERS or (len(self.header) and int(self.header.max()) > len(self.headers)):
             return "a span header out of range"
+        if sum(map(len, self.headers)) > MAX_HEADER_BYTES:
+            return "span headers too large"
         if any(not h.startswith(_NPY_MAGIC) for h in self.headers):
             return "a span header that is not a .npy header"
         return None

@@ -395,6 +395,11 @@ def test_columns_keep_spans_up_to_the_header_bound(monkeypatch: pytest.MonkeyPat
     spans = [Span(i, 1, 0, b"\x93NUMPY" + bytes([i])) for i in range(4)] + [Span(9, 1, 0, b"\x93NUMPY\x00")]
     columns = SpanColumns.build(spans)
     assert [columns.span(i, 8) is not None for i in range(5)] == [True, True, False, False, True]
+    monkeypatch.setattr("atlasfs.spans.MAX_HEADERS", 100)
+    monkeypatch.setattr("atlasfs.spans.MAX_HEADER_BYTES", 15)  # room for two 7-byte headers
+    columns = SpanColumns.build(spans)
+    assert [columns.span(i, 8) is not None for i in range(5)] == [True, True, False, False, True]
+    assert columns.problem() is None
 
 
 def test_stored_columns_that_lie_are_refused() -> None:
