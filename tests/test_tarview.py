@@ -3,6 +3,7 @@ index; any byte range reads only the blocks under it. Real mounts at the end."""
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import random
@@ -13,6 +14,7 @@ import threading
 import types
 from pathlib import Path
 
+import numpy as np
 import pytest
 import webdataset as wds
 
@@ -24,7 +26,7 @@ from fusemount import atlasfs, mounted
 from helpers import REFERENCE, expected_examples, reference_names
 
 
-def _dataset(path: Path, examples: int = 120, plain_keys: bool = False) -> Path:
+def _dataset(path: Path, examples: int = 120, plain_keys: bool = False, jpg_bytes: int = 3000) -> Path:
     rng = random.Random(7)
     keys = [f"k{i:04d}" for i in range(examples)]
     rng.shuffle(keys)  # written shuffled: the view keeps that order
@@ -33,7 +35,7 @@ def _dataset(path: Path, examples: int = 120, plain_keys: bool = False) -> Path:
     with AtlasWriter(path, shard_size=50, block_size=6, compression_strategy=1) as writer:
         for i, key in enumerate(keys):
             writer.add_example({"__key__": key,
-                                "jpg": rng.randbytes(rng.randrange(1, 3000)), "cls": i,
+                                "jpg": rng.randbytes(rng.randrange(1, jpg_bytes)), "cls": i,
                                 "json": {"i": i}})
     return path
 
@@ -200,3 +202,88 @@ print("ok", len(ds))
         result = subprocess.run([sys.executable, "-c", script, str(mnt / "shards.json")], capture_output=True,
                                 text=True, timeout=120)
     assert result.returncode == 0 and "ok 120" in result.stdout, result.stderr[-3000:]
+
+
+def test_listing_the_tar_view_from_stored_tables_decodes_nothing(tmp_path: Path) -> None:
+    dataset = _dataset(tmp_path / "ds")
+    atlasfs("index", str(dataset))
+    tree = AtlasTree(AtlasDataset(dataset), store=TableStore(str(dataset)))
+    view = TarView(tree)
+    sizes = {name: view.lookup(f"/{name}").size for name, _, _ in view.names("/")}
+    assert len(sizes) == 4 and all(sizes.values())
+    assert tree.cache.misses == 0
+
+
+def _wids_names_ok(names: list[str]) -> bool:
+    """What wids can read: names kept whole in the ustar name field (docs/layout.md)."""
+    return all(n.isascii() and len(n) <= 100 for n in names)
+
+
+@pytest.mark.parametrize("name", reference_names())
+def test_every_reference_fixture_through_the_tar_view(tmp_path: Path, name: str) -> None:
+    dataset = REFERENCE / name / "dataset"
+    _export(dataset, tmp_path / "out")
+    shards = [s.name for s in AtlasDataset(dataset).shards]
+    with mounted(dataset, "--view", "both") as mnt:
+        assert sorted(os.listdir(mnt)) == sorted([*shards, *[f"{s}.tar" for s in shards], "shards.json"])
+        assert (mnt / "shards.json").read_bytes() == (tmp_path / "out" / "shards.json").read_bytes()
+        names: list[str] = []
+        for shard in shards:
+            tar, exported = mnt / f"{shard}.tar", tmp_path / "out" / f"{shard}.tar"
+            assert subprocess.run(["cmp", str(tar), str(exported)]).returncode == 0, shard
+            listed = subprocess.run(["tar", "tf", str(tar)], capture_output=True, check=True).stdout
+            assert listed == subprocess.run(["tar", "tf", str(exported)], capture_output=True, check=True).stdout
+            with tarfile.open(exported) as archive:
+                names += archive.getnames()
+        urls = f"{mnt}/{{{','.join(shards)}}}.tar" if len(shards) > 1 else f"{mnt}/{shards[0]}.tar"
+        from_mount = list(wds.WebDataset(urls, shardshuffle=False, empty_check=False))
+        from_export = [s for shard in shards for s in wds.WebDataset(
+            str(tmp_path / "out" / f"{shard}.tar"), shardshuffle=False, empty_check=False)]
+        assert [s["__key__"] for s in from_mount] == [s["__key__"] for s in from_export]
+        assert len(from_mount) == len(expected_examples(name))
+        assert not any(s["__key__"].startswith("./") for s in from_mount)
+        if _wids_names_ok(names) and names:
+            script = _TORCH_STANDIN + '''
+import wids
+from atlasfs import wids_in_place
+ds = wids.ShardListDataset(sys.argv[1], transformations=[], localname=wids_in_place(sys.argv[2]))
+print(len(ds), *[ds[i]["__key__"] for i in range(len(ds))])
+'''
+            result = subprocess.run([sys.executable, "-c", script, str(mnt / "shards.json"), str(tmp_path / "links")],
+                                    capture_output=True, text=True, timeout=120)
+            assert result.returncode == 0, result.stderr[-2000:]
+            count, *keys = result.stdout.split()
+            assert int(count) == len(from_export) and keys == [s["__key__"] for s in from_export]
+
+
+def test_a_corrupt_block_fails_only_the_tar_ranges_over_it(tmp_path: Path) -> None:
+    # Big enough files that the kernel's read-ahead (up to 1 MiB) from the ranges read
+    # below stays clear of the broken block: a read fails if any byte it asks for does.
+    dataset = _dataset(tmp_path / "ds", examples=60, jpg_bytes=400_000)
+    _export(dataset, tmp_path / "out")
+    expected = (tmp_path / "out" / "0.tar").read_bytes()
+    atlasfs("index", str(dataset))  # sizes stored: the tar is placed without decoding
+    layout = TarView(AtlasTree(AtlasDataset(dataset), store=TableStore(str(dataset)))).layout("0")
+    data = dataset / "0" / "data.bin"
+    st = data.stat()
+    index = np.load(dataset / "0" / "index.npy")
+    raw = bytearray(data.read_bytes())
+    raw[int(index[3]) + 8:int(index[4]) - 8] = bytes(int(index[4]) - int(index[3]) - 16)  # block 3's frame
+    data.write_bytes(bytes(raw))
+    os.utime(data, ns=(st.st_atime_ns, st.st_mtime_ns))
+    in_block_3 = [i for i in range(len(layout)) if 18 <= i // 3 < 24]  # examples 18-23, three files each
+    first = int(layout.starts[in_block_3[0]])
+    after = int(layout.starts[in_block_3[-1] + 1])
+    assert first > 2 << 20 and layout.size - after > 2 << 20
+    with mounted(dataset, "--view", "tars") as mnt:
+        fd = os.open(mnt / "0.tar", os.O_RDONLY)
+        try:
+            with pytest.raises(OSError) as info:
+                os.pread(fd, 4096, first + 600)
+            assert info.value.errno == errno.EIO
+            assert os.pread(fd, 4096, 0) == expected[:4096]  # before it
+            past = -(-after // 4096) * 4096  # the kernel reads whole pages: the first one wholly after it
+            assert os.pread(fd, 4096, past) == expected[past:past + 4096]
+            assert (mnt / "1.tar").read_bytes() == (tmp_path / "out" / "1.tar").read_bytes()  # and the others
+        finally:
+            os.close(fd)
