@@ -17,6 +17,43 @@ DEFAULT_MAX_BLOCK_BYTES = 1 << 30
 _READ_CHUNK = 1 << 20
 
 
+#: Idle zstd decompression contexts kept for reuse, over every codec and thread of the
+#: process. A new context costs ~4 µs. Kept per thread and per shard (as they were), their
+#: number grew with the shards: 10 threads decoding one block of each of 100 shards added
+#: 8.6 MiB of RSS, against 1.5 MiB with this pool.
+IDLE_CONTEXTS = 4
+
+
+class _ContextPool:
+    """Idle decompression contexts, each bound to its dictionary (None: no dictionary)."""
+
+    def __init__(self, size: int) -> None:
+        self._size = size
+        self._idle: list[tuple[object, zstandard.ZstdDecompressor]] = []
+        self._lock = threading.Lock()
+
+    def take(self, dictionary: object) -> zstandard.ZstdDecompressor | None:
+        """An idle context for ``dictionary``, or None."""
+        with self._lock:
+            for i in range(len(self._idle) - 1, -1, -1):
+                if self._idle[i][0] is dictionary:
+                    return self._idle.pop(i)[1]
+        return None
+
+    def give(self, dictionary: object, dctx: zstandard.ZstdDecompressor) -> None:
+        """Keep ``dctx`` for reuse; the oldest idle context goes if there are too many."""
+        with self._lock:
+            self._idle.append((dictionary, dctx))
+            if len(self._idle) > self._size:
+                del self._idle[0]
+
+    def __len__(self) -> int:
+        return len(self._idle)
+
+
+_IDLE = _ContextPool(IDLE_CONTEXTS)
+
+
 class ZstdDictionary:
     """A zstd dictionary file, read on first use and shared by every reader."""
 
@@ -43,8 +80,9 @@ class ZstdDictionary:
 class BlockCodec:
     """Decompresses and unpickles the blocks of one shard.
 
-    Safe to share between threads: each thread gets its own zstd decompression
-    context, since one context must not be used by two threads at once.
+    Safe to share between threads: a zstd decompression context must not be used
+    by two threads at once, so each decompression takes one from a small pool shared
+    by every codec of the process (:data:`IDLE_CONTEXTS`) and gives it back after.
     """
 
     def __init__(self, strategy: CompressionStrategy, dictionary: ZstdDictionary | None,
@@ -53,20 +91,19 @@ class BlockCodec:
         self.dictionary = dictionary
         self.trust_pickle = trust_pickle
         self.max_block_bytes = max_block_bytes
-        self._local = threading.local()
 
-    def _context(self) -> zstandard.ZstdDecompressor:
-        dctx = getattr(self._local, "dctx", None)
-        if dctx is None:
-            if self.dictionary is None:
-                dctx = zstandard.ZstdDecompressor()
-            else:
-                try:
-                    dctx = zstandard.ZstdDecompressor(dict_data=self.dictionary.get())
-                    dctx.memory_size()  # forces the dictionary to load now, where errors are caught
-                except zstandard.ZstdError as exc:
-                    raise AtlasFormatError(f"{self.dictionary.path}: not a usable zstd dictionary ({exc})") from None
-            self._local.dctx = dctx
+    def _take_context(self) -> zstandard.ZstdDecompressor:
+        """A decompression context for this codec's dictionary: an idle one, or a new one."""
+        dctx = _IDLE.take(self.dictionary)
+        if dctx is not None:
+            return dctx
+        if self.dictionary is None:
+            return zstandard.ZstdDecompressor()
+        try:
+            dctx = zstandard.ZstdDecompressor(dict_data=self.dictionary.get())
+            dctx.memory_size()  # forces the dictionary to load now, where errors are caught
+        except zstandard.ZstdError as exc:
+            raise AtlasFormatError(f"{self.dictionary.path}: not a usable zstd dictionary ({exc})") from None
         return dctx
 
     def check_header(self, raw: bytes, where: str) -> int:
@@ -91,14 +128,17 @@ class BlockCodec:
         if self.strategy == CompressionStrategy.NO_COMPRESSION:
             return raw
         content_size = self.check_header(raw, where)
-        dctx = self._context()
+        dctx = self._take_context()
         try:
             if content_size >= 0:
                 # A block is exactly one frame: bytes after it (or a second frame) are an error.
-                return dctx.decompress(raw, allow_extra_data=False)
-            return self._decompress_unknown_size(dctx, raw, where)
+                payload = dctx.decompress(raw, allow_extra_data=False)
+            else:
+                payload = self._decompress_unknown_size(dctx, raw, where)
         except zstandard.ZstdError as exc:
             raise AtlasFormatError(f"{where}: corrupt zstd frame ({exc})") from None
+        _IDLE.give(self.dictionary, dctx)  # only after a success: a failed one may be mid-frame
+        return payload
 
     def _check_dictionary(self, frame_dict_id: int, where: str) -> None:
         if frame_dict_id == 0:
