@@ -23,9 +23,13 @@ listing fails with EIO.
 from __future__ import annotations
 
 import errno
+import functools
+import itertools
 import logging
+import operator
 import os
 import threading
+from bisect import bisect_left
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from typing import Any, NamedTuple
@@ -44,8 +48,13 @@ from .tree import Entry, Tree, not_found, split_path
 
 log = logging.getLogger("atlasfs")
 
-#: Names kept in the cache of recently listed folders (about 200 bytes each).
-FOLDER_CACHE_NAMES = 100_000
+#: Row numbers kept for the listings of recently listed sub-folders (4 bytes each; a shard
+#: folder without sub-folders is listed from its table as it is and keeps none).
+FOLDER_CACHE_ROWS = 1 << 20
+#: Children a listing handed out makes at once (FUSE's readdir asks for one at a time).
+LISTING_CHUNK = 256
+#: Entries of recently looked up files kept for the reads that follow (each ~350 bytes).
+RECENT_ENTRIES = 4096
 #: Blocks decoded, and their examples encoded, ahead of a reader going through a shard in order...
 READ_AHEAD_BLOCKS = 2
 #: ...once it has used this many blocks in a row (starting at a shard's first block counts as
@@ -75,12 +84,145 @@ class Block:
         self.encoded_bytes = 0  # bytes of the files encoded so far
 
 
-class _Folder(NamedTuple):
-    """A recently listed folder: its listing, and its readable children by name
-    (their entry, or their table row while their size is not known)."""
+def _view(array: np.ndarray, code: str) -> memoryview:
+    """A memoryview of ``array`` with the native format ``code`` (a stored table's arrays
+    say ``=Q``, which memoryviews do not index)."""
+    return memoryview(np.ascontiguousarray(array)).cast("B").cast(code)
 
-    listing: tuple[tuple[str, bool, int], ...]  # a tuple: every caller gets this same one
-    children: dict[str, Entry | int]
+
+class _Listing(Sequence[tuple[str, bool, int]]):
+    """A folder's ``(name, is_dir, ino)`` children, made from its shard's file table when
+    asked, a chunk at a time: a listing keeps no Python object per file, whatever the
+    folder's size. The kernel asks for a folder's listing in replies of a few hundred
+    entries each, and again on every pass of ``tar``, ``find`` or ``ls``; FUSE's readdir
+    then takes the children one at a time, so the chunk around the last one asked for
+    is kept (:data:`LISTING_CHUNK` children) for the next.
+
+    The tree keeps one per recently listed folder and hands out a :meth:`view` of it to
+    each caller, with a chunk of its own; both are immutable sequences (the table's names
+    and kinds never change).
+    """
+
+    __slots__ = ("_base", "_chunk", "_n", "_rows", "_skip", "_table", "shard")
+
+    def __init__(self, table: FileTable, shard: int, rows: np.ndarray | None, skip: int) -> None:
+        self._table = table
+        self.shard = shard
+        self._rows = rows  # the children's table rows; None: every row, in order (a flat shard folder)
+        self._skip = skip  # bytes of the folder's path and slash, before each child's name
+        self._base = _shard_ino(shard) + 1
+        self._n = len(table) if rows is None else len(rows)
+        self._chunk: tuple[int, list[tuple[str, bool, int]]] = (0, [])
+
+    def view(self) -> "_Listing":
+        """The same listing, with a chunk of its own (only the caller's thread fills it)."""
+        other = _Listing.__new__(_Listing)
+        for name in ("_base", "_n", "_rows", "_skip", "_table", "shard"):
+            setattr(other, name, getattr(self, name))
+        other._chunk = (0, [])
+        return other
+
+    def __len__(self) -> int:
+        return self._n
+
+    @property
+    def cost(self) -> int:
+        """What the listing counts against :data:`FOLDER_CACHE_ROWS`."""
+        return 1 + (len(self._rows) if self._rows is not None else 0)
+
+    def rows(self, start: int, stop: int) -> range | list[int]:
+        """The table rows of children ``start:stop`` (within bounds)."""
+        return range(start, stop) if self._rows is None else self._rows[start:stop].tolist()
+
+    def __getitem__(self, index: Any) -> Any:
+        if type(index) is int:  # FUSE's readdir takes one child at a time, in order
+            first, chunk = self._chunk
+            if 0 <= index - first < len(chunk):
+                return chunk[index - first]
+            if 0 <= index < self._n:
+                chunk = self._slice(index, min(index + LISTING_CHUNK, self._n))
+                self._chunk = (index, chunk)
+                return chunk[0]
+        if isinstance(index, slice):
+            start, stop, step = index.indices(self._n)
+            if step != 1:
+                return [self[i] for i in range(start, stop, step)]
+            return self._slice(start, max(start, stop))
+        i = operator.index(index)
+        if not -self._n <= i < self._n:
+            raise IndexError("listing index out of range")
+        return self._slice(i % self._n, i % self._n + 1)[0]
+
+    def _slice(self, start: int, stop: int) -> list[tuple[str, bool, int]]:
+        table = self._table
+        names = table._names  # the table's own blob: one slice and decode per name, nothing kept
+        skip = self._skip
+        if self._rows is None:
+            bounds = table._offsets[start:stop + 1].tolist()
+            starts, ends = bounds[:-1], bounds[1:]
+            rows: range | np.ndarray = range(start, stop)
+        else:
+            rows = self._rows[start:stop]
+            starts, ends = table._offsets[rows].tolist(), table._offsets[rows + 1].tolist()
+        if not starts:
+            return []
+        first, last = starts[0] + skip, ends[-1]
+        text = names[first:last].decode("utf-8")
+        if len(text) == last - first and self._rows is None:  # ASCII: slice the text where the bytes are
+            listed = [text[a - first:b - first] for a, b in zip(starts, ends)]
+        else:
+            listed = [names[a + skip:b].decode("utf-8") for a, b in zip(starts, ends)]
+        # a flat shard folder (no rows of its own) has no sub-folders
+        dirs = itertools.repeat(False) if self._rows is None else (table.kind[rows] == DIR).tolist()
+        base = self._base
+        inos = range(base + start, base + stop) if self._rows is None else [base + row for row in rows.tolist()]
+        return list(zip(listed, dirs, inos))
+
+    def __iter__(self) -> Iterator[tuple[str, bool, int]]:
+        for start in range(0, self._n, LISTING_CHUNK):
+            yield from self._slice(start, min(start + LISTING_CHUNK, self._n))
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Sequence) or isinstance(other, (str, bytes)) or len(other) != self._n:
+            return False
+        return other is self or list(self) == list(other)
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"<listing of {self._n} entries of shard {self.shard}>"
+
+
+class _PathIndex:
+    """A table's rows by the hash of their path, for lookups: a binary search and a
+    comparison, in 12 bytes a file (a dict of paths would hold ~150 bytes of Python
+    objects a file). Hashes are Python's, so the index is built in each process."""
+
+    __slots__ = ("_hashes", "_names", "_offsets", "_rows")
+
+    def __init__(self, table: FileTable) -> None:
+        names = table._names
+        bounds = table._offsets.tolist()
+        hashes = np.fromiter((hash(names[a:b]) for a, b in zip(bounds, bounds[1:])), dtype=np.int64,
+                             count=len(table))
+        order = np.argsort(hashes, kind="stable")
+        # memoryviews: indexed from Python they give ints at C speed (numpy's scalars cost more)
+        self._hashes = _view(hashes[order], "q")
+        self._rows = _view(order.astype(np.uint32), "I")
+        self._names = names
+        self._offsets = _view(table._offsets.astype(np.uint64, copy=False), "Q")
+
+    def find(self, path: bytes) -> int | None:
+        """The row of ``path`` (relative to the shard folder), or None."""
+        wanted = hash(path)
+        hashes = self._hashes
+        j = bisect_left(hashes, wanted)
+        while j < len(hashes) and hashes[j] == wanted:  # more than once only if two paths' hashes collide
+            row = self._rows[j]
+            if self._names[self._offsets[row]:self._offsets[row + 1]] == path:
+                return row
+            j += 1
+        return None
 
 
 class _Unsized:
@@ -88,14 +230,14 @@ class _Unsized:
     still unknown, and the key to store it under once complete (None: not stored)."""
 
     def __init__(self, table: FileTable, blocks: int, key: dict[str, Any] | None) -> None:
-        self._order = np.argsort(table.block, kind="stable")
-        self._bounds = np.searchsorted(table.block[self._order], np.arange(blocks + 1)).tolist()
+        self._order = np.argsort(table.block, kind="stable").astype(np.uint32)  # 4 bytes a file
+        self._bounds = np.searchsorted(table.block[self._order], np.arange(blocks + 1))
         self.left = int(np.count_nonzero(table.size == UNKNOWN_SIZE))
         self.key = key
 
     def rows_of(self, block: int) -> np.ndarray:
         """The table rows of block ``block`` (files of unreadable blocks and folders included)."""
-        return self._order[self._bounds[block]:self._bounds[block + 1]]
+        return self._order[self._bounds.item(block):self._bounds.item(block + 1)].astype(np.intp)
 
 
 class FileRef(NamedTuple):
@@ -111,6 +253,11 @@ def _distinct(values: np.ndarray) -> list[int]:
     """The distinct values, ascending. (np.unique would import numpy.ma on first use:
     10-20 ms of a daemon's first listing.)"""
     return sorted(set(values.tolist()))
+
+
+#: Named tuples made from a tuple of their fields without a Python call (their own __new__ is one).
+_new_ref = functools.partial(tuple.__new__, FileRef)
+_new_entry = functools.partial(tuple.__new__, Entry)
 
 
 def _eio(message: str) -> OSError:
@@ -143,12 +290,17 @@ class AtlasTree(Tree):
         self._failed_lock = threading.Lock()
         # Tables that do not know every size yet.
         self._unsized: dict[int, _Unsized] = {}
-        # Recently listed folders, least recently listed first. The lookups that
-        # follow a listing (tar, find, ls -l) become dict hits, and a second
-        # listing costs nothing. Bounded by the names it holds.
-        self._folders: OrderedDict[tuple[int, str], _Folder] = OrderedDict()
-        self._folder_names = 0
+        # Each looked-into shard's lookup index (built at its first lookup).
+        self._indexes: dict[int, _PathIndex] = {}
+        # Listings of recently listed folders, least recently listed first: the kernel
+        # asks for a big folder in many replies, and tar and find list every folder on
+        # every pass. A flat shard folder's costs nothing; a sub-folder's keeps its rows.
+        self._folders: OrderedDict[tuple[int, str], _Listing] = OrderedDict()
+        self._folder_rows = 0
         self._folders_lock = threading.Lock()
+        # Entries of recently looked-up files: the kernel looks a file up, then reads it
+        # (and each read request names the file again). Emptied when full.
+        self._recent: dict[str, Entry] = {}
         # The last block each shard's readers used, and how many blocks in order led
         # there (see READ_AHEAD_AFTER).
         self._last_block = [(-1, 1)] * len(dataset.shards)
@@ -160,28 +312,54 @@ class AtlasTree(Tree):
     # -- the Tree interface
 
     def lookup(self, path: str) -> Entry:
-        parts = split_path(path)
-        if not parts:
+        entry = self._recent.get(path)
+        if entry is not None:
+            return entry
+        if path.startswith("/") and "//" not in path and not path.endswith("/"):  # as the kernel asks
+            shard, _, rest = path[1:].partition("/")
+        else:
+            parts = split_path(path)
+            shard, rest = (parts[0], "/".join(parts[1:])) if parts else ("", "")
+        if not shard:
             return self._root
-        s = self._shard_by_name.get(parts[0])
+        s = self._shard_by_name.get(shard)
         if s is None:
             raise not_found(path)
-        if len(parts) == 1:
+        if not rest:
             return self._shard_entries[s]
-        listed = self._folders.get((s, "/".join(parts[1:-1])))
-        found = listed.children.get(parts[-1]) if listed is not None else None
-        if type(found) is Entry:
-            return found
-        table = self.table(s)
-        i = table.find("/".join(parts[1:])) if found is None else found
+        table = self._tables.get(s)
+        if table is None:
+            table = self.table(s)
+        try:
+            i = self._index(s, table).find(rest.encode("utf-8"))
+        except UnicodeEncodeError:  # a lone surrogate: no name in a table has one
+            i = None
         if i is None:
             raise not_found(path)
-        if table.kind[i] == UNREADABLE:
-            raise _eio(self._failure(s, int(table.block[i])))
-        entry = self._entries(s, table, [i])[0]
-        if found is not None:
-            listed.children[parts[-1]] = entry  # type: ignore[union-attr]
+        kind = table.kind.item(i)
+        if kind == UNREADABLE:
+            raise _eio(self._failure(s, table.block.item(i)))
+        if kind == FILE:
+            if table.size.item(i) == UNKNOWN_SIZE:
+                self._fill_sizes(s, table, [i])
+            entry = _new_entry((False, table.size.item(i), self._shard_entries[s].mtime, _shard_ino(s) + 1 + i,
+                                _new_ref((s, table.block.item(i), table.pos.item(i), table.file.item(i)))))
+        else:
+            entry = _new_entry((True, 0, self._shard_entries[s].mtime, _shard_ino(s) + 1 + i, None))
+        recent = self._recent
+        if len(recent) >= RECENT_ENTRIES:  # cheaper than keeping an order, and as good for lookup-then-read
+            recent.clear()
+        recent[path] = entry
         return entry
+
+    def _index(self, s: int, table: FileTable) -> _PathIndex:
+        index = self._indexes.get(s)
+        if index is None:
+            with self._table_locks[s]:
+                index = self._indexes.get(s)
+                if index is None:
+                    index = self._indexes[s] = _PathIndex(table)
+        return index
 
     def listdir(self, path: str) -> list[tuple[str, Entry]]:
         parts = split_path(path)
@@ -198,38 +376,53 @@ class AtlasTree(Tree):
             return super().names(path)
         s, folder = self._folder_of(path, parts)
         with self._folders_lock:
-            listed = self._folders.get((s, folder))
-            if listed is not None:  # every pass of tar or find lists every folder again
+            listing = self._folders.get((s, folder))
+            if listing is not None:
                 self._folders.move_to_end((s, folder))
-                return listed.listing
+                return listing.view()
         table = self.table(s)
-        children = table.children(folder)
-        rows = [i for _, i in children]
-        kinds = table.kind[rows].tolist()
-        base = _shard_ino(s) + 1
-        listing = tuple([(name, kind == DIR, base + i) for (name, i), kind in zip(children, kinds)])
-        # Rows whose sizes are known get their entries now, at once (a stored table,
-        # usually); the others when first looked up. Unreadable entries stay out:
-        # their lookups must fail.
-        known = bool(np.all(table.size[rows] != UNKNOWN_SIZE))
-        values: list[Entry] | list[int] = self._entries(s, table, rows) if known else rows
-        readable: dict[str, Entry | int] = {
-            name: value for (name, _), kind, value in zip(children, kinds, values) if kind != UNREADABLE}
-        self._remember_folder(s, folder, _Folder(listing, readable))
-        return listing
+        if not folder and b"/" not in table._names:  # a flat shard folder: its table as it is
+            listing = _Listing(table, s, None, 0)
+        else:
+            rows = np.array([i for _, i in table.children(folder)], dtype=np.uint32)
+            listing = _Listing(table, s, rows, len(folder.encode("utf-8")) + 1 if folder else 0)
+        self._remember_folder(s, folder, listing)
+        return listing.view()
 
     def known_entries(self, path: str, start: int = 0, stop: int | None = None) -> Sequence[Entry | None]:
         parts = split_path(path)
         if not parts:
             return super().known_entries(path, start, stop)
-        listing = self.names(path)[start:stop]
-        # What names() remembered: entries once sizes are known (a stored table, or
-        # files looked up since), table rows before; unreadable files are absent.
-        listed = self._folders.get((self._shard_by_name[parts[0]], "/".join(parts[1:])))
-        if listed is None:  # too big a folder to remember
-            return [None] * len(listing)
-        found = map(listed.children.get, [name for name, _, _ in listing])
-        return [value if type(value) is Entry else None for value in found]
+        listing = self.names(path)
+        assert isinstance(listing, _Listing)
+        start, stop, _ = slice(start, stop).indices(len(listing))
+        rows = listing.rows(start, max(start, stop))
+        if not len(rows):
+            return []
+        # Entries of the rows whose sizes the table knows (a stored table, or files
+        # looked up since); not of unreadable files, whose lookups must fail.
+        s = listing.shard
+        table = self.table(s)
+        index = np.asarray(rows, dtype=np.intp) if not isinstance(rows, range) else slice(rows.start, rows.stop)
+        kinds = table.kind[index]
+        sizes = table.size[index]
+        base = _shard_ino(s) + 1
+        inos = range(base + start, base + stop) if isinstance(rows, range) else [base + r for r in rows]
+        mtime = self._shard_entries[s].mtime
+        blocks, positions, files = (column[index].tolist() for column in (table.block, table.pos, table.file))
+        if not (kinds != FILE).any() and not (sizes == UNKNOWN_SIZE).any():  # files, all sized: at C speed
+            refs = map(_new_ref, zip(itertools.repeat(s), blocks, positions, files))
+            return list(map(_new_entry, zip(itertools.repeat(False), sizes.tolist(), itertools.repeat(mtime), inos,
+                                            refs)))
+        new = tuple.__new__  # a named tuple's own __new__ is a Python call
+        result: list[Entry | None] = []
+        for ino, kind, size, block, pos, file in zip(inos, kinds.tolist(), sizes.tolist(), blocks, positions, files):
+            if kind == FILE:
+                result.append(None if size == UNKNOWN_SIZE else
+                              new(Entry, (False, size, mtime, ino, new(FileRef, (s, block, pos, file)))))
+            else:
+                result.append(new(Entry, (True, 0, mtime, ino, None)) if kind == DIR else None)
+        return result
 
     def _folder_of(self, path: str, parts: list[str]) -> tuple[int, str]:
         """(shard position, folder inside it) of the folder ``path``."""
@@ -237,17 +430,18 @@ class AtlasTree(Tree):
             raise OSError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), path)
         return self._shard_by_name[parts[0]], "/".join(parts[1:])
 
-    def _remember_folder(self, s: int, folder: str, listed: _Folder) -> None:
-        if len(listed.listing) > FOLDER_CACHE_NAMES:
+    def _remember_folder(self, s: int, folder: str, listing: _Listing) -> None:
+        cost = listing.cost
+        if cost > FOLDER_CACHE_ROWS:
             return
         with self._folders_lock:
             old = self._folders.pop((s, folder), None)
-            self._folder_names -= len(old.listing) if old else 0
-            self._folders[(s, folder)] = listed
-            self._folder_names += len(listed.listing)
-            while self._folder_names > FOLDER_CACHE_NAMES:
+            self._folder_rows -= old.cost if old is not None else 0
+            self._folders[(s, folder)] = listing
+            self._folder_rows += cost
+            while self._folder_rows > FOLDER_CACHE_ROWS:
                 _, evicted = self._folders.popitem(last=False)
-                self._folder_names -= len(evicted.listing)
+                self._folder_rows -= evicted.cost
 
     def members(self, path: str) -> Iterator[tuple[str, Entry]]:
         parts = split_path(path)

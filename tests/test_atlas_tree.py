@@ -262,14 +262,20 @@ def test_the_folder_cache_keeps_the_recently_listed_within_its_bound(tmp_path: P
     import atlasfs.atlas_tree as atlas_tree
 
     dataset = tmp_path / "ds"
-    _write(dataset, 300)  # three shards of 300 files
+    with AtlasWriter(dataset, shard_size=300, block_size=16) as writer:
+        for i in range(300):  # three sub-folders of 100 files in one shard
+            writer.add_example({"__key__": f"d{i % 3}/{i:04d}", "cls": i})
     tree = AtlasTree(AtlasDataset(dataset))
-    monkeypatch.setattr(atlas_tree, "FOLDER_CACHE_NAMES", 700)  # room for two shards' listings
-    first = tree.names("/0")
-    tree.names("/1")
-    assert tree.names("/0") is first  # from the cache, and now the most recently listed
-    tree.names("/2")  # pushes out the least recently listed: shard 1
-    assert set(tree._folders) == {(0, ""), (2, "")} and tree._folder_names == 600
-    assert tree.names("/0") is first
+    # a sub-folder's listing keeps its rows (4 bytes each) and counts one more
+    monkeypatch.setattr(atlas_tree, "FOLDER_CACHE_ROWS", 250)  # room for two sub-folders' listings
+    first = tree.names("/0/d0")
+    assert list(first) == [(name, e.is_dir, e.ino) for name, e in tree.listdir("/0/d0")]
+    cached = tree._folders[(0, "d0")]
+    tree.names("/0/d1")
+    assert tree.names("/0/d0") == first  # from the cache, and now the most recently listed
+    tree.names("/0/d2")  # pushes out the least recently listed: d1
+    assert set(tree._folders) == {(0, "d0"), (0, "d2")} and tree._folder_rows == 2 * 101
+    assert tree._folders[(0, "d0")] is cached
     with pytest.raises(TypeError):
         first[0] = ("x", False, 1)  # type: ignore[index]  # shared, so immutable
+    assert first[-1] == first[99] and first[98:200] == list(first)[98:] and first[::50] == list(first)[::50]

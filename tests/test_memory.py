@@ -107,3 +107,34 @@ def test_reading_every_file_from_threads_keeps_no_decoded_block_beyond_the_cache
         blocks, examples = _live()
     # threads may each hold one block they are reading beside what the cache holds
     assert blocks <= capacity + threads and examples <= (capacity + threads) * BLOCK, (blocks, examples, capacity)
+
+
+def test_listings_and_lookups_keep_no_python_object_per_file(dataset: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """What a listing keeps is the shard's file table (numpy arrays and one blob of names) and
+    its lookup index: a pass of ``ls -lR`` or ``find`` over any number of files leaves a number
+    of Python objects that does not grow with them."""
+    import atlasfs.atlas_tree as atlas_tree
+
+    monkeypatch.setattr(atlas_tree, "RECENT_ENTRIES", 64)  # the lookups' memo, bounded
+    tree = AtlasTree(AtlasDataset(dataset), cache_bytes=96 << 10)
+    shards = [f"/{shard.name}" for shard in tree.dataset.shards]
+    for shard in shards:  # tables built, every size learnt: listings then carry entries
+        tree.table(tree._shard_by_name[shard[1:]], sizes=True)
+    tree.cache.clear()
+    gc.collect()
+    before = len(gc.get_objects())
+    files = 0
+    for _ in range(2):  # a listing with attributes (READDIRPLUS), as the kernel asks, then every lookup
+        for shard in shards:
+            listing = tree.names(shard)
+            for start in range(0, len(listing), 128):
+                batch = tree.names(shard)[start:start + 128]
+                assert all(entry is not None for entry in tree.known_entries(shard, start, start + len(batch)))
+            for name, _, _ in listing:
+                tree.lookup(f"{shard}/{name}")
+                files += 1
+    tree.cache.clear()
+    gc.collect()
+    grown = len(gc.get_objects()) - before
+    assert files // 2 == SHARDS * PER_SHARD * 3
+    assert grown < 2 * 64 + 20 * SHARDS, grown  # the memo's entries and refs, a listing object per folder
