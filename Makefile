@@ -24,11 +24,15 @@ test: install
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests" >&2; exit 1; fi; exit $$rc
 
-# The benchmark suite (docs/performance.md): a few minutes on 2 cores; installs ratarmount, the
+# The benchmark suite (docs/performance.md), then the FUSE floor and the tar view in the same run:
+# about a quarter of an hour on 2 cores; installs ratarmount, the
 # peer it compares with, into bench/.venv-ratarmount (never into $(VENV)). Writes bench/results/latest.*
 # Options through BENCH_ARGS, e.g. make bench BENCH_ARGS="--smoke" or BENCH_ARGS="--repeat 5 --datasets image".
 bench: install
 	$(BIN)/python bench/run.py $(BENCH_ARGS)
+	$(BIN)/python bench/floor.py --files 24000 --size 1024 | tee bench/results/floor.txt
+	$(BIN)/python bench/floor.py --files 4500 --size 102400 | tee -a bench/results/floor.txt
+	$(BIN)/python bench/tarview.py | tee bench/results/tarview.md
 
 clean:
 	rm -rf $(VENV) .pytest_cache
