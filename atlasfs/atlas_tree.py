@@ -36,6 +36,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from . import memory
 from .blockcache import BlockCache
 from .dataset import DEFAULT_CACHE_BYTES, AtlasDataset, BrokenShard
 from .errors import AtlasFormatError
@@ -66,6 +67,11 @@ READ_AHEAD_AFTER = 3
 READ_AHEAD_MAX_SHARE = 16
 #: Files whose entries :meth:`AtlasTree.members` makes at once (bounds the blocks it sizes ahead of use).
 MEMBERS_BATCH = 1024
+#: Blocks decoded at once (by the readers' threads and read-ahead together).
+DECODERS = 2
+#: The freed memory is given back to the system once blocks costing half the cache bound,
+#: and at least this much, have been evicted since the last time (and at most twice a second).
+TRIM_AFTER_MIN = 4 << 20
 #: Suffix of the entries standing for examples of a block that cannot be decoded.
 UNREADABLE_SUFFIX = "unreadable"
 
@@ -305,6 +311,13 @@ class AtlasTree(Tree):
         # there (see READ_AHEAD_AFTER).
         self._last_block = [(-1, 1)] * len(dataset.shards)
         self.readahead = ReadAhead(self._read_ahead) if cache_bytes > 0 else None
+        # A block being decoded is not in the cache yet: its compressed bytes, its pickle
+        # and its objects, about three times its size. Every thread of a mount could be
+        # decoding one; this many at once keep both cores busy and bound that memory.
+        self._decoders = threading.BoundedSemaphore(DECODERS)
+        # Evicted bytes when the freed memory was last given back, and how many more call for it.
+        self._trimmed_at = 0
+        self._trim_after = max(TRIM_AFTER_MIN, cache_bytes // 2)
         self._root = Entry(True, 0, os.stat(os.path.join(dataset.root, "meta.json")).st_mtime, 1)
         self._shard_entries = [
             Entry(True, 0, shard.mtime, _shard_ino(s)) for s, shard in enumerate(dataset.shards)]
@@ -512,12 +525,26 @@ class AtlasTree(Tree):
         failed = self._failed.get((s, block))
         if failed is not None:
             raise _eio(failed)
-        return self.cache.get((s, block), lambda: self._decode_block(s, block))
+        decoded = self.cache.get((s, block), lambda: self._decode_block(s, block))
+        if self.cache.evicted_bytes - self._trimmed_at >= self._trim_after:
+            self._give_back()
+        return decoded
+
+    def _give_back(self) -> None:
+        """Hand the pages freed by evictions back to the system (:func:`atlasfs.memory.trim`).
+
+        Freed blocks leave holes in the allocator's arenas that later blocks only partly
+        fill, one set per arena (each thread of a mount allocates in its own): without
+        this a mount with an 8 MiB cache grew to ~2.5 times what it held
+        (docs/performance.md, "Memory")."""
+        self._trimmed_at = self.cache.evicted_bytes
+        memory.trim()
 
     def _decode_block(self, s: int, block: int) -> tuple[Block, int]:
         shard = self.dataset.shards[s]
         try:
-            examples, nbytes = shard.decode_block(block)
+            with self._decoders:
+                examples, nbytes = shard.decode_block(block)
         except AtlasFormatError as exc:
             raise self._fail(s, block, str(exc)) from None
         except Exception as exc:  # the codec reports what it knows; anything else still only fails this block

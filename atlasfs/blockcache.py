@@ -30,6 +30,8 @@ class BlockCache(Generic[V]):
         self._bytes = 0
         self.hits = 0
         self.misses = 0
+        #: Costs of the items evicted so far, in all (the tree gives memory back to the system after many).
+        self.evicted_bytes = 0
 
     @property
     def current_bytes(self) -> int:
@@ -79,6 +81,7 @@ class BlockCache(Generic[V]):
         while self._bytes > self.max_bytes:
             _, (_, old_cost) = self._items.popitem(last=False)
             self._bytes -= old_cost
+            self.evicted_bytes += old_cost
 
     def charge(self, key: Hashable, extra: int) -> None:
         """Add ``extra`` bytes to the cost of ``key`` (a cached value that grew), evicting

@@ -20,6 +20,7 @@ import pytest
 
 from atlasfs import AtlasDataset, AtlasWriter
 from atlasfs.atlas_tree import AtlasTree, Block
+from threadwait import wait_until
 
 SHARDS = 6
 PER_SHARD = 160
@@ -105,6 +106,8 @@ def test_reading_every_file_from_threads_keeps_no_decoded_block_beyond_the_cache
             worker.join()
         assert tree.readahead is not None
         blocks, examples = _live()
+    # read-ahead's thread ends once idle (tests/test_readahead.py counts such threads)
+    wait_until(lambda: not any(t.name == "atlasfs-readahead" for t in threading.enumerate()))
     # threads may each hold one block they are reading beside what the cache holds
     assert blocks <= capacity + threads and examples <= (capacity + threads) * BLOCK, (blocks, examples, capacity)
 
@@ -138,3 +141,60 @@ def test_listings_and_lookups_keep_no_python_object_per_file(dataset: Path, monk
     grown = len(gc.get_objects()) - before
     assert files // 2 == SHARDS * PER_SHARD * 3
     assert grown < 2 * 64 + 20 * SHARDS, grown  # the memo's entries and refs, a listing object per folder
+
+
+def test_blocks_are_decoded_a_few_at_a_time(dataset: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A block being decoded is not in the cache yet (its pickle and its objects, beside
+    each other): however many threads read, at most DECODERS are decoded at once."""
+    import time
+
+    import atlasfs.atlas_tree as atlas_tree
+
+    tree = AtlasTree(AtlasDataset(dataset), cache_bytes=0)  # nothing cached: every read decodes
+    running = [0, 0]  # now, most
+    lock = threading.Lock()
+    shard_type = type(tree.dataset.shards[0])
+    decode = shard_type.decode_block
+
+    def counted(self: object, block: int) -> object:
+        with lock:
+            running[0] += 1
+            running[1] = max(running)
+        time.sleep(0.002)
+        try:
+            return decode(self, block)  # type: ignore[arg-type]
+        finally:
+            with lock:
+                running[0] -= 1
+
+    monkeypatch.setattr(shard_type, "decode_block", counted)
+    workers = [threading.Thread(target=lambda k=k: [tree.decoded_block(k % SHARDS, b) for b in range(10)])
+               for k in range(8)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+    assert running[1] == atlas_tree.DECODERS
+
+
+def test_memory_freed_by_evictions_is_given_back(dataset: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Once blocks costing half the cache bound (at least TRIM_AFTER_MIN) have been evicted,
+    the tree asks the allocator to give free pages back (atlasfs.memory.trim)."""
+    import atlasfs.atlas_tree as atlas_tree
+    from atlasfs import memory
+
+    calls = []
+    monkeypatch.setattr(memory, "trim", lambda force=False: calls.append(force) or True)
+    monkeypatch.setattr(atlas_tree, "TRIM_AFTER_MIN", 64 << 10)
+    tree = AtlasTree(AtlasDataset(dataset), cache_bytes=96 << 10)
+    tree.names(f"/{tree.dataset.shards[0].name}")  # decodes every block of the shard through the cache
+    evicted = tree.cache.evicted_bytes
+    assert 1 <= len(calls) <= evicted // (64 << 10)
+
+
+def test_free_memory_is_given_back_on_glibc() -> None:
+    from atlasfs import memory
+
+    if memory._glibc() is None:
+        pytest.skip("not glibc")
+    assert memory.trim(force=True)
