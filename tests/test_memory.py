@@ -198,3 +198,30 @@ def test_free_memory_is_given_back_on_glibc() -> None:
     if memory._glibc() is None:
         pytest.skip("not glibc")
     assert memory.trim(force=True)
+
+
+def test_a_block_is_charged_what_its_objects_hold(tmp_path: Path) -> None:
+    """A block's cost in the cache is what its decoded objects hold, not only its pickle's
+    size: lists of floats take 9 bytes a float pickled and 32 in memory."""
+    import tracemalloc
+
+    path = tmp_path / "floats"
+    rng = random.Random(5)
+    with AtlasWriter(path, shard_size=64, block_size=64, compression_strategy=1) as writer:
+        for i in range(64):
+            writer.add_example({"json": {"i": i, "values": [rng.random() for _ in range(120)]}})
+    tree = AtlasTree(AtlasDataset(path), cache_bytes=64 << 20)
+    shard = tree.dataset.shards[0]
+    shard.decode_block(0)  # imports and first-use allocations out of the way
+    gc.collect()
+    tracemalloc.start()
+    try:
+        examples, pickled = shard.decode_block(0)
+        held = tracemalloc.get_traced_memory()[0]
+    finally:
+        tracemalloc.stop()
+    del examples
+    tree.decoded_block(0, 0)
+    cost = tree.cache.current_bytes
+    assert held > 2 * pickled  # the case this is about
+    assert 0.9 * held <= cost <= 1.5 * held, (cost, held, pickled)
