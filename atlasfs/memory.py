@@ -18,7 +18,6 @@ Everything here is a no-op where the C library is not glibc.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import threading
 import time
 
@@ -52,7 +51,8 @@ def _glibc() -> ctypes.CDLL | None:
     if not _looked_up:
         _looked_up = True
         try:
-            libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+            # The process's own symbols, where libc's are: find_library would run ldconfig.
+            libc = ctypes.CDLL(None)
             libc.gnu_get_libc_version  # only glibc has it (musl has no malloc_trim)
             libc.mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
             libc.malloc_trim.argtypes = [ctypes.c_size_t]
