@@ -286,8 +286,8 @@ def test_libfuse2_options_still_mount(tmp_path: Path) -> None:
 
 
 def test_known_entries_of_an_atlas_tree(tmp_path: Path) -> None:
-    """An Atlas folder's entries are known once their sizes are: at once when every file is a
-    ``bytes`` field, else each after its first lookup; and they are the entries lookups give."""
+    """An Atlas folder's entries are known once their sizes are: at once for ``bytes`` fields,
+    else once a file of their block is looked up; and they are the entries lookups give."""
     from atlasfs import AtlasDataset, AtlasWriter
     from atlasfs.atlas_tree import AtlasTree
 
@@ -304,6 +304,8 @@ def test_known_entries_of_an_atlas_tree(tmp_path: Path) -> None:
 
     encoded = AtlasTree(AtlasDataset(tmp_path / "encoded"))
     names = [name for name, _, _ in encoded.names("/0")]
-    assert list(encoded.known_entries("/0")) == [None] * len(names)
-    looked_up = {name: encoded.lookup(f"/0/{name}") for name in names[:3]}
-    assert list(encoded.known_entries("/0")) == [looked_up.get(name) for name in names]
+    # bytes fields are sized at once; the others when a file of their block is looked up
+    assert [e is not None for e in encoded.known_entries("/0")] == [n.endswith(".bin") for n in names]
+    encoded.lookup(f"/0/{names[1]}")  # a txt of block 0 (examples 0-2): the whole block is sized
+    expected = [encoded.lookup(f"/0/{n}") if i < 6 or n.endswith(".bin") else None for i, n in enumerate(names)]
+    assert list(encoded.known_entries("/0")) == expected
