@@ -27,6 +27,7 @@ from .atlas_tree import AtlasTree
 from .dataset import DEFAULT_CACHE_BYTES, AtlasDataset, BrokenShard
 from .errors import AtlasFormatError
 from .fuse_adapter import FuseAdapter, fuse_main, libfuse3
+from . import memory
 from .sdnotify import notify
 from .sizes import parse_size
 from .tablestore import TableStore
@@ -239,6 +240,9 @@ def serve(tree: Tree, mountpoint: str, options: MountOptions, fsname: str,
     # alive: with the default thresholds the cycle collector takes half of a
     # block's decode time. Collecting less often keeps that garbage bounded.
     gc.set_threshold(*GC_THRESHOLDS)
+    # glibc gives each libfuse worker its own arena and keeps what a block freed there:
+    # two arenas, big buffers mapped and unmapped (docs/performance.md, "Memory").
+    memory.configure_allocator()
 
     def on_init() -> None:
         def watch() -> None:
