@@ -30,7 +30,6 @@ import os
 import random
 import shlex
 import shutil
-import signal
 import subprocess
 import sys
 import tarfile
@@ -419,14 +418,9 @@ def markdown(meta: dict[str, Any], datasets: list[Dataset], figures: list[Figure
     return "\n".join(lines) + "\n"
 
 
-def _raise_interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt(f"signal {signum}")
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    signal.signal(signal.SIGTERM, _raise_interrupt)
-    signal.signal(signal.SIGHUP, _raise_interrupt)
+    systems.stop_on_signals()
     from atlasfs import __version__ as atlasfs_version
 
     own_workdir = args.workdir is None

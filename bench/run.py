@@ -18,7 +18,6 @@ import os
 import platform
 import shlex
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -300,14 +299,9 @@ def _fstype(path: str) -> str:
     return result.stdout.strip() or "unknown"
 
 
-def _raise_interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt(f"signal {signum}")
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    signal.signal(signal.SIGTERM, _raise_interrupt)
-    signal.signal(signal.SIGHUP, _raise_interrupt)
+    systems.stop_on_signals()
     from atlasfs import __version__ as atlasfs_version
     from atlasfs.mount import MountOptions
 

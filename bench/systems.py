@@ -29,6 +29,14 @@ DEFAULT_RATARMOUNT_VENV = os.path.join(BENCH_DIR, ".venv-ratarmount")
 MOUNT_TIMEOUT = 120.0
 
 
+def stop_on_signals() -> None:
+    """Make SIGTERM and SIGHUP raise KeyboardInterrupt, so that a stopped benchmark unmounts on its way out."""
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+    signal.signal(signal.SIGTERM, interrupt)
+    signal.signal(signal.SIGHUP, interrupt)
+
+
 class SystemUnavailable(Exception):
     """A system cannot be measured here (the reason is reported in place of its figures)."""
 

@@ -11,7 +11,6 @@ import subprocess
 import sys
 import tarfile
 import threading
-import types
 from pathlib import Path
 
 import numpy as np
