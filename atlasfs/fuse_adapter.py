@@ -58,6 +58,9 @@ FUSE_CAP_ASYNC_READ = 1 << 0
 FUSE_CAP_READDIRPLUS = 1 << 13
 FUSE_CAP_READDIRPLUS_AUTO = 1 << 14
 
+#: A listing with attributes asks the tree for this many children's entries at a time
+#: (about 240 bytes each while the folder is open).
+KNOWN_WINDOW = 1024
 #: At most this many folders are remembered as listed with attributes (then
 #: forgotten all at once: their next listings hand attributes out again).
 LISTED_FOLDERS_KEPT = 100_000
@@ -93,15 +96,18 @@ def libfuse3() -> ModuleType:
 
 
 class _OpenFolder:
-    """A folder between opendir and releasedir: its listing, and its known entries
-    once a READDIRPLUS asked for them."""
+    """A folder between opendir and releasedir: its listing, whether its attributes are
+    handed out (decided at the first READDIRPLUS), and the known entries of the window of
+    children being listed (a window, not the whole folder: a folder may hold millions)."""
 
-    __slots__ = ("children", "known", "path")
+    __slots__ = ("children", "path", "plus", "window", "window_start")
 
     def __init__(self, path: str, children: Sequence[tuple[str, bool, int]]) -> None:
         self.path = path
         self.children = children
-        self.known: Sequence[Entry | None] | None = None
+        self.plus: bool | None = None
+        self.window: Sequence[Entry | None] = ()
+        self.window_start = 0
 
 
 def _path(raw: bytes) -> str:
@@ -303,9 +309,11 @@ class FuseAdapter:
             tree_path = _path(path)
             folder = _OpenFolder(tree_path, self.tree.names(tree_path))
         children = folder.children
-        if flags & FUSE_READDIR_PLUS and folder.known is None:
-            folder.known = self._attributes_to_hand_out(folder.path) or ()
-        known = (folder.known or None) if flags & FUSE_READDIR_PLUS else None
+        plus = False
+        if flags & FUSE_READDIR_PLUS:
+            if folder.plus is None:
+                folder.plus = self._hand_out_attributes(folder)
+            plus = folder.plus
         st = self._fuse.c_stat(st_mode=DIR_MODE)
         ref = ctypes.byref(st)
         if offset < 1 and filler(buf, b".", ref, 1, 0):
@@ -313,7 +321,13 @@ class FuseAdapter:
         if offset < 2 and filler(buf, b"..", ref, 2, 0):
             return 0
         for i in range(max(offset - 2, 0), len(children)):
-            entry = known[i] if known is not None else None
+            entry = None
+            if plus:
+                at = i - folder.window_start
+                if not 0 <= at < len(folder.window):
+                    folder.window_start, at = i, 0
+                    folder.window = self.tree.known_entries(folder.path, i, i + KNOWN_WINDOW)
+                entry = folder.window[at]
             if entry is None:
                 name, is_dir, ino = children[i]
                 st.st_mode = DIR_MODE if is_dir else FILE_MODE
@@ -327,19 +341,22 @@ class FuseAdapter:
                 return 0
         return 0
 
-    def _attributes_to_hand_out(self, path: str) -> Sequence[Entry | None] | None:
-        """The known entries of the folder ``path`` the first time it is listed with
-        some: later listings find them in the kernel's caches (the tree never changes),
-        and handing them out again costs a third of a warm tar of small files.
-        (Should the kernel have dropped them, its lookups bring them back.)"""
-        if path in self._listed_with_attributes:
-            return None
-        known = self.tree.known_entries(path)
-        if any(entry is not None for entry in known):
-            if len(self._listed_with_attributes) >= LISTED_FOLDERS_KEPT:
-                self._listed_with_attributes.clear()
-            self._listed_with_attributes.add(path)
-        return known
+    def _hand_out_attributes(self, folder: _OpenFolder) -> bool:
+        """Whether to hand out the known entries of ``folder``: the first time it is listed
+        with some. Later listings find them in the kernel's caches (the tree never changes),
+        and handing them out again costs a third of a warm tar of small files. (Should the
+        kernel have dropped them, its lookups bring them back.) A folder whose first window
+        knows none is taken to know none yet (a first mount: sizes come with lookups)."""
+        if folder.path in self._listed_with_attributes:
+            return False
+        folder.window_start = 0
+        folder.window = self.tree.known_entries(folder.path, 0, KNOWN_WINDOW)
+        if not any(entry is not None for entry in folder.window):
+            return False
+        if len(self._listed_with_attributes) >= LISTED_FOLDERS_KEPT:
+            self._listed_with_attributes.clear()
+        self._listed_with_attributes.add(folder.path)
+        return True
 
     def open(self, path: bytes, fip: Any) -> int:
         # ENOSYS tells the kernel (Linux >= 3.16 with FUSE 7.23) that this file system
