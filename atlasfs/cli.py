@@ -153,10 +153,7 @@ def cmd_cache(args: argparse.Namespace) -> int:
         what = f"the tables of {args.dataset}" if args.dataset else "every table"
         print(f"removed {what} from {tablestore.cache_root()} ({format_size(freed)})")
         return 0
-    tables = tablestore.cached_tables()
-    if args.dataset is not None:
-        folder = os.path.join(tablestore.cache_root(), tablestore.dataset_id(args.dataset))
-        tables = [t for t in tables if os.path.dirname(t.path) == folder]
+    tables = tablestore.cached_tables(args.dataset)
     by_dataset: dict[str, list[tablestore.CachedTable]] = {}
     for table in tables:
         by_dataset.setdefault(table.dataset, []).append(table)

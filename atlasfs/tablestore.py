@@ -57,10 +57,10 @@ def cache_bound() -> int:
         return DEFAULT_CACHE_BOUND
 
 
-def dataset_id(dataset_root: str) -> str:
-    """The name of a dataset's folder in the user's cache."""
+def cache_folder(dataset_root: str) -> str:
+    """A dataset's folder in the user's cache (named by a hash of its resolved path)."""
     path = os.path.realpath(dataset_root).encode("utf-8", "surrogateescape")
-    return hashlib.sha256(path).hexdigest()[:20]
+    return os.path.join(cache_root(), hashlib.sha256(path).hexdigest()[:20])
 
 
 class TableStore:
@@ -73,7 +73,7 @@ class TableStore:
 
     def __init__(self, dataset_root: str, index_dir: str | None = None, beside: bool = False) -> None:
         self.dataset_root = os.path.realpath(dataset_root)
-        self.cache_folder = os.path.join(cache_root(), dataset_id(dataset_root))
+        self.cache_folder = cache_folder(dataset_root)
         beside_folder = os.path.join(self.dataset_root, BESIDE_DATASET)
         if index_dir is not None:
             self.save_folder = os.path.abspath(index_dir)
@@ -135,16 +135,17 @@ class CachedTable:
     used: float  # last use, seconds since the epoch
 
 
-def cached_tables() -> list[CachedTable]:
-    """Every table in the user's cache, least recently used first."""
+def cached_tables(dataset_root: str | None = None) -> list[CachedTable]:
+    """Every table in the user's cache (only ``dataset_root``'s if given), least recently used first."""
     found = []
     root = cache_root()
+    only = cache_folder(dataset_root) if dataset_root is not None else None
     try:
         folders = list(os.scandir(root))
     except OSError:
         return []
     for folder in folders:
-        if not folder.is_dir(follow_symlinks=False):
+        if not folder.is_dir(follow_symlinks=False) or only not in (None, folder.path):
             continue
         source = _read_source(folder.path)
         try:
@@ -183,10 +184,7 @@ def evict(bound: int, keep: str | None = None) -> int:
 
 def clear(dataset_root: str | None = None) -> int:
     """Delete the user's cached tables (only those of ``dataset_root`` if given); returns bytes freed."""
-    tables = cached_tables()
-    if dataset_root is not None:
-        folder = os.path.join(cache_root(), dataset_id(dataset_root))
-        tables = [t for t in tables if os.path.dirname(t.path) == folder]
+    tables = cached_tables(dataset_root)
     freed = 0
     for table in tables:
         try:

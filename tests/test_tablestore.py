@@ -12,7 +12,7 @@ import pytest
 
 from atlasfs import AtlasDataset, AtlasWriter
 from atlasfs.atlas_tree import AtlasTree
-from atlasfs.tablestore import BESIDE_DATASET, TableStore, cached_tables, dataset_id
+from atlasfs.tablestore import BESIDE_DATASET, TableStore, cache_folder, cached_tables
 from fusemount import atlasfs, mounted
 
 
@@ -39,7 +39,8 @@ def test_tables_go_to_the_user_cache_and_a_second_tree_decodes_nothing(tmp_path:
     dataset = _dataset(tmp_path / "ds")
     names, decoded = _listing_and_decodes(dataset, TableStore(str(dataset)))
     assert decoded == 15
-    folder = cache / dataset_id(str(dataset))
+    folder = Path(cache_folder(str(dataset)))
+    assert folder.parent == cache
     assert sorted(p.name for p in folder.glob("*.table")) == ["0.table", "1.table", "2.table"]
     assert not (dataset / BESIDE_DATASET).exists()
     assert {t.dataset for t in cached_tables()} == {str(dataset.resolve())}
@@ -50,7 +51,7 @@ def test_a_corrupt_stored_table_is_ignored_with_one_log_line_and_rebuilt(
         tmp_path: Path, cache: Path, caplog: pytest.LogCaptureFixture) -> None:
     dataset = _dataset(tmp_path / "ds")
     names, _ = _listing_and_decodes(dataset, TableStore(str(dataset)))
-    table = cache / dataset_id(str(dataset)) / "1.table"
+    table = Path(cache_folder(str(dataset))) / "1.table"
     good = table.read_bytes()
     table.write_bytes(good[:40] + b"\xff" * 64 + good[104:])
     with caplog.at_level(logging.INFO, logger="atlasfs"):
