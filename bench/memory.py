@@ -454,7 +454,7 @@ def main(argv: list[str] | None = None) -> int:
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "atlasfs": f"{atlasfs_version} (commit {_git('rev-parse', '--short', 'HEAD') or '?'}"
                    f"{', with uncommitted changes' if dirty else ''})",
-        "host": _host(),
+        "host": systems.host(),
         "command": " ".join(["python bench/memory.py", shlex.join(sys.argv[1:] if argv is None else argv)]).strip(),
         "cache_bytes": args.cache_bytes,
         "cache_mib": args.cache_bytes / MiB,
@@ -470,16 +470,6 @@ def main(argv: list[str] | None = None) -> int:
     log(f"wrote {out}")
     wrong = facts["large"]["tar_wrong_bytes"] + facts["large"]["read_wrong_bytes"] + facts["large"]["read_errors"]
     return 0 if all(f.within for f in figures) and wrong == 0 else 2
-
-
-def _host() -> str:
-    import platform
-    try:
-        with open("/proc/meminfo") as f:
-            mem = int(f.readline().split()[1]) / 2**20
-    except (OSError, ValueError, IndexError):
-        mem = 0.0
-    return f"{os.cpu_count()} cores, {mem:.0f} GiB, Linux {platform.release()}, Python {platform.python_version()}"
 
 
 if __name__ == "__main__":

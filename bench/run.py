@@ -15,7 +15,6 @@ import argparse
 import contextlib
 import datetime
 import os
-import platform
 import shlex
 import shutil
 import subprocess
@@ -283,16 +282,6 @@ def _git(*args: str) -> str:
         return ""
 
 
-def _host() -> str:
-    try:
-        with open("/proc/meminfo") as f:
-            mem = int(f.readline().split()[1]) / 2**20
-    except (OSError, ValueError, IndexError):
-        mem = 0.0
-    return (f"{os.cpu_count()} cores, {mem:.0f} GiB, Linux {platform.release()}, "
-            f"Python {platform.python_version()}")
-
-
 def _fstype(path: str) -> str:
     """The type of the file system holding ``path`` (``tmpfs``, ``ext4``...)."""
     result = subprocess.run(["stat", "-f", "-c", "%T", path], capture_output=True, check=False, text=True)
@@ -350,7 +339,7 @@ def main(argv: list[str] | None = None) -> int:
     dirty = _git("status", "--porcelain", "--untracked-files=no")
     meta = {
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        "host": _host(),
+        "host": systems.host(),
         "atlasfs": f"{atlasfs_version} (commit {_git('rev-parse', '--short', 'HEAD') or '?'}"
                    f"{', with uncommitted changes' if dirty else ''})",
         "ratarmount": ratarmount_version,

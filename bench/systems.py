@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import platform
 import shutil
 import signal
 import subprocess
@@ -27,6 +28,17 @@ RATARMOUNT_REQUIREMENTS = os.path.join(BENCH_DIR, "requirements-ratarmount.txt")
 DEFAULT_RATARMOUNT_VENV = os.path.join(BENCH_DIR, ".venv-ratarmount")
 #: How long a mount may take to come up before the benchmark gives up on it.
 MOUNT_TIMEOUT = 120.0
+
+
+def host() -> str:
+    """This machine, for a report's header: cores, memory, kernel, Python."""
+    try:
+        with open("/proc/meminfo") as f:
+            mem = int(f.readline().split()[1]) / 2**20
+    except (OSError, ValueError, IndexError):
+        mem = 0.0
+    return (f"{os.cpu_count()} cores, {mem:.0f} GiB, Linux {platform.release()}, "
+            f"Python {platform.python_version()}")
 
 
 def stop_on_signals() -> None:
