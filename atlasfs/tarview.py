@@ -17,7 +17,6 @@ a pax extended header goes before it.
 
 from __future__ import annotations
 
-import bisect
 import errno
 import json
 import os
@@ -87,7 +86,6 @@ class TarLayout:
         np.cumsum(spans, out=self.starts[1:])
         end = int(self.starts[-1]) + 2 * BLOCK
         self.size = -(-end // RECORD) * RECORD
-        self._start_list = self.starts.tolist()
 
     def __len__(self) -> int:
         return len(self.sizes)
@@ -115,19 +113,17 @@ class TarLayout:
         end = min(offset + size, self.size)
         if offset >= end:
             return b""
-        starts = self._start_list
+        starts = self.starts
         parts: list[bytes] = []
-        i = max(bisect.bisect_right(starts, offset) - 1, 0)
+        i = max(int(np.searchsorted(starts, offset, side="right")) - 1, 0)
         at = offset
         while at < end and i < len(self):
-            header_start = starts[i]
-            header = self.header(i)
-            data_start = header_start + len(header)
-            member_end = starts[i + 1]
+            header_start, member_end = starts.item(i), starts.item(i + 1)
+            size_i = self.sizes.item(i)
+            data_start = member_end - _padded(size_i)  # the header's length, without making it
             if at < data_start:
-                parts.append(header[at - header_start:min(end, data_start) - header_start])
+                parts.append(self.header(i)[at - header_start:min(end, data_start) - header_start])
                 at = min(end, data_start)
-            size_i = int(self.sizes[i])
             if at < end and at < data_start + size_i:
                 stop = min(end, data_start + size_i)
                 parts.append(self._data(i, at - data_start, stop - at))
@@ -154,12 +150,12 @@ class TarLayout:
         """Write the whole tar to the binary file ``out``, a member at a time (files in chunks)."""
         write = out.write  # type: ignore[attr-defined]
         for i in range(len(self)):
-            start, stop = self._start_list[i], self._start_list[i + 1]
+            start, stop = self.starts.item(i), self.starts.item(i + 1)
             for at in range(start, stop, chunk):
                 write(self.read(at, min(chunk, stop - at)))
             if on_member is not None:
                 on_member()
-        write(bytes(self.size - self._start_list[-1]))
+        write(bytes(self.size - self.starts.item(len(self))))
 
 
 def shard_index(folders: Sequence[tuple[str, int]]) -> bytes:
