@@ -1,10 +1,10 @@
 """atlasfs: read, write, verify and mount Atlas datasets."""
 
-from .dataset import AtlasDataset, Shard
+from .sources.atlas.dataset import AtlasDataset, Shard
 from .errors import AtlasFormatError, UnsafePickleError
-from .meta import CompressionStrategy
+from .sources.atlas.meta import CompressionStrategy
 from .wids_in_place import wids_in_place
-from .writer import AtlasWriter
+from .sources.atlas.writer import AtlasWriter
 
 __all__ = ["AtlasDataset", "AtlasFormatError", "AtlasWriter", "CompressionStrategy", "Shard", "UnsafePickleError",
            "wids_in_place"]

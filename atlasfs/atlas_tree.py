@@ -39,7 +39,7 @@ import numpy as np
 
 from . import memory
 from .blockcache import BlockCache
-from .dataset import DEFAULT_CACHE_BYTES, AtlasDataset, BrokenShard
+from .sources.atlas.dataset import DEFAULT_CACHE_BYTES, AtlasDataset, BrokenShard
 from .errors import AtlasFormatError
 from .filetable import DIR, FILE, UNKNOWN_SIZE, UNREADABLE, FileTable, Limits
 from .naming import (LAYOUT_VERSION, MAX_NAME_BYTES, NO_KEY, KeyAssigner, declared_key, encode_as, example_fields,

@@ -9,7 +9,7 @@ import sys
 from typing import Callable, Sequence
 
 from . import __version__
-from .dataset import AtlasDataset
+from .sources.atlas.dataset import AtlasDataset
 from .errors import AtlasFormatError
 from .mount import MountError, MountOptions, mount, unmount
 from .progress import Progress

@@ -7,7 +7,7 @@ import random
 import zlib
 from typing import Any
 
-from .writer import AtlasWriter
+from .sources.atlas.writer import AtlasWriter
 
 LABELS = ["cat", "dog", "bird", "fish", "horse"]
 

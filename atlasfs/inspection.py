@@ -9,9 +9,9 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .dataset import AtlasDataset, BrokenShard, Shard
+from .sources.atlas.dataset import AtlasDataset, BrokenShard, Shard
 from .errors import AtlasFormatError
-from .meta import CompressionStrategy
+from .sources.atlas.meta import CompressionStrategy
 
 #: Above this many blocks, ``info`` skips reading frame headers for the ratio.
 RATIO_MAX_BLOCKS = 100_000

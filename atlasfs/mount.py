@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from .atlas_tree import AtlasTree
-from .dataset import DEFAULT_CACHE_BYTES, AtlasDataset, BrokenShard
+from .sources.atlas.dataset import DEFAULT_CACHE_BYTES, AtlasDataset, BrokenShard
 from .errors import AtlasFormatError
 from .fuse_adapter import FuseAdapter, fuse_main, libfuse3
 from . import memory

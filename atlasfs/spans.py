@@ -39,7 +39,7 @@ import zstandard
 
 from .errors import AtlasFormatError
 from .filetable import UNKNOWN_SIZE
-from .meta import CompressionStrategy
+from .sources.atlas.meta import CompressionStrategy
 from .naming import TEXT_EXTS, encode_as
 
 #: Pickle protocols whose runs this module knows: 3 added ``BINBYTES``, 4 the
@@ -324,10 +324,10 @@ def check_run(span: Span, run: bytes, where: str) -> bytes:
 
 
 def new_decompressor(codec: Any) -> zstandard.ZstdDecompressor:
-    """A zstd decompression context for ``codec``'s dictionary (a :class:`~atlasfs.codec.BlockCodec`).
+    """A zstd decompression context for ``codec``'s dictionary (a :class:`~atlasfs.sources.atlas.codec.BlockCodec`).
 
     A new one costs microseconds (the dictionary is digested once, by its
-    :class:`~atlasfs.codec.ZstdDictionary`); one must not serve two threads at once.
+    :class:`~atlasfs.sources.atlas.codec.ZstdDictionary`); one must not serve two threads at once.
     """
     if codec.dictionary is None:
         return zstandard.ZstdDecompressor()
@@ -344,7 +344,7 @@ def read_span(source: bytes | BlockReader, span: Span, codec: Any, where: str,
     """The bytes of the file ``span`` locates, from its block as stored.
 
     ``source`` is the block's stored bytes, or a :class:`BlockReader` over
-    them; ``codec`` the shard's :class:`~atlasfs.codec.BlockCodec` (its
+    them; ``codec`` the shard's :class:`~atlasfs.sources.atlas.codec.BlockCodec` (its
     strategy, dictionary and block bound); ``dctx`` a decompression context
     to use (else a new one). Strategy 0 reads the run alone; a zstd frame is
     decompressed from its start up to the run's end (at zstd block

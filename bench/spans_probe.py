@@ -46,7 +46,7 @@ if __package__ in (None, ""):  # run as a script: make `bench` and `atlasfs` imp
     __package__ = "bench"
 
 from atlasfs import AtlasDataset, AtlasWriter, safepickle, spans
-from atlasfs.dataset import Shard
+from atlasfs.sources.atlas.dataset import Shard
 from atlasfs.naming import MAX_NAME_BYTES, encode_as, example_fields, index_key_width
 from atlasfs.spans import BlockReader, Span, SpanColumns, find_spans, new_decompressor, read_span
 from bench import datagen

@@ -19,9 +19,9 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from atlasfs import AtlasDataset, AtlasFormatError, AtlasWriter, safepickle
-from atlasfs.codec import BlockCodec
-from atlasfs.dataset import Shard
-from atlasfs.meta import CompressionStrategy
+from atlasfs.sources.atlas.codec import BlockCodec
+from atlasfs.sources.atlas.dataset import Shard
+from atlasfs.sources.atlas.meta import CompressionStrategy
 from atlasfs.naming import MAX_NAME_BYTES, encode_as, example_fields, index_key_width
 from atlasfs.spans import (NO_SPAN, BlockReader, Span, SpanColumns, SpanMismatch, check_run, find_spans,
                            read_span, run_checksum)

@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass
 from enum import IntEnum
 from typing import Any
 
-from .errors import AtlasFormatError
+from ...errors import AtlasFormatError
 
 FORMAT_VERSION = 1
 #: A meta.json is a few hundred bytes; refuse to read a huge one into memory.

@@ -7,8 +7,8 @@ from typing import Any
 
 import zstandard
 
-from . import safepickle
-from .errors import AtlasFormatError
+from ... import safepickle
+from ...errors import AtlasFormatError
 from .meta import CompressionStrategy
 
 #: Default bound on one decompressed block. Real blocks are KBs to tens of MBs;

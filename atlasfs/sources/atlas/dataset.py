@@ -23,9 +23,9 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from .blockcache import BlockCache
+from ...blockcache import BlockCache
 from .codec import DEFAULT_MAX_BLOCK_BYTES, BlockCodec, ZstdDictionary
-from .errors import AtlasFormatError
+from ...errors import AtlasFormatError
 from .meta import CompressionStrategy, RootMeta, ShardMeta, parse_root_meta, parse_shard_meta
 
 #: Default bound of the decoded-block cache.

@@ -1,0 +1,1 @@
+"""Atlas datasets: the format's metadata, block codec, reader and writer."""

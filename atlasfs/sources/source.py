@@ -1,0 +1,168 @@
+"""The one interface every source answers: a dataset as shards of blocks of samples.
+
+A *source* reads one on-disk format and knows nothing of FUSE, file names or
+caches. It gives a list of :class:`SourceShard`; each shard is a run of
+samples (dicts such as ``{"__key__": "doc1", "text": "...", "json": b"..."}``,
+or any value the naming layer accepts) read a *block* at a time. The block
+tree (:mod:`atlasfs.blocktree`) turns any source into the mounted tree: a
+folder per shard, a file per field, through the naming contract, the block
+cache and the stored file tables. Adding a format is adding a module beside
+the others in :mod:`atlasfs.sources` and a line in :mod:`.factory`; nothing else
+changes.
+
+A shard may need a pass over its files before its blocks can be read (Dolma
+finds where its blocks of lines start and builds gzip seek points).
+:meth:`SourceShard.prepare` does that pass and returns what it learned as
+bytes, which the tree stores with the shard's file table;
+:meth:`SourceShard.restore` takes those bytes back on a later mount, so
+that mount makes no pass.
+
+Errors are :class:`atlasfs.errors.AtlasFormatError` with a one-line message
+naming the file (and line, uid or document) that is wrong.
+"""
+
+from __future__ import annotations
+
+import os
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from typing import Any
+
+from ..errors import AtlasFormatError
+
+
+def file_signature(path: str) -> list[int] | None:
+    """``[size, mtime_ns]`` of a file, or None if it is missing: what a stored table depends on."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return [st.st_size, st.st_mtime_ns]
+
+
+class SourceShard(ABC):
+    """One shard: a folder of the tree, its samples read a block at a time.
+
+    Attributes every shard sets:
+        name: its folder's path in the tree, ``/``-separated (``"shard_00000"``,
+            or ``"cc/part-0001"`` for a Dolma documents file in a sub-folder).
+        path: what messages name for the shard as a whole.
+        mtime: modification time shown for its folder and files (seconds).
+        data_size: bytes its files take on disk (for ``statfs`` and ``info``).
+        error: why the shard cannot be opened, or None. A shard with an error
+            is a folder whose listing fails with EIO; the others serve.
+        first_index: the index of its first sample among the source's, for index
+            keys (``000042``) of samples without a usable key of their own.
+        max_block_bytes: most bytes a block's files may take once encoded.
+    """
+
+    name: str
+    path: str
+    mtime: float = 0.0
+    data_size: int = 0
+    error: AtlasFormatError | None = None
+    first_index: int = 0
+    max_block_bytes: int = 1 << 30
+
+    # -- the pass over its files (a no-op for formats with an index of their own)
+
+    def prepare(self) -> bytes:
+        """Make the shard ready to read blocks by a pass over its files, if it needs one,
+        and return what the pass learned (stored with its file table). Raises
+        :class:`AtlasFormatError` if the shard cannot be read at all."""
+        return b""
+
+    def restore(self, state: bytes) -> None:
+        """Take back what :meth:`prepare` returned on an earlier mount, instead of the
+        pass. Raises ``ValueError`` if ``state`` does not fit the shard (then the
+        stored table is ignored and rebuilt)."""
+
+    # -- what is known once prepared (or restored)
+
+    @property
+    @abstractmethod
+    def num_blocks(self) -> int:
+        """Blocks of samples."""
+
+    @property
+    @abstractmethod
+    def block_size(self) -> int:
+        """Most samples a block holds (a stored table's positions are checked against it)."""
+
+    @abstractmethod
+    def block_length(self, block: int) -> int:
+        """Samples in ``block``."""
+
+    @property
+    @abstractmethod
+    def key_width(self) -> int:
+        """Digits of the index keys of its samples (:func:`atlasfs.naming.index_key_width`)."""
+
+    def stored_block_size(self, block: int) -> int:
+        """About the bytes read to decode ``block`` (read-ahead skips blocks too big for the cache)."""
+        return 0
+
+    @abstractmethod
+    def decode_block(self, block: int) -> tuple[list[Any], int]:
+        """The samples of ``block`` and about the bytes they hold in memory. Raises
+        :class:`AtlasFormatError` naming the file and what is wrong; one block failing
+        leaves the others readable."""
+
+    # -- what its stored file table depends on
+
+    @abstractmethod
+    def table_files(self) -> list[str]:
+        """The files its samples come from: a stored table is used only while they are unchanged."""
+
+    def table_key(self) -> dict[str, Any]:
+        """Everything a stored table of the shard was built from (JSON): its files'
+        signatures, its first index, and any option that changes its samples."""
+        return {"start": self.first_index, "files": {path: file_signature(path) for path in self.table_files()}}
+
+    def problems(self) -> list[str]:
+        """What a pass over the shard found wrong without failing a block (lines that are
+        not documents, attribute sets left out), one line each: ``verify`` prints them."""
+        return []
+
+    def close(self) -> None:
+        """Release open files (reopened on the next read)."""
+
+
+class Source(ABC):
+    """A dataset of one format: its shards, in the order their samples come.
+
+    Attributes:
+        kind: the format's name, as ``--format`` spells it.
+        root: the dataset's folder or file.
+    """
+
+    kind: str
+    root: str
+
+    @property
+    @abstractmethod
+    def shards(self) -> Sequence[SourceShard]:
+        """Its shards in sample order. Names are unique and none is a folder of another."""
+
+    @property
+    def mtime(self) -> float:
+        """Modification time of the tree's root folder."""
+        try:
+            return os.stat(self.root).st_mtime
+        except OSError:
+            return 0.0
+
+    def info(self) -> list[str]:
+        """Lines describing the dataset for ``atlasfs info`` (the tree adds counts)."""
+        return [f"{self.kind} dataset {self.root}"]
+
+    def close(self) -> None:
+        """Release every shard's open files."""
+        for shard in self.shards:
+            shard.close()
+
+    def __enter__(self) -> "Source":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
