@@ -108,6 +108,14 @@ class SourceShard(ABC):
         :class:`AtlasFormatError` naming the file and what is wrong; one block failing
         leaves the others readable."""
 
+    def describe_block(self, block: int) -> list[tuple[Any, list[tuple[str, int]]]] | None:
+        """Without decoding ``block``: each sample's declared key (``naming.NO_KEY`` for
+        none) and its files' ``(suffix, size in bytes)``, in the order and with the bytes
+        the naming layer would give its decoded samples, if the format's own index tells
+        them (a ``.pbin`` index gives every document's length). None (the default): the
+        tree decodes the block and names its samples to learn them."""
+        return None
+
     # -- what its stored file table depends on
 
     @abstractmethod
@@ -151,6 +159,11 @@ class Source(ABC):
             return os.stat(self.root).st_mtime
         except OSError:
             return 0.0
+
+    def problems(self) -> list[str]:
+        """What is wrong across shards (a Lavender uid in two shard indices), one line each,
+        for ``verify``; each shard's own are :meth:`SourceShard.problems`."""
+        return []
 
     def info(self) -> list[str]:
         """Lines describing the dataset for ``atlasfs info`` (the tree adds counts)."""

@@ -1,0 +1,57 @@
+"""Open a dataset as a :class:`~atlasfs.sources.source.Source`: by its layout, or the format asked for.
+
+Each format module offers ``looks_like(path) -> bool`` (a cheap look at the
+layout, no parsing) and ``open_source(path, options) -> Source``. Adding a
+format is one line in :data:`FORMATS`.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from dataclasses import dataclass
+
+from ..errors import AtlasFormatError
+from .source import Source
+
+#: Format name -> (module, what its layout looks like, for the error when nothing matches).
+#: Detection tries them in this order.
+FORMATS: dict[str, tuple[str, str]] = {
+    "atlas": ("atlasfs.sources.atlas", "a meta.json (Atlas)"),
+    "dolma": ("atlasfs.sources.dolma", "a documents/ folder of *.jsonl.gz|zst (Dolma)"),
+    "lavender": ("atlasfs.sources.lavender", "folders of shard.NNNNN.csv|parquet (Lavender shardsets)"),
+    "pbin": ("atlasfs.sources.pbin", "a .pbin file or a folder of them (Modalities)"),
+}
+
+
+@dataclass
+class SourceOptions:
+    """What the user may choose about how a dataset is read (``atlasfs mount -o``)."""
+
+    #: Unpickle without the allow-list (Atlas blocks, .pbin indexes): runs code from the data.
+    trust_pickle: bool = False
+    #: Lavender: the column that joins the rows of a shard's shardsets.
+    uid: str = "uid"
+
+
+def detect(path: str) -> str:
+    """The format of the dataset at ``path``; :class:`AtlasFormatError` (one line) if none fits."""
+    if not os.path.exists(path):
+        raise AtlasFormatError(f"{path}: no such file or folder")
+    for kind, (module, _) in FORMATS.items():
+        if importlib.import_module(module).looks_like(path):
+            return kind
+    looked_for = "; ".join(what for _, what in FORMATS.values())
+    raise AtlasFormatError(f"{path}: not a dataset atlasfs knows (looked for {looked_for}); "
+                           "name one with --format")
+
+
+def open_source(path: str, kind: str | None = None, options: SourceOptions | None = None) -> Source:
+    """Open the dataset at ``path`` as ``kind`` (None: detected from its layout)."""
+    path = os.fspath(path)
+    if kind is None:
+        kind = detect(path)
+    if kind not in FORMATS:
+        raise AtlasFormatError(f"unknown format {kind!r} (formats: {', '.join(FORMATS)})")
+    module = importlib.import_module(FORMATS[kind][0])
+    return module.open_source(path, options or SourceOptions())
