@@ -1,34 +1,77 @@
-"""Lavender Data shardsets: reading, without FUSE.
+"""Lavender Data shardsets: reading, and mounting as a source.
 
 A Lavender dataset is a folder of shardsets, each a folder of
 ``shard.NNNNN.csv`` or ``shard.NNNNN.parquet`` files holding some of the
 dataset's columns, and all holding the uid column (``uid`` unless told
-otherwise). A sample is the join by uid of the rows of the shards with the
-same index in every shardset; a uid missing from a shardset lacks that
-shardset's columns. The rules are checked when the dataset is scanned: a uid
-must sit in the same shard index in every shardset that has it, and only
-once in each; every shard must have the uid column.
+otherwise: ``-o uid=COLUMN``). A sample is the join by uid of the rows of
+the shards with the same index in every shardset; a uid missing from a
+shardset lacks that shardset's columns.
 
-Samples keep the order of the first shardset (by folder name) that has them,
-then the uids only later shardsets have, in theirs. CSV cells are strings;
-parquet cells keep their types (read with pyarrow, ``pip install
-atlasfs[lavender]``). For now a shard is read whole: its files are loaded
-when any of its samples is, not a row group at a time.
+Mounted, shard index ``N`` is the folder ``shard.NNNNN`` and each sample the
+files ``<uid>.<column>...`` of the naming contract (a csv cell is a string:
+``<uid>.caption.txt``; parquet cells keep their types: an int is
+``<uid>.score.cls``, a float ``.json``, binary data keeps the column's name
+as it is; a parquet null is no file). The uid column is the key, not a file,
+except for a sample whose uid cannot be a file name (it has a ``.`` or a
+``/``...): that sample gets an index key, and its uid a file, so it is not lost.
+
+Order: the rows of the first shardset (by folder name) that has the shard
+index, in file order, then the uids only later shardsets have, in theirs. A
+block is a run of :data:`BLOCK_ROWS` samples or fewer (for parquet, a row
+group of the first shardset, or an even part of one, when they are of one
+size); :meth:`LavenderShard.prepare` reads the uid column of every file of the
+shard once and keeps where each sample's row is in every shardset (and, for
+csv, where every row starts), so a block reads only its rows: for parquet its
+row groups (a few kept in memory for the neighbouring blocks), for csv the
+byte range of its rows.
+
+A column name found in more than one shardset (other than the uid column;
+letter case aside, as WebDataset folds it) would give two files one name:
+each of them is named ``<shardset>.<column>`` instead (``<uid>.captions_v2.
+caption.txt``), in every shardset that has it, and the renaming is logged
+once.
+
+Broken rules are named one line each (file and row, or uid) and left out,
+while the rest serves: a shard file without the uid column is left out of its
+shard; a row without a uid, or repeating one already in its file, is left
+out; a uid in shard N of one shardset and in shard M of another cannot be
+joined, and stays unjoined in each (``Source.problems`` finds every case for
+``verify``; a mount logs those it meets in the shards it opens).
 """
 
 from __future__ import annotations
 
 import csv
 import io
+import json
+import logging
 import os
 import re
-from dataclasses import dataclass, field
-from typing import Any
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+import numpy as np
 
 from ..errors import AtlasFormatError
+from ..naming import INDEX_KEY_MIN_WIDTH, index_key_width, key_problem
+from .source import Source, SourceShard
+
+log = logging.getLogger("atlasfs")
 
 SHARD_FILE = re.compile(r"shard\.([0-9]+)\.(csv|parquet)")
 DEFAULT_UID = "uid"
+#: Most samples in a block.
+BLOCK_ROWS = 2048
+#: Bytes of parquet row groups kept decoded (per source) for the blocks that share them.
+ROW_GROUP_CACHE_BYTES = 64 << 20
+#: Two rows of a csv file closer than this are read in one range when a block needs both.
+CSV_GAP_ROWS = 64
+#: Version of what :meth:`LavenderShard.prepare` returns; a stored state of another is not restored.
+STATE_VERSION = 1
+#: Problems logged per shard at most (all of them go to ``verify``).
+LOGGED_PROBLEMS = 20
 
 
 class LavenderError(AtlasFormatError):
@@ -37,6 +80,48 @@ class LavenderError(AtlasFormatError):
 
 def _uid_text(value: Any) -> str:
     return value if isinstance(value, str) else str(value)
+
+
+# ---------------------------------------------------------------- one shard file
+
+
+class _RowGroupCache:
+    """Decoded parquet row groups, least recently used first out, bounded in bytes."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self._groups: OrderedDict[tuple[str, int], Any] = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()
+
+    def get(self, key: tuple[str, int]) -> Any:
+        with self._lock:
+            table = self._groups.get(key)
+            if table is not None:
+                self._groups.move_to_end(key)
+            return table
+
+    def put(self, key: tuple[str, int], table: Any) -> None:
+        size = table.nbytes
+        if size > self.max_bytes // 2:
+            return  # one such group would push out every other
+        with self._lock:
+            if key in self._groups:
+                return
+            self._groups[key] = table
+            self._bytes += size
+            while self._bytes > self.max_bytes:
+                _, old = self._groups.popitem(last=False)
+                self._bytes -= old.nbytes
+
+
+@dataclass
+class ScanResult:
+    """What one pass over a shard file's rows found."""
+
+    uids: list[str | None]  # per row; None: the row has no usable uid (named in problems)
+    offsets: np.ndarray | None  # csv: byte offset where each row starts, and the end (rows + 1)
+    problems: list[str]
 
 
 @dataclass
@@ -48,55 +133,491 @@ class ShardFile:
     index: int
     kind: str  # "csv" or "parquet"
 
-    def columns(self) -> list[str]:
-        """The column names, in file order."""
-        if self.kind == "csv":
-            with open(self.path, newline="", encoding="utf-8") as f:
-                return next(csv.reader(f), [])
-        import pyarrow.parquet as pq
-        return list(pq.ParquetFile(self.path).schema_arrow.names)
+    def __post_init__(self) -> None:
+        self._columns: list[str] | None = None
+        self._offsets: np.ndarray | None = None  # csv row offsets, from the scan or a stored state
+        self._parquet: Any = None
+        self._group_starts: np.ndarray | None = None
+        self._lock = threading.Lock()
 
-    def rows(self) -> list[dict[str, Any]]:
-        """Every row as a dict (csv cells as strings, parquet cells as Python values)."""
+    def columns(self) -> list[str]:
+        """The column names, in file order (raises :class:`LavenderError` if unreadable)."""
+        if self._columns is None:
+            try:
+                if self.kind == "csv":
+                    with open(self.path, newline="", encoding="utf-8-sig") as f:
+                        self._columns = next(csv.reader(f), [])
+                else:
+                    self._columns = list(self._parquet_file().schema_arrow.names)
+            except (OSError, UnicodeDecodeError, csv.Error, ValueError) as exc:
+                raise LavenderError(f"{self.path}: cannot be read ({_reason(exc)})") from None
+        return self._columns
+
+    def _parquet_file(self) -> Any:
+        if self._parquet is None:
+            import pyarrow.parquet as pq
+            try:
+                parquet = pq.ParquetFile(self.path)
+            except Exception as exc:  # pyarrow raises its own ArrowInvalid/OSError kinds
+                raise LavenderError(f"{self.path}: cannot be read ({_reason(exc)})") from None
+            metadata = parquet.metadata
+            sizes = [metadata.row_group(g).num_rows for g in range(metadata.num_row_groups)]
+            self._group_starts = np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)])
+            self._parquet = parquet
+        return self._parquet
+
+    def row_groups(self) -> list[int]:
+        """Rows in each parquet row group (an empty list for csv)."""
+        if self.kind == "csv":
+            return []
+        with self._lock:
+            self._parquet_file()
+        assert self._group_starts is not None
+        return np.diff(self._group_starts).tolist()
+
+    def scan(self, uid: str) -> ScanResult:
+        """Every row's uid (and for csv where rows start), in one pass; raises
+        :class:`LavenderError` if the file has no ``uid`` column or cannot be read."""
+        if uid not in self.columns():
+            raise LavenderError(f"{self.path}: no {uid!r} column (choose it with -o uid=COLUMN)")
         try:
             if self.kind == "csv":
-                with open(self.path, newline="", encoding="utf-8") as f:
-                    reader = csv.DictReader(f)
-                    rows = []
-                    for number, row in enumerate(reader, start=2):
-                        if None in row or any(v is None for v in row.values()):
-                            raise LavenderError(f"{self.path} line {number}: not as many cells as columns")
-                        rows.append(dict(row))
-                    return rows
-            import pyarrow.parquet as pq
-            return pq.read_table(self.path).to_pylist()
-        except (OSError, UnicodeDecodeError, csv.Error, ValueError) as exc:
-            if isinstance(exc, LavenderError):
-                raise
-            raise LavenderError(f"{self.path}: cannot be read ({exc})") from None
+                result = self._scan_csv(uid)
+                self._offsets = result.offsets
+                return result
+            with self._lock:
+                table = self._parquet_file().read(columns=[uid])
+            problems = []
+            uids: list[str | None] = []
+            for row, value in enumerate(table.column(0).to_pylist()):
+                if value is None:
+                    problems.append(f"{self.path} row {row + 1}: no uid (null)")
+                    uids.append(None)
+                else:
+                    uids.append(_uid_text(value))
+            return ScanResult(uids, None, problems)
+        except LavenderError:
+            raise
+        except Exception as exc:  # csv.Error, OSError, pyarrow's errors: the file as a whole fails
+            raise LavenderError(f"{self.path}: cannot be read ({_reason(exc)})") from None
+
+    def _scan_csv(self, uid: str) -> ScanResult:
+        """The csv pass: the reader is fed one line at a time, so after each record the bytes
+        consumed so far are where the next row starts (quoted cells may span lines)."""
+        header = self.columns()
+        column = header.index(uid)
+        width = len(header)
+        uids: list[str | None] = []
+        offsets = [0]
+        problems: list[str] = []
+        position = 0
+        line = 0
+        with open(self.path, "rb") as f:
+            def lines() -> Iterator[str]:
+                nonlocal position, line
+                for raw in f:
+                    position += len(raw)
+                    line += 1
+                    try:
+                        yield raw.decode("utf-8")
+                    except UnicodeDecodeError:
+                        raise LavenderError(f"{self.path} line {line}: not UTF-8 text") from None
+            reader = csv.reader(lines())
+            next(reader, None)  # the header
+            offsets[0] = position
+            first_line = line + 1
+            for record in reader:
+                if len(record) != width:
+                    problems.append(f"{self.path} line {first_line}: {len(record)} cells, the header has {width}")
+                    uids.append(None)
+                else:
+                    uids.append(record[column])
+                offsets.append(position)
+                first_line = line + 1
+        return ScanResult(uids, np.array(offsets, dtype=np.int64), problems)
+
+    def set_offsets(self, offsets: np.ndarray) -> None:
+        """Where the csv rows start, from a stored state (instead of :meth:`scan`)."""
+        self._offsets = offsets
+
+    def read_rows(self, rows: np.ndarray, cache: _RowGroupCache) -> dict[int, dict[str, Any]]:
+        """Rows ``rows`` (row numbers, in any order) as dicts: csv cells as strings, parquet
+        cells as Python values. Reads only the byte ranges (csv) or row groups (parquet) that
+        hold them."""
+        wanted = np.unique(rows)
+        if len(wanted) == 0:
+            return {}
+        try:
+            return self._read_csv(wanted) if self.kind == "csv" else self._read_parquet(wanted, cache)
+        except LavenderError:
+            raise
+        except Exception as exc:
+            raise LavenderError(f"{self.path}: rows {int(wanted[0]) + 1}..{int(wanted[-1]) + 1} cannot be read "
+                                f"({_reason(exc)})") from None
+
+    def _read_csv(self, wanted: np.ndarray) -> dict[int, dict[str, Any]]:
+        offsets = self._offsets
+        if offsets is None:
+            raise LavenderError(f"{self.path}: read before its rows were scanned")
+        header = self.columns()
+        out: dict[int, dict[str, Any]] = {}
+        # runs of rows near each other: one read and one parse each
+        breaks = np.flatnonzero(np.diff(wanted) > CSV_GAP_ROWS) + 1
+        with open(self.path, "rb") as f:
+            for run in np.split(wanted, breaks):
+                first, last = int(run[0]), int(run[-1])
+                f.seek(int(offsets[first]))
+                text = f.read(int(offsets[last + 1] - offsets[first])).decode("utf-8")
+                records = list(csv.reader(io.StringIO(text, newline="")))
+                if len(records) != last - first + 1:
+                    raise LavenderError(f"{self.path}: rows {first + 1}..{last + 1} are not where the scan found "
+                                        "them (the file changed?)")
+                for row in run.tolist():
+                    record = records[row - first]
+                    if len(record) == len(header):
+                        out[row] = dict(zip(header, record))
+        return out
+
+    def _read_parquet(self, wanted: np.ndarray, cache: _RowGroupCache) -> dict[int, dict[str, Any]]:
+        import pyarrow as pa
+        with self._lock:
+            parquet = self._parquet_file()
+        starts = self._group_starts
+        assert starts is not None
+        groups = np.searchsorted(starts, wanted, side="right") - 1
+        out: dict[int, dict[str, Any]] = {}
+        for group in np.unique(groups).tolist():
+            if group >= len(starts) - 1:
+                raise LavenderError(f"{self.path}: row {int(wanted[-1]) + 1} is past its end (the file changed?)")
+            table = cache.get((self.path, group))
+            if table is None:
+                with self._lock:
+                    table = parquet.read_row_group(group)
+                cache.put((self.path, group), table)
+            rows = wanted[groups == group]
+            local = rows - starts[group]
+            if local[-1] - local[0] + 1 == len(local):  # a run: slicing copies nothing
+                part = table.slice(int(local[0]), len(local))
+            else:
+                part = table.take(pa.array(local))
+            for row, record in zip(rows.tolist(), part.to_pylist()):
+                out[row] = record
+        return out
+
+    def close(self) -> None:
+        """Forget the open parquet file (reopened on the next read)."""
+        with self._lock:
+            self._parquet = None
 
 
-@dataclass
-class Shard:
-    """Shard index ``index`` across the shardsets: its samples' uids and where their rows are."""
+def _reason(exc: BaseException) -> str:
+    """An exception as a few words on one line."""
+    text = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
+    return " ".join(str(text).split())[:300]
 
-    index: int
-    files: dict[str, ShardFile]  # shardset name -> its file of this index
-    uids: list[str] = field(default_factory=list)  # in sample order
-    rows: dict[str, dict[str, int]] = field(default_factory=dict)  # shardset -> uid -> row number
+
+# ---------------------------------------------------------------- the state kept between mounts
+
+
+def _pack(head: dict[str, Any], arrays: dict[str, np.ndarray]) -> bytes:
+    """A JSON head and little-endian int64 arrays as one blob."""
+    parts = []
+    shapes = {}
+    for name, array in arrays.items():
+        parts.append(np.ascontiguousarray(array, dtype="<i8").tobytes())
+        shapes[name] = len(array)
+    text = json.dumps({**head, "arrays": shapes}).encode()
+    return len(text).to_bytes(4, "little") + text + b"".join(parts)
+
+
+def _unpack(state: bytes) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    """What :func:`_pack` made; ``ValueError`` if it is not that."""
+    try:
+        size = int.from_bytes(state[:4], "little")
+        head = json.loads(state[4:4 + size])
+        data = np.frombuffer(state, dtype="<i8", offset=4 + size)
+        arrays = {}
+        at = 0
+        for name, length in head["arrays"].items():
+            arrays[name] = data[at:at + int(length)].astype(np.int64)
+            if len(arrays[name]) != length:
+                raise ValueError(f"array {name} is cut short")
+            at += int(length)
+        if at != len(data):
+            raise ValueError("bytes left over")
+    except (KeyError, TypeError, AttributeError, json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ValueError(f"not a stored Lavender state ({exc})") from None
+    return head, arrays
+
+
+# ---------------------------------------------------------------- the source
+
+
+def _block_rows(groups: list[int]) -> int:
+    """Samples per block: a parquet row group of the first shardset, or an even part of one,
+    when its groups (but the last) are of one size; else :data:`BLOCK_ROWS`."""
+    if not groups:
+        return BLOCK_ROWS
+    size = groups[0]
+    if size <= 0 or any(g != size for g in groups[:-1]) or groups[-1] > size:
+        return BLOCK_ROWS
+    if size <= BLOCK_ROWS:
+        return size
+    part = next(d for d in range(BLOCK_ROWS, 0, -1) if size % d == 0)
+    return part if part >= BLOCK_ROWS // 4 else BLOCK_ROWS
+
+
+class LavenderShard(SourceShard):
+    """Shard index ``index`` across the shardsets: the folder ``shard.NNNNN``."""
+
+    def __init__(self, source: "LavenderSource", index: int, files: dict[str, ShardFile]) -> None:
+        self.source = source
+        self.index = index
+        self.files = files  # shardset name -> its file of this index, in shardset order
+        self.name = f"shard.{index:05d}"
+        self.path = f"{source.root}/*/{self.name}"
+        self.uid = source.uid
+        self.first_index = 0  # each shard numbers its samples from 0 (index keys only where a uid cannot be a key)
+        self.mtime = 0.0
+        self.data_size = 0
+        for file in files.values():
+            try:
+                st = os.stat(file.path)
+            except OSError:
+                continue
+            self.mtime = max(self.mtime, st.st_mtime)
+            self.data_size += st.st_size
+        self._ready = False
+        self._num_samples = 0
+        self._block_rows = BLOCK_ROWS
+        self._width = INDEX_KEY_MIN_WIDTH
+        self._used: list[str] = []  # shardsets joined, in order (files left out are not)
+        self._rows: dict[str, np.ndarray] = {}  # shardset -> row of each sample in its file, -1: none
+        self._names: dict[str, dict[str, str]] = {}  # shardset -> column -> field name (renamed clashes)
+        self._problems: list[str] = []
+        self._partial: dict[str, list[str]] = {}  # shardset -> uids it has that another shardset lacks here
+
+    # -- the pass over its files
+
+    def prepare(self) -> bytes:
+        """Read the uid column of every file of the shard, join them, note what breaks the
+        rules; returns all that (and where csv rows start) for :meth:`restore`."""
+        problems: list[str] = []
+        uids_of: dict[str, list[str | None]] = {}
+        offsets: dict[str, np.ndarray] = {}
+        for name, file in self.files.items():
+            try:
+                scan = file.scan(self.uid)
+            except LavenderError as exc:
+                problems.append(str(exc))  # the file is left out; the other shardsets serve
+                continue
+            uids_of[name] = scan.uids
+            problems.extend(scan.problems)
+            if scan.offsets is not None:
+                offsets[name] = scan.offsets
+        if not uids_of:
+            self._problems = problems
+            raise LavenderError(f"{self.path}: no file of this shard can be read ({problems[0] if problems else ''})")
+        # the join: sample order is the first shardset's rows, then uids only later ones have
+        order: dict[str, int] = {}
+        rows: dict[str, list[int]] = {}
+        for name, uids in uids_of.items():
+            mine: dict[str, int] = {}
+            path = self.files[name].path
+            for row, uid in enumerate(uids):
+                if uid is None:
+                    continue
+                if uid in mine:
+                    problems.append(f"{path} row {row + 1}: uid {uid!r} again (first at row {mine[uid] + 1})")
+                    continue
+                mine[uid] = row
+                order.setdefault(uid, len(order))
+            column = [-1] * len(order)
+            for uid, row in mine.items():
+                column[order[uid]] = row
+            rows[name] = column
+        count = len(order)
+        arrays = {name: np.array(column + [-1] * (count - len(column)), dtype=np.int64)
+                  for name, column in rows.items()}
+        partial = self._partial_uids(order, arrays)
+        groups = next(iter(self.files[n].row_groups() for n in arrays), [])
+        digits = {len(uid) for uid in order if uid.isdigit() and uid.isascii()}
+        head = {"version": STATE_VERSION, "uid": self.uid, "count": count, "used": list(arrays),
+                "block_rows": _block_rows(groups), "width": self._key_width(count, digits),
+                "problems": problems, "partial": partial}
+        packed = {f"rows:{name}": array for name, array in arrays.items()}
+        packed.update({f"offsets:{name}": array for name, array in offsets.items()})
+        state = _pack(head, packed)
+        self.restore(state)
+        return state
+
+    @staticmethod
+    def _key_width(count: int, digit_lengths: set[int]) -> int:
+        """Index-key digits wider than any all-digit uid of exactly that width: the naming layer
+        refuses a ``__key__`` shaped like an index key, so numeric uids would lose their names."""
+        width = index_key_width(count)
+        while width in digit_lengths:
+            width += 1
+        return width
+
+    @staticmethod
+    def _partial_uids(order: dict[str, int], arrays: dict[str, np.ndarray]) -> dict[str, list[str]]:
+        """Per shardset, the uids it has here that another shardset lacks here: the only ones
+        that may sit in another shard index elsewhere (checked across shards as they open)."""
+        if len(arrays) < 2:
+            return {}
+        uids = np.array(list(order), dtype=object)
+        present = np.stack([a >= 0 for a in arrays.values()])
+        lacking = ~present.all(axis=0)
+        return {name: uids[lacking & present[i]].tolist() for i, name in enumerate(arrays)
+                if (lacking & present[i]).any()}
+
+    def restore(self, state: bytes) -> None:
+        """Take back what :meth:`prepare` returned; ``ValueError`` if it does not fit this shard."""
+        head, arrays = _unpack(state)
+        if head.get("version") != STATE_VERSION or head.get("uid") != self.uid:
+            raise ValueError("another state version or uid column")
+        used = list(head["used"])
+        count = int(head["count"])
+        if any(name not in self.files or len(arrays.get(f"rows:{name}", ())) != count for name in used):
+            raise ValueError("the state's shardsets are not this shard's")
+        for name in used:
+            offsets = arrays.get(f"offsets:{name}")
+            if self.files[name].kind == "csv":
+                if offsets is None:
+                    raise ValueError(f"no row offsets for {name}")
+                self.files[name].set_offsets(offsets)
+        self._used = used
+        self._num_samples = count
+        self._rows = {name: arrays[f"rows:{name}"] for name in used}
+        self._block_rows = int(head["block_rows"])
+        self._width = int(head["width"])
+        self._problems = [str(p) for p in head["problems"]]
+        self._partial = {str(k): [str(u) for u in v] for k, v in head["partial"].items()}
+        if self._block_rows < 1:
+            raise ValueError("a block of no rows")
+        try:
+            self._names = self._field_names()
+        except LavenderError as exc:  # a file unreadable now: prepare() will say so
+            raise ValueError(str(exc)) from None
+        self._ready = True
+        self.source._opened(self)
+
+    def _field_names(self) -> dict[str, dict[str, str]]:
+        """Each used shardset's columns and the field names they get: the column's own, or
+        ``<shardset>.<column>`` for a name (case folded) two shardsets have."""
+        columns = {name: [c for c in self.files[name].columns() if c != self.uid] for name in self._used}
+        seen: dict[str, list[str]] = {}
+        for name, names in columns.items():
+            for column in names:
+                seen.setdefault(column.casefold(), []).append(name)
+        clashing = {folded for folded, sets in seen.items() if len(sets) > 1}
+        fields = {}
+        for name, names in columns.items():
+            fields[name] = {c: (f"{name}.{c}" if c.casefold() in clashing else c) for c in names}
+            for column in names:
+                if column.casefold() in clashing:
+                    self.source._log_once(f"{self.source.root}: column {column!r} is in shardsets "
+                                          f"{', '.join(seen[column.casefold()])}: shown as <shardset>.{column}")
+        return fields
+
+    # -- blocks
 
     @property
-    def name(self) -> str:
-        """The folder name: ``shard.NNNNN`` as the files name it."""
-        return f"shard.{self.index:05d}"
+    def num_samples(self) -> int:
+        """Samples in the shard (once prepared or restored)."""
+        return self._num_samples
+
+    @property
+    def block_size(self) -> int:
+        return self._block_rows
+
+    @property
+    def num_blocks(self) -> int:
+        return -(-self._num_samples // self._block_rows)
+
+    def block_length(self, block: int) -> int:
+        return max(0, min(self._block_rows, self._num_samples - block * self._block_rows))
+
+    @property
+    def key_width(self) -> int:
+        return self._width
+
+    def block_where(self, block: int) -> str:
+        first = block * self._block_rows
+        return f"{self.path} samples {first}..{first + self.block_length(block) - 1}"
+
+    def decode_block(self, block: int) -> tuple[list[Any], int]:
+        """The block's samples: ``{"__key__": uid, "<column>": value, ...}`` joined from every
+        shardset that has the uid."""
+        if not self._ready:
+            raise LavenderError(f"{self.path}: read before it was prepared")
+        first = block * self._block_rows
+        last = first + self.block_length(block)
+        samples: list[dict[str, Any]] = [{} for _ in range(last - first)]
+        keys: list[Any] = [None] * (last - first)
+        for name in self._used:
+            file = self.files[name]
+            wanted = self._rows[name][first:last]
+            records = file.read_rows(wanted[wanted >= 0], self.source.row_groups)
+            fields = self._names[name]
+            for pos, row in enumerate(wanted.tolist()):
+                if row < 0:
+                    continue
+                record = records.get(row)
+                if record is None:
+                    raise LavenderError(f"{file.path} row {row + 1}: cannot be read (the file changed?)")
+                sample = samples[pos]
+                if keys[pos] is None:
+                    keys[pos] = record.get(self.uid)
+                for column, value in record.items():
+                    if value is None or column == self.uid:
+                        continue  # a parquet null is no file; the uid is the key
+                    field = fields.get(column, column)
+                    if field != "__key__":
+                        sample[field] = value
+        out: list[Any] = []
+        held = 0
+        for sample, uid in zip(samples, keys):
+            text = _uid_text(uid)
+            if key_problem(text, 0) is not None:
+                sample[self.uid] = uid  # it will get an index key: keep the uid as a file
+            out.append({"__key__": text, **sample})
+            held += 64 + len(text) + sum(len(v) if isinstance(v, (str, bytes)) else 16 for v in sample.values())
+        return out, held
+
+    # -- what a stored table depends on
+
+    def table_files(self) -> list[str]:
+        return [file.path for file in self.files.values()]
+
+    def table_key(self) -> dict[str, Any]:
+        """The files' signatures, the uid column (another one joins other samples) and the
+        state's version."""
+        return {**super().table_key(), "uid": self.uid, "lavender": STATE_VERSION}
+
+    def problems(self) -> list[str]:
+        """What the pass over the shard's files found wrong, one line each."""
+        return list(self._problems)
+
+    def close(self) -> None:
+        for file in self.files.values():
+            file.close()
 
 
-class LavenderDataset:
-    """A folder of shardsets. :meth:`scan` checks the join rules and orders the samples."""
+class LavenderSource(Source):
+    """A folder of shardsets, each shard index a :class:`LavenderShard`."""
+
+    kind = "lavender"
 
     def __init__(self, root: str, uid: str = DEFAULT_UID) -> None:
         self.root = os.fspath(root)
         self.uid = uid
+        self.row_groups = _RowGroupCache(ROW_GROUP_CACHE_BYTES)
+        self.layout_problems: list[str] = []
+        self._logged: set[str] = set()
+        self._where: dict[str, tuple[str, int]] = {}  # a partial uid -> (shardset, shard index) first seen
+        self._lock = threading.Lock()
         self.shardsets: dict[str, dict[int, ShardFile]] = {}
         try:
             names = sorted(n for n in os.listdir(self.root) if not n.startswith("."))
@@ -109,48 +630,76 @@ class LavenderDataset:
             found: dict[int, ShardFile] = {}
             for file in sorted(os.listdir(folder)):
                 match = SHARD_FILE.fullmatch(file)
-                if match:
-                    index = int(match.group(1))
-                    if index in found:
-                        raise LavenderError(f"{os.path.join(folder, file)}: a second shard {index} in {name}")
-                    found[index] = ShardFile(name, os.path.join(folder, file), index, match.group(2))
+                if not match:
+                    continue
+                index = int(match.group(1))
+                if index in found:  # shard.1.csv beside shard.00001.parquet: which one is meant?
+                    self.layout_problems.append(f"{os.path.join(folder, file)}: a second shard {index} in {name} "
+                                                f"(beside {os.path.basename(found[index].path)}); left out")
+                    continue
+                found[index] = ShardFile(name, os.path.join(folder, file), index, match.group(2))
             if found:
                 self.shardsets[name] = found
         if not self.shardsets:
             raise LavenderError(f"{self.root}: no shardset folder with shard.NNNNN.csv or .parquet files")
+        for problem in self.layout_problems:
+            log.warning("%s", problem)
         indices = sorted({i for files in self.shardsets.values() for i in files})
-        self.shards = [Shard(i, {name: files[i] for name, files in self.shardsets.items() if i in files})
-                       for i in indices]
+        self._shards = [LavenderShard(self, i, {name: files[i] for name, files in self.shardsets.items()
+                                                if i in files}) for i in indices]
 
-    def scan(self) -> list[str]:
-        """Read every shard's uids, check the rules, order the samples; returns the problems
-        found (one line each). A shard file breaking them is left out of its shard."""
-        problems: list[str] = []
+    @property
+    def shards(self) -> list[LavenderShard]:  # type: ignore[override]
+        """A shard per shard index, in index order."""
+        return self._shards
+
+    def _log_once(self, message: str) -> None:
+        with self._lock:
+            if message in self._logged:
+                return
+            self._logged.add(message)
+        log.warning("%s", message)
+
+    def _opened(self, shard: LavenderShard) -> None:
+        """Log a prepared shard's problems, and any uid it has that a shard opened before has
+        in another shard index of another shardset (a join that cannot be made)."""
+        problems = shard.problems()
+        for problem in problems[:LOGGED_PROBLEMS]:
+            self._log_once(problem)
+        if len(problems) > LOGGED_PROBLEMS:
+            self._log_once(f"{shard.path}: {len(problems) - LOGGED_PROBLEMS} more problems (atlasfs verify lists them)")
+        with self._lock:
+            moved = []
+            for name, uids in shard._partial.items():
+                for uid in uids:
+                    first = self._where.setdefault(uid, (name, shard.index))
+                    if first[1] != shard.index:
+                        moved.append(f"{self.root}: uid {uid!r} is in shard {first[1]} of {first[0]} but in shard "
+                                     f"{shard.index} of {name}; not joined")
+        for message in moved[:LOGGED_PROBLEMS]:
+            self._log_once(message)
+
+    def problems(self) -> list[str]:
+        """Every rule broken across shards, by a pass over every shard's uid column: a uid in two
+        shards of one shardset, or in one shard index here and another there."""
+        problems = list(self.layout_problems)
         where: dict[str, dict[str, int]] = {}  # shardset -> uid -> shard index
-        for shard in self.shards:
-            order: dict[str, None] = {}
-            for name, file in list(shard.files.items()):
+        for shard in self._shards:
+            for name, file in shard.files.items():
                 try:
-                    uids = self._uids(file)
-                except LavenderError as exc:
-                    problems.append(str(exc))
-                    del shard.files[name]
-                    continue
+                    uids = file.scan(self.uid).uids
+                except LavenderError:
+                    continue  # the shard's own problems name it
                 seen = where.setdefault(name, {})
-                rows: dict[str, int] = {}
+                mine: set[str] = set()
                 for row, uid in enumerate(uids):
-                    if uid in rows:
-                        problems.append(f"{file.path} row {row + 1}: uid {uid!r} again (first at row {rows[uid] + 1})")
-                        continue
+                    if uid is None or uid in mine:
+                        continue  # the shard's own problems name these
+                    mine.add(uid)
                     if seen.get(uid, shard.index) != shard.index:
                         problems.append(f"{file.path} row {row + 1}: uid {uid!r} is also in shard {seen[uid]} of {name}")
                         continue
-                    rows[uid] = row
                     seen[uid] = shard.index
-                    order[uid] = None
-                shard.rows[name] = rows
-            shard.uids = list(order)
-        # the same uid in another shard index in another shardset breaks the join
         home: dict[str, tuple[str, int]] = {}
         for name in sorted(where):
             for uid, index in where[name].items():
@@ -159,27 +708,86 @@ class LavenderDataset:
                     problems.append(f"uid {uid!r} is in shard {first[1]} of {first[0]} but in shard {index} of {name}")
         return problems
 
-    def _uids(self, file: ShardFile) -> list[str]:
-        if self.uid not in file.columns():
-            raise LavenderError(f"{file.path}: no {self.uid!r} column (choose it with -o uid=COLUMN)")
-        return [_uid_text(row[self.uid]) for row in file.rows()]
+    def info(self) -> list[str]:
+        sets = ", ".join(f"{name} ({len(files)} shards)" for name, files in self.shardsets.items())
+        return [f"lavender dataset {self.root}: shardsets {sets}; joined by column {self.uid!r}"]
+
+
+def looks_like(path: str) -> bool:
+    """A folder with a sub-folder holding a ``shard.NNNNN.csv`` or ``.parquet`` (names only)."""
+    try:
+        with os.scandir(path) as entries:
+            folders = [e.path for e in entries if e.is_dir() and not e.name.startswith(".")]
+    except OSError:
+        return False
+    for folder in folders:
+        try:
+            with os.scandir(folder) as entries:
+                if any(SHARD_FILE.fullmatch(e.name) for e in entries):
+                    return True
+        except OSError:
+            continue
+    return False
+
+
+def open_source(path: str, options: Any) -> LavenderSource:
+    """The Lavender dataset at ``path``, joined by ``options.uid`` (:class:`~.factory.SourceOptions`)."""
+    return LavenderSource(os.fspath(path), uid=getattr(options, "uid", None) or DEFAULT_UID)
+
+
+# ---------------------------------------------------------------- without the tree
+
+
+@dataclass
+class Shard:
+    """Shard index ``index`` as :class:`LavenderDataset` shows it: its samples' uids in order."""
+
+    index: int
+    uids: list[str]
+    source_shard: LavenderShard
+
+    @property
+    def name(self) -> str:
+        """The folder name: ``shard.NNNNN`` as the files name it."""
+        return f"shard.{self.index:05d}"
+
+
+class LavenderDataset:
+    """A folder of shardsets read without a mount: :meth:`scan`, then :meth:`samples`."""
+
+    def __init__(self, root: str, uid: str = DEFAULT_UID) -> None:
+        self.source = LavenderSource(root, uid)
+        self.root = self.source.root
+        self.uid = uid
+        self.shards: list[Shard] = []
+
+    def scan(self) -> list[str]:
+        """Prepare every shard and check the rules across them; returns the problems found."""
+        problems: list[str] = []
+        self.shards = []
+        for shard in self.source.shards:
+            try:
+                shard.prepare()
+            except LavenderError as exc:
+                problems.extend(shard.problems() or [str(exc)])
+                continue
+            problems.extend(shard.problems())
+            uids = [s["__key__"] for b in range(shard.num_blocks) for s in shard.decode_block(b)[0]]
+            self.shards.append(Shard(shard.index, uids, shard))
+        problems.extend(p for p in self.source.problems() if p not in problems)
+        return problems
 
     def samples(self, shard: Shard, first: int, count: int) -> list[dict[str, Any]]:
-        """Samples ``first`` to ``first + count`` of ``shard``: the uid as ``__key__`` and every
-        shardset's columns for it (the uid column once)."""
-        chosen = shard.uids[first:first + count]
-        samples: list[dict[str, Any]] = [{"__key__": uid} for uid in chosen]
-        for name, file in shard.files.items():
-            table = file.rows()
-            rows = shard.rows.get(name, {})
-            for sample, uid in zip(samples, chosen):
-                row = rows.get(uid)
-                if row is None:
-                    continue
-                for column, value in table[row].items():
-                    if column != self.uid:
-                        sample.setdefault(column, value)
-        return samples
+        """Samples ``first`` to ``first + count`` of ``shard``."""
+        source_shard = shard.source_shard
+        out: list[dict[str, Any]] = []
+        for block in range(first // source_shard.block_size, source_shard.num_blocks):
+            start = block * source_shard.block_size
+            if start >= first + count:
+                break
+            samples, _ = source_shard.decode_block(block)
+            out.extend(samples[max(0, first - start):first + count - start])
+        return out
 
 
 def write_csv_shard(path: str, rows: list[dict[str, Any]]) -> None:

@@ -1,0 +1,217 @@
+"""Lavender shardsets as a mountable source: the join, blocks, names, stored state, bad input."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from atlasfs import naming
+from atlasfs.sources import factory
+from atlasfs.sources.lavender import (BLOCK_ROWS, LavenderError, LavenderShard, LavenderSource, looks_like,
+                                      write_csv_shard)
+
+
+def files_of(shard: LavenderShard) -> dict[str, bytes]:
+    """The shard's files as the tree names them: ``{"<key>.<suffix>": bytes}`` in listing order."""
+    assigner = naming.KeyAssigner(shard.key_width)
+    out: dict[str, bytes] = {}
+    for block in range(shard.num_blocks):
+        samples, _ = shard.decode_block(block)
+        assert len(samples) == shard.block_length(block)
+        for pos, sample in enumerate(samples):
+            fields, note = naming.example_fields(sample, naming.MAX_NAME_BYTES - 1 - shard.key_width)
+            assert note is None, note
+            longest = max(len(s.encode()) for s, _ in fields)
+            key, _ = assigner.assign(naming.declared_key(sample), shard.first_index + block * shard.block_size + pos,
+                                     longest)
+            for suffix, value in fields:
+                out[f"{key}.{suffix}"] = naming.encode_as(suffix, value)
+    return out
+
+
+def _dataset(root: Path, shards: int = 2, rows: int = 10) -> None:
+    """images (csv, every uid), captions (csv, the last uid of each shard missing, one uid only
+    it has), scores (parquet: float, int, binary, a null)."""
+    for name in ("images", "captions", "scores"):
+        (root / name).mkdir(parents=True, exist_ok=True)
+    for s in range(shards):
+        uids = [f"u{s * rows + i}" for i in range(rows)]
+        write_csv_shard(str(root / "images" / f"shard.{s:05d}.csv"),
+                        [{"uid": u, "image_url": f"https://x/{u}.jpg"} for u in uids])
+        write_csv_shard(str(root / "captions" / f"shard.{s:05d}.csv"),
+                        [{"uid": u, "caption": f"a caption, \"quoted\"\nfor {u} ü"} for u in uids[:-1]]
+                        + [{"uid": f"extra{s}", "caption": "only here"}])
+        pq.write_table(pa.table({"uid": uids, "score": [i / 4 for i in range(rows)],
+                                 "n": list(range(rows)), "jpg": [u.encode() for u in uids],
+                                 "note": [None if i == 1 else f"n{i}" for i in range(rows)]}),
+                       root / "scores" / f"shard.{s:05d}.parquet", row_group_size=4)
+
+
+def _prepared(root: Path, **kwargs: str) -> LavenderSource:
+    source = factory.open_source(str(root), "lavender", factory.SourceOptions(**kwargs))
+    assert isinstance(source, LavenderSource)
+    for shard in source.shards:
+        shard.prepare()
+    return source
+
+
+def test_a_sample_is_the_join_by_uid_with_csv_strings_and_parquet_types(tmp_path: Path) -> None:
+    _dataset(tmp_path)
+    assert looks_like(str(tmp_path)) and not looks_like(str(tmp_path / "images"))
+    source = _prepared(tmp_path)
+    assert [s.name for s in source.shards] == ["shard.00000", "shard.00001"]
+    shard = source.shards[1]
+    assert shard.problems() == [] and source.problems() == []
+    samples = [s for b in range(shard.num_blocks) for s in shard.decode_block(b)[0]]
+    # the first shardset's rows (captions, by folder name) in its order, then the uid it lacks
+    assert [s["__key__"] for s in samples] == [f"u{10 + i}" for i in range(9)] + ["extra1", "u19"]
+    assert samples[2] == {"__key__": "u12", "caption": 'a caption, "quoted"\nfor u12 ü', "image_url": "https://x/u12.jpg",
+                          "score": 0.5, "n": 2, "jpg": b"u12", "note": "n2"}
+    assert "caption" not in samples[10] and "note" not in samples[1]  # missing from captions; a parquet null
+    assert samples[9] == {"__key__": "extra1", "caption": "only here"}
+    files = files_of(shard)
+    assert files["u12.caption.txt"] == 'a caption, "quoted"\nfor u12 ü'.encode()
+    assert (files["u12.score.json"], files["u12.n.cls"], files["u12.jpg"]) == (b"0.5", b"2", b"u12")
+    assert files["u12.image_url.txt"] == b"https://x/u12.jpg" and "u11.note.txt" not in files
+    assert list(files)[:6] == ["u10.caption.txt", "u10.image_url.txt", "u10.jpg", "u10.n.cls", "u10.note.txt",
+                               "u10.score.json"]
+
+
+def test_blocks_follow_parquet_row_groups_and_read_only_their_rows(tmp_path: Path) -> None:
+    rows = 5000
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    pq.write_table(pa.table({"uid": [f"k{i}" for i in range(rows)], "x": list(range(rows))}),
+                   tmp_path / "a" / "shard.00000.parquet", row_group_size=1000)
+    # b holds the same uids backwards, in csv: its rows are found by uid, not by position
+    write_csv_shard(str(tmp_path / "b" / "shard.00000.csv"),
+                    [{"uid": f"k{i}", "y": f"y{i}"} for i in reversed(range(rows))])
+    [shard] = _prepared(tmp_path).shards
+    assert (shard.block_size, shard.num_blocks) == (1000, 5)
+    for block in (3, 0, 4):  # any order
+        samples, held = shard.decode_block(block)
+        assert held > 0
+        assert samples[7] == {"__key__": f"k{block * 1000 + 7}", "x": block * 1000 + 7, "y": f"y{block * 1000 + 7}"}
+    pq.write_table(pa.table({"uid": [f"k{i}" for i in range(100000)]}), tmp_path / "a" / "shard.00000.parquet")
+    [shard] = _prepared(tmp_path).shards
+    assert shard.block_size == 2000 and 100000 % shard.block_size == 0  # an even part of one big row group
+    (tmp_path / "a" / "shard.00000.parquet").unlink()
+    [shard] = _prepared(tmp_path).shards
+    assert shard.block_size == BLOCK_ROWS  # csv: runs of rows
+
+
+def test_the_stored_state_restores_without_a_pass_and_the_uid_column_is_part_of_the_key(tmp_path: Path) -> None:
+    _dataset(tmp_path)
+    source = factory.open_source(str(tmp_path), "lavender")
+    shard = source.shards[0]
+    state = shard.prepare()
+    fresh = LavenderSource(str(tmp_path)).shards[0]
+    fresh.restore(state)
+    assert files_of(fresh) == files_of(shard)
+    for bad in (b"", state[:-5], state.replace(b'"version": 1', b'"version": 7')):
+        with pytest.raises(ValueError):
+            LavenderSource(str(tmp_path)).shards[0].restore(bad)
+    with pytest.raises(ValueError):  # joined by another column: not this shard's state
+        LavenderSource(str(tmp_path), uid="image_url").shards[0].restore(state)
+    key = shard.table_key()
+    assert key["uid"] == "uid" and set(key["files"]) == {str(tmp_path / n / "shard.00000.csv")
+                                                          for n in ("images", "captions")} | {
+        str(tmp_path / "scores" / "shard.00000.parquet")}
+    assert LavenderSource(str(tmp_path), uid="image_url").shards[0].table_key() != key
+
+
+def test_another_uid_column(tmp_path: Path) -> None:
+    for name, column in (("a", "title"), ("b", "body")):
+        (tmp_path / name).mkdir()
+        write_csv_shard(str(tmp_path / name / "shard.00000.csv"), [{"id": f"d{i}", column: f"{column}{i}"} for i in range(3)])
+    source = _prepared(tmp_path, uid="id")
+    assert files_of(source.shards[0])["d1.body.txt"] == b"body1"
+    with pytest.raises(LavenderError, match="no file of this shard"):
+        LavenderSource(str(tmp_path)).shards[0].prepare()
+
+
+def test_a_column_in_two_shardsets_is_named_by_shardset_and_logged_once(tmp_path: Path,
+                                                                        caplog: pytest.LogCaptureFixture) -> None:
+    for name in ("v1", "v2"):
+        (tmp_path / name).mkdir()
+        for s in range(2):
+            write_csv_shard(str(tmp_path / name / f"shard.{s:05d}.csv"),
+                            [{"uid": f"a{s}{i}", "Caption" if name == "v2" else "caption": f"{name} {i}",
+                              name: "own"} for i in range(3)])
+    with caplog.at_level(logging.WARNING, logger="atlasfs"):
+        source = _prepared(tmp_path)
+    files = files_of(source.shards[1])
+    assert files["a11.v1.caption.txt"] == b"v1 1" and files["a11.v2.Caption.txt"] == b"v2 1"
+    assert files["a11.v1.txt"] == b"own" and "a11.caption.txt" not in files
+    clash = [r.getMessage() for r in caplog.records if "shardsets v1, v2" in r.getMessage()]
+    assert len(clash) == 2 and all("\n" not in m for m in clash)  # once per column (caption, Caption)
+
+
+def test_numeric_uids_keep_their_names_and_unsafe_ones_keep_their_value(tmp_path: Path) -> None:
+    (tmp_path / "s").mkdir()
+    pq.write_table(pa.table({"uid": [123456, 5, 654321, 7], "v": ["a", "b", "c", "d"]}),
+                   tmp_path / "s" / "shard.00000.parquet")
+    (tmp_path / "t").mkdir()
+    write_csv_shard(str(tmp_path / "t" / "shard.00000.csv"), [{"uid": "x.y", "v2": "dotted"}, {"uid": "5", "v2": "five"}])
+    [shard] = _prepared(tmp_path).shards
+    assert shard.key_width == 7  # wider than the six-digit uids, which the naming layer would refuse as keys
+    files = files_of(shard)
+    assert files["123456.v.txt"] == b"a" and files["654321.v.txt"] == b"c" and files["5.v2.txt"] == b"five"
+    # "x.y" cannot be a key (a dot): an index key, and the uid as a file so it is not lost
+    assert files["0000004.v2.txt"] == b"dotted" and files["0000004.uid.txt"] == b"x.y"
+
+
+def test_broken_rules_are_one_line_each_and_the_rest_serves(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    _dataset(tmp_path, shards=4)
+    # images shard 2: a duplicate uid, a row with too few cells; captions shard 3: no uid column;
+    # scores shard 3 holds u1 (and shard 0 does not), which the other shardsets have in shard 0; a null uid
+    (tmp_path / "images" / "shard.00002.csv").write_text(
+        "uid,image_url\nu20,a\nu21,b\nu20,again\nu22\nu23,d\n", encoding="utf-8")
+    write_csv_shard(str(tmp_path / "captions" / "shard.00003.csv"), [{"id": "u30", "caption": "c"}])
+    pq.write_table(pa.table({"uid": ["u30", "u1", None], "score": [1.0, 2.0, 3.0]}),
+                   tmp_path / "scores" / "shard.00003.parquet")
+    pq.write_table(pa.table({"uid": ["u0"], "score": [0.0]}), tmp_path / "scores" / "shard.00000.parquet")
+    with caplog.at_level(logging.WARNING, logger="atlasfs"):
+        source = _prepared(tmp_path)
+    logged = [r.getMessage() for r in caplog.records]
+    images2 = str(tmp_path / "images" / "shard.00002.csv")
+    assert f"{images2} row 3: uid 'u20' again (first at row 1)" in source.shards[2].problems()
+    assert f"{images2} line 5: 1 cells, the header has 2" in source.shards[2].problems()
+    problems3 = source.shards[3].problems()
+    assert f"{tmp_path / 'captions' / 'shard.00003.csv'}: no 'uid' column (choose it with -o uid=COLUMN)" in problems3
+    assert f"{tmp_path / 'scores' / 'shard.00003.parquet'} row 3: no uid (null)" in problems3
+    moved = f"{tmp_path}: uid 'u1' is in shard 0 of captions but in shard 3 of scores; not joined"
+    assert moved in logged  # met while the shards were opened, logged, and the mount goes on
+    across = source.problems()
+    assert "uid 'u1' is in shard 0 of captions but in shard 3 of scores" in across
+    everything = across + [p for s in source.shards for p in s.problems()]
+    assert all("\n" not in p for p in everything) and all(p in logged for s in source.shards for p in s.problems())
+    # the rest serves: shard 2 without the bad rows, shard 3 with what can be joined
+    files2 = files_of(source.shards[2])
+    assert files2["u20.image_url.txt"] == b"a" and "u22.image_url.txt" not in files2 and files2["u23.score.json"] == b"0.75"
+    files3 = files_of(source.shards[3])
+    assert files3["u30.image_url.txt"] == b"https://x/u30.jpg" and files3["u30.score.json"] == b"1.0"
+    assert files3["u1.score.json"] == b"2.0" and "u30.caption.txt" not in files3
+    assert files_of(source.shards[0])["u1.caption.txt"].startswith(b"a caption")
+
+
+def test_an_unreadable_shard_file_is_left_out_alone(tmp_path: Path) -> None:
+    _dataset(tmp_path)
+    (tmp_path / "scores" / "shard.00001.parquet").write_bytes(b"PAR1 not really")
+    source = _prepared(tmp_path)
+    [problem] = source.shards[1].problems()
+    assert problem.startswith(f"{tmp_path / 'scores' / 'shard.00001.parquet'}: cannot be read") and "\n" not in problem
+    assert files_of(source.shards[1])["u12.image_url.txt"] == b"https://x/u12.jpg"
+    assert "u12.score.json" not in files_of(source.shards[1])
+
+
+def test_not_lavender(tmp_path: Path) -> None:
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "notes.csv").write_text("x\n")
+    assert not looks_like(str(tmp_path)) and not looks_like(str(tmp_path / "missing"))
+    with pytest.raises(LavenderError, match="no shardset folder"):
+        LavenderSource(str(tmp_path))
