@@ -61,6 +61,8 @@ from .source import Source, SourceShard
 log = logging.getLogger("atlasfs")
 
 SHARD_FILE = re.compile(r"shard\.([0-9]+)\.(csv|parquet)")
+#: Uids surely safe as keys, told apart without :func:`naming.key_problem`'s full check.
+_PLAIN_UID = re.compile(r"(?!__)[A-Za-z0-9_+=,@:~-]{1,200}")
 DEFAULT_UID = "uid"
 #: Most samples in a block.
 BLOCK_ROWS = 2048
@@ -202,8 +204,43 @@ class ShardFile:
             raise LavenderError(f"{self.path}: cannot be read ({_reason(exc)})") from None
 
     def _scan_csv(self, uid: str) -> ScanResult:
-        """The csv pass: the reader is fed one line at a time, so after each record the bytes
-        consumed so far are where the next row starts (quoted cells may span lines)."""
+        """The csv pass: where every row starts and its uid. A file without a quote character
+        (the usual case) has a row per line, found by splitting; any other goes through
+        :mod:`csv` one line at a time (a quoted cell may span lines)."""
+        with open(self.path, "rb") as f:
+            data = f.read()
+        if b'"' not in data and b"\r" not in data.replace(b"\r\n", b"\n"):
+            try:
+                data.decode("utf-8")
+            except UnicodeDecodeError:
+                pass  # the slow pass names the line
+            else:
+                return self._scan_plain_csv(data, uid)
+        del data
+        return self._scan_quoted_csv(uid)
+
+    def _scan_plain_csv(self, data: bytes, uid: str) -> ScanResult:
+        header = self.columns()
+        column = header.index(uid)
+        width = len(header)
+        lines = data.split(b"\n")
+        if lines and lines[-1] == b"":
+            lines.pop()  # the file ends with a newline
+        sizes = np.fromiter((len(line) + 1 for line in lines), dtype=np.int64, count=len(lines))
+        offsets = np.concatenate([[0], np.cumsum(sizes)])
+        offsets[-1] = min(int(offsets[-1]), len(data))
+        uids: list[str | None] = []
+        problems: list[str] = []
+        for number, line in enumerate(lines[1:], start=2):
+            cells = line.rstrip(b"\r").split(b",") if line not in (b"", b"\r") else []
+            if len(cells) != width:
+                problems.append(f"{self.path} line {number}: {len(cells)} cells, the header has {width}")
+                uids.append(None)
+            else:
+                uids.append(cells[column].decode("utf-8"))
+        return ScanResult(uids, offsets[1:], problems)
+
+    def _scan_quoted_csv(self, uid: str) -> ScanResult:
         header = self.columns()
         column = header.index(uid)
         width = len(header)
@@ -240,13 +277,14 @@ class ShardFile:
         """Where the csv rows start, from a stored state (instead of :meth:`scan`)."""
         self._offsets = offsets
 
-    def read_rows(self, rows: np.ndarray, cache: _RowGroupCache) -> dict[int, dict[str, Any]]:
-        """Rows ``rows`` (row numbers, in any order) as dicts: csv cells as strings, parquet
-        cells as Python values. Reads only the byte ranges (csv) or row groups (parquet) that
+    def read_rows(self, rows: np.ndarray, cache: _RowGroupCache) -> tuple[dict[int, Any], int]:
+        """Rows ``rows`` (row numbers, in any order) as sequences of values in
+        :meth:`columns` order (csv cells as strings, parquet cells as Python values), and
+        about the bytes read. Reads only the byte ranges (csv) or row groups (parquet) that
         hold them."""
         wanted = np.unique(rows)
         if len(wanted) == 0:
-            return {}
+            return {}, 0
         try:
             return self._read_csv(wanted) if self.kind == "csv" else self._read_parquet(wanted, cache)
         except LavenderError:
@@ -255,12 +293,13 @@ class ShardFile:
             raise LavenderError(f"{self.path}: rows {int(wanted[0]) + 1}..{int(wanted[-1]) + 1} cannot be read "
                                 f"({_reason(exc)})") from None
 
-    def _read_csv(self, wanted: np.ndarray) -> dict[int, dict[str, Any]]:
+    def _read_csv(self, wanted: np.ndarray) -> tuple[dict[int, Any], int]:
         offsets = self._offsets
         if offsets is None:
             raise LavenderError(f"{self.path}: read before its rows were scanned")
-        header = self.columns()
-        out: dict[int, dict[str, Any]] = {}
+        width = len(self.columns())
+        out: dict[int, Any] = {}
+        read = 0
         # runs of rows near each other: one read and one parse each
         breaks = np.flatnonzero(np.diff(wanted) > CSV_GAP_ROWS) + 1
         with open(self.path, "rb") as f:
@@ -268,24 +307,26 @@ class ShardFile:
                 first, last = int(run[0]), int(run[-1])
                 f.seek(int(offsets[first]))
                 text = f.read(int(offsets[last + 1] - offsets[first])).decode("utf-8")
+                read += len(text)
                 records = list(csv.reader(io.StringIO(text, newline="")))
                 if len(records) != last - first + 1:
                     raise LavenderError(f"{self.path}: rows {first + 1}..{last + 1} are not where the scan found "
                                         "them (the file changed?)")
                 for row in run.tolist():
                     record = records[row - first]
-                    if len(record) == len(header):
-                        out[row] = dict(zip(header, record))
-        return out
+                    if len(record) == width:
+                        out[row] = record
+        return out, read
 
-    def _read_parquet(self, wanted: np.ndarray, cache: _RowGroupCache) -> dict[int, dict[str, Any]]:
+    def _read_parquet(self, wanted: np.ndarray, cache: _RowGroupCache) -> tuple[dict[int, Any], int]:
         import pyarrow as pa
         with self._lock:
             parquet = self._parquet_file()
         starts = self._group_starts
         assert starts is not None
         groups = np.searchsorted(starts, wanted, side="right") - 1
-        out: dict[int, dict[str, Any]] = {}
+        out: dict[int, Any] = {}
+        read = 0
         for group in np.unique(groups).tolist():
             if group >= len(starts) - 1:
                 raise LavenderError(f"{self.path}: row {int(wanted[-1]) + 1} is past its end (the file changed?)")
@@ -300,9 +341,10 @@ class ShardFile:
                 part = table.slice(int(local[0]), len(local))
             else:
                 part = table.take(pa.array(local))
-            for row, record in zip(rows.tolist(), part.to_pylist()):
-                out[row] = record
-        return out
+            read += part.nbytes
+            # a column at a time, then zipped: much cheaper than a dict per row
+            out.update(zip(rows.tolist(), zip(*(column.to_pylist() for column in part.columns))))
+        return out, read
 
     def close(self) -> None:
         """Forget the open parquet file (reopened on the next read)."""
@@ -395,6 +437,7 @@ class LavenderShard(SourceShard):
         self._rows: dict[str, np.ndarray] = {}  # shardset -> row of each sample in its file, -1: none
         self._names: dict[str, dict[str, str]] = {}  # shardset -> column -> field name (renamed clashes)
         self._problems: list[str] = []
+        self._unsafe: frozenset[int] = frozenset()  # samples whose uid cannot be a key
         self._partial: dict[str, list[str]] = {}  # shardset -> uids it has that another shardset lacks here
 
     # -- the pass over its files
@@ -419,26 +462,26 @@ class LavenderShard(SourceShard):
             self._problems = problems
             raise LavenderError(f"{self.path}: no file of this shard can be read ({problems[0] if problems else ''})")
         # the join: sample order is the first shardset's rows, then uids only later ones have
-        order: dict[str, int] = {}
-        rows: dict[str, list[int]] = {}
+        # (dict operations over whole lists: a Python loop per row would cost more than the parse)
+        order: dict[str, int] = {}  # uid -> sample number
+        found: dict[str, tuple[list[int], list[int]]] = {}  # shardset -> (sample numbers, rows)
         for name, uids in uids_of.items():
-            mine: dict[str, int] = {}
-            path = self.files[name].path
-            for row, uid in enumerate(uids):
-                if uid is None:
-                    continue
-                if uid in mine:
-                    problems.append(f"{path} row {row + 1}: uid {uid!r} again (first at row {mine[uid] + 1})")
-                    continue
-                mine[uid] = row
-                order.setdefault(uid, len(order))
-            column = [-1] * len(order)
-            for uid, row in mine.items():
-                column[order[uid]] = row
-            rows[name] = column
+            count = len(uids)
+            mine = dict(zip(reversed(uids), range(count - 1, -1, -1)))  # uid -> its first row
+            mine.pop(None, None)  # type: ignore[call-overload]
+            if len(mine) != count - uids.count(None):
+                problems.extend(self._repeated(self.files[name].path, uids))
+            new = [uid for uid in mine if uid not in order]  # (reversed order: sorted by row below)
+            new.sort(key=mine.__getitem__)
+            order.update(zip(new, range(len(order), len(order) + len(new))))
+            found[name] = (list(map(order.__getitem__, mine)), list(mine.values()))
         count = len(order)
-        arrays = {name: np.array(column + [-1] * (count - len(column)), dtype=np.int64)
-                  for name, column in rows.items()}
+        arrays = {}
+        for name, (samples, rows) in found.items():
+            arrays[name] = np.full(count, -1, dtype=np.int64)
+            arrays[name][np.array(samples, dtype=np.int64)] = rows
+        unsafe = [number for uid, number in order.items()
+                  if not _PLAIN_UID.fullmatch(uid) and key_problem(uid, 0) is not None]
         partial = self._partial_uids(order, arrays)
         groups = next(iter(self.files[n].row_groups() for n in arrays), [])
         digits = {len(uid) for uid in order if uid.isdigit() and uid.isascii()}
@@ -446,10 +489,21 @@ class LavenderShard(SourceShard):
                 "block_rows": _block_rows(groups), "width": self._key_width(count, digits),
                 "problems": problems, "partial": partial}
         packed = {f"rows:{name}": array for name, array in arrays.items()}
+        packed["unsafe"] = np.array(unsafe, dtype=np.int64)
         packed.update({f"offsets:{name}": array for name, array in offsets.items()})
         state = _pack(head, packed)
         self.restore(state)
         return state
+
+    @staticmethod
+    def _repeated(path: str, uids: list[str | None]) -> list[str]:
+        """One line per row repeating a uid found in an earlier row of the file."""
+        first: dict[str, int] = {}
+        problems = []
+        for row, uid in enumerate(uids):
+            if uid is not None and first.setdefault(uid, row) != row:
+                problems.append(f"{path} row {row + 1}: uid {uid!r} again (first at row {first[uid] + 1})")
+        return problems
 
     @staticmethod
     def _key_width(count: int, digit_lengths: set[int]) -> int:
@@ -490,6 +544,7 @@ class LavenderShard(SourceShard):
         self._used = used
         self._num_samples = count
         self._rows = {name: arrays[f"rows:{name}"] for name in used}
+        self._unsafe = frozenset(arrays.get("unsafe", np.zeros(0, dtype=np.int64)).tolist())
         self._block_rows = int(head["block_rows"])
         self._width = int(head["width"])
         self._problems = [str(p) for p in head["problems"]]
@@ -554,13 +609,20 @@ class LavenderShard(SourceShard):
             raise LavenderError(f"{self.path}: read before it was prepared")
         first = block * self._block_rows
         last = first + self.block_length(block)
-        samples: list[dict[str, Any]] = [{} for _ in range(last - first)]
-        keys: list[Any] = [None] * (last - first)
+        samples: list[dict[str, Any] | None] = [None] * (last - first)
+        held = 150 * (last - first)
         for name in self._used:
             file = self.files[name]
             wanted = self._rows[name][first:last]
-            records = file.read_rows(wanted[wanted >= 0], self.source.row_groups)
-            fields = self._names[name]
+            records, read = file.read_rows(wanted[wanted >= 0], self.source.row_groups)
+            held += 2 * read
+            columns = file.columns()
+            key_at = columns.index(self.uid)
+            named = self._names[name]
+            # the columns shown, as (position in the row, field name); a "__key__" column is not
+            keep = [(i, named[c]) for i, c in enumerate(columns) if c != self.uid and named[c] != "__key__"]
+            positions = [i for i, _ in keep]
+            fields = [f for _, f in keep]
             for pos, row in enumerate(wanted.tolist()):
                 if row < 0:
                     continue
@@ -568,23 +630,15 @@ class LavenderShard(SourceShard):
                 if record is None:
                     raise LavenderError(f"{file.path} row {row + 1}: cannot be read (the file changed?)")
                 sample = samples[pos]
-                if keys[pos] is None:
-                    keys[pos] = record.get(self.uid)
-                for column, value in record.items():
-                    if value is None or column == self.uid:
-                        continue  # a parquet null is no file; the uid is the key
-                    field = fields.get(column, column)
-                    if field != "__key__":
+                if sample is None:
+                    uid = record[key_at]
+                    sample = samples[pos] = {"__key__": uid if type(uid) is str else _uid_text(uid)}
+                    if first + pos in self._unsafe:
+                        sample[self.uid] = uid  # it will get an index key: keep the uid as a file
+                for field, value in zip(fields, [record[i] for i in positions]):
+                    if value is not None:  # a parquet null is no file
                         sample[field] = value
-        out: list[Any] = []
-        held = 0
-        for sample, uid in zip(samples, keys):
-            text = _uid_text(uid)
-            if key_problem(text, 0) is not None:
-                sample[self.uid] = uid  # it will get an index key: keep the uid as a file
-            out.append({"__key__": text, **sample})
-            held += 64 + len(text) + sum(len(v) if isinstance(v, (str, bytes)) else 16 for v in sample.values())
-        return out, held
+        return samples, held
 
     # -- what a stored table depends on
 
