@@ -72,7 +72,7 @@ ROW_GROUP_CACHE_BYTES = 64 << 20
 CSV_GAP_ROWS = 64
 #: Version of what :meth:`LavenderShard.prepare` returns; a stored state of another is not restored.
 STATE_VERSION = 1
-#: Problems logged per shard at most (all of them go to ``verify``).
+#: Unjoinable uids logged per shard at most (``verify`` lists all of them).
 LOGGED_PROBLEMS = 20
 
 
@@ -715,13 +715,8 @@ class LavenderSource(Source):
         log.warning("%s", message)
 
     def _opened(self, shard: LavenderShard) -> None:
-        """Log a prepared shard's problems, and any uid it has that a shard opened before has
-        in another shard index of another shardset (a join that cannot be made)."""
-        problems = shard.problems()
-        for problem in problems[:LOGGED_PROBLEMS]:
-            self._log_once(problem)
-        if len(problems) > LOGGED_PROBLEMS:
-            self._log_once(f"{shard.path}: {len(problems) - LOGGED_PROBLEMS} more problems (atlasfs verify lists them)")
+        """Log any uid a prepared shard has that a shard opened before has in another shard
+        index (a join that cannot be made). Its own problems are the tree's to log."""
         with self._lock:
             moved = []
             for name, uids in shard._partial.items():
