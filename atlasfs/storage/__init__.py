@@ -1,0 +1,256 @@
+"""Where a dataset's bytes come from: a local folder or an object store, behind one interface.
+
+The format layer (:mod:`atlasfs.sources.atlas`) reads every file through a
+:class:`Storage`, so it never knows whether its bytes are on a local disk or in a
+bucket. Paths are strings: OS paths for :class:`LocalStorage`, URLs
+(``s3://bucket/prefix/00/data.bin``) for :class:`~atlasfs.storage.remote.RemoteStorage`;
+both are joined with ``os.path.join``, which is ``/``-joining on POSIX.
+
+Errors keep the shape the format layer already handles: ``FileNotFoundError``,
+``NotADirectoryError`` and other ``OSError`` with a ``strerror``.
+A store that does not answer in time (a cut network, a throttling storm that
+outlasts the deadline) raises :class:`StorageUnavailableError`, an ``OSError``
+with errno ``EIO`` that callers must treat as *transient*: the same read may work
+a second later, so it must not be remembered as a property of the data.
+
+:func:`open_storage` picks the implementation from what the user typed.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import re
+import urllib.parse
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = [
+    "Storage", "LocalStorage", "StorageOptions", "StorageUnavailableError", "StorageChangedError",
+    "is_url", "redact", "open_storage", "LOCAL",
+]
+
+#: ``scheme://`` at the start of a location: what tells a URL from a local path
+#: (a local folder may well contain ``:``, but not start with ``letters://``).
+_URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
+#: ``user:password@`` (or ``token@``) inside a URL, anywhere in a message.
+_USERINFO = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)[^/@\s]+@")
+
+
+class StorageUnavailableError(OSError):
+    """The store did not answer within the deadline (or answered only with errors
+    worth retrying: throttling, 5xx, timeouts). Transient: reads work again once
+    the store answers; nothing about the data may be concluded from it."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(errno.EIO, message)
+
+    def __str__(self) -> str:  # the message alone, as the format layer's one-line errors are
+        return str(self.strerror)
+
+
+class StorageChangedError(OSError):
+    """An object changed in the store since it was listed (its ETag no longer
+    matches): bytes read now could disagree with the index read before."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(errno.ESTALE, message)
+
+    def __str__(self) -> str:
+        return str(self.strerror)
+
+
+def is_url(location: str | os.PathLike[str]) -> bool:
+    """True if ``location`` names an object store (``s3://...``, ``gs://...``,
+    ``https://...``) rather than a local path. ``file://`` counts as a URL too: it
+    goes through fsspec's local file system, like any other URL."""
+    return isinstance(location, str) and bool(_URL.match(location))
+
+
+def redact(text: str) -> str:
+    """``text`` with the credentials of any URL in it (``https://user:secret@host``)
+    replaced by ``***``: what may go into a message, a log line or a path shown."""
+    return _USERINFO.sub(r"\g<scheme>***@", text)
+
+
+@dataclass
+class StorageOptions:
+    """How a remote store is read (docs/storage.md). Ignored for local folders.
+
+    Attributes:
+        endpoint_url: the S3 API's address (MinIO, moto, Ceph...); default from
+            ``AWS_ENDPOINT_URL``, else AWS itself.
+        disk_cache: a folder to keep raw ranges in between reads and mounts; None: none.
+        disk_cache_bytes: the bound of that folder (least recently used go first).
+        coalesce_bytes: a sequential reader's GETs cover this many bytes (aligned),
+            however small its blocks.
+        prefetch: how many such ranges ahead a sequential reader has in flight.
+        buffer_bytes: the bound of the in-memory buffer of fetched ranges.
+        deadline: seconds a read may wait for the store, retries included, before it
+            fails with :class:`StorageUnavailableError`.
+        attempt_timeout: seconds one request may take before it is abandoned and retried.
+        fs_options: more keyword arguments for the fsspec file system (``anon``,
+            ``requester_pays``, ``profile``...). Credentials belong in the
+            environment or the AWS config files, never here, so never in ``ps``.
+    """
+
+    endpoint_url: str | None = None
+    disk_cache: str | None = None
+    disk_cache_bytes: int = 4 << 30
+    coalesce_bytes: int = 8 << 20
+    prefetch: int = 4
+    buffer_bytes: int = 64 << 20
+    deadline: float = 30.0
+    attempt_timeout: float = 10.0
+    fs_options: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.coalesce_bytes < 4096:
+            raise ValueError("coalesce_bytes must be at least 4096")
+        if self.prefetch < 0:
+            raise ValueError("prefetch must be >= 0")
+        if self.deadline <= 0 or self.attempt_timeout <= 0:
+            raise ValueError("deadline and attempt_timeout must be positive")
+        # Every range in flight is held until read: the buffer must hold a window of them.
+        self.buffer_bytes = max(self.buffer_bytes, (self.prefetch + 2) * self.coalesce_bytes)
+
+
+class Storage(ABC):
+    """Read-only access to files under some root, local or remote.
+
+    Thread-safe: a mount reads through one storage from many threads.
+    """
+
+    #: True for object stores: callers then keep what they derive from the data
+    #: (file tables) in the local cache, never beside the data.
+    remote: bool = False
+
+    @abstractmethod
+    def listdir(self, path: str) -> list[tuple[str, bool]]:
+        """``(name, is a folder)`` of each entry of folder ``path``, in no order.
+        Raises ``FileNotFoundError`` or ``NotADirectoryError``."""
+
+    @abstractmethod
+    def stat(self, path: str) -> tuple[int, int] | None:
+        """``(size, mtime_ns)`` of file ``path``, or None if there is no such file."""
+
+    @abstractmethod
+    def isdir(self, path: str) -> bool:
+        """True if ``path`` is a folder (for a store: a prefix with objects under it)."""
+
+    def isfile(self, path: str) -> bool:
+        """True if ``path`` is a file (an object)."""
+        return self.stat(path) is not None
+
+    @abstractmethod
+    def read(self, path: str, limit: int | None = None) -> bytes:
+        """The bytes of file ``path``, or its first ``limit`` bytes."""
+
+    @abstractmethod
+    def pread(self, path: str, offset: int, size: int) -> bytes:
+        """``size`` bytes of file ``path`` from ``offset`` (fewer only at its end)."""
+
+    def read_ranges(self, path: str, ranges: Sequence[tuple[int, int]]) -> list[bytes]:
+        """The bytes of each ``(offset, size)`` range of file ``path``. A store
+        coalesces neighbouring ranges into fewer requests."""
+        return [self.pread(path, offset, size) for offset, size in ranges]
+
+    def close_file(self, path: str) -> None:
+        """Forget what is kept open or buffered for ``path`` (reopened on the next read)."""
+
+    def close(self) -> None:
+        """Release everything the storage holds."""
+
+    def describe(self, path: str) -> str:
+        """How messages name ``path`` (never with credentials)."""
+        return redact(path)
+
+
+class LocalStorage(Storage):
+    """The local file system, as the format layer has always read it: ``pread`` on
+    a descriptor kept per file, so one read costs one system call."""
+
+    remote = False
+
+    def __init__(self) -> None:
+        import threading
+
+        self._fds: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    def listdir(self, path: str) -> list[tuple[str, bool]]:
+        with os.scandir(path) as entries:
+            return [(entry.name, entry.is_dir()) for entry in entries]
+
+    def stat(self, path: str) -> tuple[int, int] | None:
+        try:
+            st = os.stat(path)
+        except FileNotFoundError:
+            return None
+        return (st.st_size, st.st_mtime_ns)
+
+    def isdir(self, path: str) -> bool:
+        return os.path.isdir(path)
+
+    def isfile(self, path: str) -> bool:
+        return os.path.isfile(path)
+
+    def read(self, path: str, limit: int | None = None) -> bytes:
+        with open(path, "rb") as f:
+            return f.read() if limit is None else f.read(limit)
+
+    def _descriptor(self, path: str) -> int:
+        with self._lock:
+            fd = self._fds.get(path)
+            if fd is None:
+                fd = self._fds[path] = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+            return fd
+
+    def pread(self, path: str, offset: int, size: int) -> bytes:
+        return os.pread(self._descriptor(path), size, offset)
+
+    def close_file(self, path: str) -> None:
+        with self._lock:
+            fd = self._fds.pop(path, None)
+        if fd is not None:
+            os.close(fd)
+
+    def close(self) -> None:
+        with self._lock:
+            fds, self._fds = list(self._fds.values()), {}
+        for fd in fds:
+            os.close(fd)
+
+
+#: The one local storage most callers need (descriptors are closed per file by ``close_file``).
+LOCAL = LocalStorage()
+
+
+def split_userinfo(url: str) -> tuple[str, str | None, str | None]:
+    """``(url without credentials, user, password)``: fsspec's HTTP file system takes
+    them as an auth object, and the URL shown everywhere must not carry them."""
+    parts = urllib.parse.urlsplit(url)
+    if "@" not in parts.netloc:
+        return url, None, None
+    userinfo, _, host = parts.netloc.rpartition("@")
+    user, _, password = userinfo.partition(":")
+    clean = urllib.parse.urlunsplit(parts._replace(netloc=host))
+    return clean, urllib.parse.unquote(user) or None, urllib.parse.unquote(password) or None
+
+
+def open_storage(location: str | os.PathLike[str],
+                 options: StorageOptions | None = None) -> tuple[Storage, str]:
+    """The storage for ``location`` and the root path to read through it.
+
+    A local path gives :data:`LOCAL` and the path itself. A URL gives a
+    :class:`~atlasfs.storage.remote.RemoteStorage` (fsspec; needs ``atlasfs[s3]``
+    for ``s3://``) and the URL without credentials and without a trailing slash.
+    """
+    if not is_url(location):
+        return LOCAL, os.fspath(location)
+    from .remote import RemoteStorage  # fsspec is optional: imported only for URLs
+
+    storage = RemoteStorage(str(location), options or StorageOptions())
+    return storage, storage.root
