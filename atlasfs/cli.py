@@ -9,11 +9,13 @@ import sys
 from typing import Callable, Sequence
 
 from . import __version__
-from .sources.atlas.dataset import AtlasDataset
 from .errors import AtlasFormatError
 from .mount import MountError, MountOptions, mount, unmount
 from .progress import Progress
 from .sizes import format_size, parse_size
+from .sources.atlas.dataset import AtlasDataset
+from .sources.factory import FORMATS, SourceOptions, detect, open_source
+from .sources.source import Source
 
 log = logging.getLogger("atlasfs")
 
@@ -26,10 +28,25 @@ def _open(path: str, trust_pickle: bool = False) -> AtlasDataset:
     return AtlasDataset(path, trust_pickle=trust_pickle)
 
 
+def _kind(args: argparse.Namespace) -> str:
+    """The dataset's format: ``--format``, or found from its layout."""
+    return args.format or detect(args.dataset)
+
+
+def _source(args: argparse.Namespace) -> Source:
+    """The dataset as a source, as a mount would open it."""
+    return open_source(args.dataset, args.format,
+                       SourceOptions(trust_pickle=getattr(args, "trust_pickle", False), uid=args.uid))
+
+
 def cmd_info(args: argparse.Namespace) -> int:
-    from .inspection import info_lines
-    with _open(args.dataset) as dataset:
-        print("\n".join(info_lines(dataset)))
+    from .inspection import info_lines, source_info_lines
+    if _kind(args) == "atlas":
+        with _open(args.dataset) as dataset:
+            print("\n".join(info_lines(dataset)))
+        return 0
+    with _source(args) as source:
+        print("\n".join(source_info_lines(source)))
     return 0
 
 
@@ -41,8 +58,12 @@ def cmd_verify(args: argparse.Namespace) -> int:
         nonlocal progress
         progress = Progress("verify", total, "blocks")
 
-    report = verify(args.dataset, trust_pickle=args.trust_pickle, on_total=on_total,
-                    on_block=lambda: progress.advance() if progress else None)
+    on_block = lambda: progress.advance() if progress else None  # noqa: E731
+    if _kind(args) == "atlas":
+        report = verify(args.dataset, trust_pickle=args.trust_pickle, on_total=on_total, on_block=on_block)
+    else:
+        from .inspection import verify_source
+        report = verify_source(lambda: _source(args), on_total=on_total, on_block=on_block)
     if progress:
         progress.close()
     for line in report.warnings:
@@ -58,7 +79,17 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 
 def cmd_show(args: argparse.Namespace) -> int:
-    from .inspection import describe
+    from .inspection import describe, locate
+    if _kind(args) != "atlas":
+        with _source(args) as source:
+            try:
+                shard, block, pos = locate(source, args.index)
+            except IndexError as exc:
+                raise UsageError(str(exc)) from None
+            example = shard.decode_block(block)[0][pos]
+            print(f"example {args.index} (shard {shard.name}, block {block}, position {pos})")
+            print("\n".join(describe(example)))
+        return 0
     with _open(args.dataset, args.trust_pickle) as dataset:
         try:
             s, block, pos = dataset.locate(args.index)
@@ -83,6 +114,10 @@ def cmd_mount(args: argparse.Namespace) -> int:
         options.index_dir = args.index_dir
     if args.view is not None:
         options.set_view(args.view)
+    if args.format is not None:
+        options.set_format(args.format)
+    if args.uid is not None:
+        options.uid_column = args.uid
     return mount(args.dataset, args.mountpoint, options)
 
 
@@ -92,20 +127,21 @@ def cmd_umount(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from .atlas_tree import AtlasTree
+    from .blocktree import BlockTree
     from .export import count_files, write_index, write_shard_tar
-    with _open(args.dataset, args.trust_pickle) as dataset:
-        names = [s.name for s in dataset.shards]
+    with _source(args) as source:
+        names = [s.name for s in source.shards]
         chosen = args.shards or names
         unknown = [n for n in chosen if n not in names]
         if unknown:
             raise UsageError(f"no shard named {unknown[0]!r} in {args.dataset} (shards: {', '.join(names)})")
-        tree = AtlasTree(dataset, cache_bytes=args.cache_size)
+        tree = BlockTree(source, cache_bytes=args.cache_size)
         os.makedirs(args.outdir, exist_ok=True)
         failed = 0
         written = []
         for name in chosen:
             out = os.path.join(args.outdir, f"{name}.tar")
+            os.makedirs(os.path.dirname(out), exist_ok=True)  # a shard named with slashes (Dolma)
             total = count_files(tree, f"/{name}")
             progress = Progress(f"export {name}.tar", total, "files")
             try:
@@ -125,9 +161,9 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_index(args: argparse.Namespace) -> int:
-    from .atlas_tree import AtlasTree
+    from .blocktree import BlockTree
     from .tablestore import TableStore
-    with _open(args.dataset, args.trust_pickle) as dataset:
+    with _source(args) as dataset:
         store = TableStore(dataset.root, index_dir=args.index_dir, beside=True)
         try:
             os.makedirs(store.save_folder, exist_ok=True)
@@ -136,7 +172,7 @@ def cmd_index(args: argparse.Namespace) -> int:
                              "choose a writable folder with --index-dir DIR") from None
         if not os.access(store.save_folder, os.W_OK):
             raise UsageError(f"{store.save_folder}: not writable; choose a writable folder with --index-dir DIR")
-        tree = AtlasTree(dataset, cache_bytes=0, store=store)
+        tree = BlockTree(dataset, cache_bytes=0, store=store)
         progress = Progress("index", len(dataset.shards), "shards")
         for s in range(len(dataset.shards)):
             tree.table(s, sizes=True)
@@ -198,26 +234,34 @@ def build_parser() -> argparse.ArgumentParser:
 
     def trust(p: argparse.ArgumentParser) -> None:
         p.add_argument("--trust-pickle", action="store_true",
-                       help="unpickle blocks without the allow-list: runs code from the dataset; "
-                            "only for datasets you trust")
+                       help="unpickle Atlas blocks and .pbin indexes without the allow-list: runs code from "
+                            "the dataset; only for datasets you trust")
+
+    def source(p: argparse.ArgumentParser) -> None:
+        p.add_argument("dataset", help="the dataset: an Atlas folder (meta.json), a Dolma folder (documents/), "
+                                       "a folder of Lavender shardsets, or a .pbin file or folder of them")
+        p.add_argument("--format", choices=tuple(FORMATS),
+                       help="read the dataset as this format (default: found from its layout)")
+        p.add_argument("--uid", metavar="COLUMN", help="Lavender: the column joining the shardsets (default uid)")
 
     p = command("info", cmd_info, "summarise a dataset: shards, examples, blocks, strategies, sizes")
-    p.add_argument("dataset", help="dataset folder (holding meta.json)")
+    source(p)
     p = command("verify", cmd_verify, "decode every block and check everything; exit 1 if anything is wrong")
-    p.add_argument("dataset", help="dataset folder")
+    source(p)
     trust(p)
     p = command("show", cmd_show, "print one example readably")
-    p.add_argument("dataset", help="dataset folder")
+    source(p)
     p.add_argument("index", type=int, help="global example index (negative counts from the end)")
     trust(p)
 
     p = command("mount", cmd_mount, "mount a dataset read-only as a WebDataset-style tree")
-    p.add_argument("dataset", help="dataset folder")
+    source(p)
     p.add_argument("mountpoint", help="empty folder to mount on")
     p.add_argument("-f", "--foreground", action="store_true",
                    help="stay in the foreground until unmounted or signalled (for systemd: Type=notify)")
     p.add_argument("-o", dest="options", action="append", default=[], metavar="OPT[,OPT...]",
-                   help="mount options: cache_size=SIZE, view=files|tars|both, allow_other, trust_pickle, log_file=PATH, "
+                   help="mount options: cache_size=SIZE, view=files|tars|both, format=KIND, uid=COLUMN (Lavender; "
+                        "a number is libfuse's file owner), allow_other, trust_pickle, log_file=PATH, "
                         "index_dir=DIR, nothreads, "
                         "debug, and libfuse options such as default_permissions or max_read=N; "
                         "fstab-only options (nofail, noauto, x-systemd.*...) are ignored")
@@ -240,7 +284,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = command("export", cmd_export, "write each shard as a WebDataset tar (<shard>.tar, samples in example order) "
                                       "and a wids index (shards.json), without FUSE")
-    p.add_argument("dataset", help="dataset folder")
+    source(p)
     p.add_argument("outdir", help="folder for the tar files (created if missing)")
     p.add_argument("--shards", nargs="+", metavar="SHARD", help="shard folder names to export (default: all)")
     p.add_argument("--cache-size", type=_size, default=256 << 20, metavar="SIZE",
@@ -250,7 +294,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("index", cmd_index,
                 "build the shards' file tables ahead of time, beside the dataset (DATASET/.atlasfs-tables), "
                 "so that every mount of it lists without decoding")
-    p.add_argument("dataset", help="dataset folder")
+    source(p)
     index_dir(p, "store the tables in DIR instead (mount with --index-dir DIR to use them)")
     trust(p)
 

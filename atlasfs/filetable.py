@@ -10,7 +10,10 @@ one blob of names, about 24 bytes per entry plus its path, so that the
 tables of millions of files fit in memory.
 
 A table can be saved to a file and loaded back: the mount keeps one per
-shard so that a second mount lists without decoding anything. A stored table
+shard so that a second mount lists without decoding anything. It carries
+its source's *state* too (what a pass over the shard's files learned, such
+as Dolma's gzip seek points; :meth:`atlasfs.sources.source.SourceShard.prepare`),
+so that the second mount makes no pass either. A stored table
 is untrusted input (it may sit inside a downloaded dataset), so loading
 validates every path and position before the table is used, and says why it
 refuses one.
@@ -24,7 +27,7 @@ import os
 import tempfile
 from bisect import bisect_left
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -32,13 +35,15 @@ FILE, DIR, UNREADABLE = 0, 1, 2
 #: The size of a file whose bytes have not been encoded yet: a table can name
 #: files before it knows how big they are (a listing needs no sizes).
 UNKNOWN_SIZE = 2**64 - 1
-_MAGIC = b"ATLFSTB2"
+_MAGIC = b"ATLFSTB3"
 _HEADER_MAX = 1 << 20
 #: (name, dtype) of the per-entry arrays, in file order. ``by_path``: entry numbers sorted by path bytes.
 _COLUMNS = (("kind", np.uint8), ("size", np.uint64), ("block", np.uint32), ("pos", np.uint32),
             ("file", np.uint16), ("by_path", np.uint32))
 
 Rows = list[tuple[str, int, int, int, int, int]]
+#: Limits from a stored table's source state (see :meth:`FileTable.load`).
+LimitsOf = Callable[[bytes], "Limits"]
 
 
 class TableError(ValueError):
@@ -98,6 +103,8 @@ class FileTable:
         self.pos = columns["pos"]
         self.file = columns["file"]
         self.by_path = columns["by_path"]
+        #: What the shard's source learned by a pass over its files (stored with the table).
+        self.state = b""
 
     def __len__(self) -> int:
         return len(self.kind)
@@ -169,7 +176,8 @@ class FileTable:
 
     def save(self, path: str, key: dict[str, Any]) -> None:
         """Write the table to ``path`` atomically, tagged with ``key`` (what it was built from)."""
-        header = json.dumps({"key": key, "entries": len(self), "names": len(self._names)}).encode()
+        header = json.dumps({"key": key, "entries": len(self), "names": len(self._names),
+                             "state": len(self.state)}).encode()
         folder = os.path.dirname(path)
         fd, tmp = tempfile.mkstemp(prefix=".table-", dir=folder)
         try:
@@ -179,6 +187,7 @@ class FileTable:
                 for name, dtype in _COLUMNS:
                     f.write(getattr(self, name).astype(dtype, copy=False).tobytes())
                 f.write(self._names)
+                f.write(self.state)
             os.replace(tmp, path)
         except BaseException:
             if os.path.exists(tmp):
@@ -186,9 +195,12 @@ class FileTable:
             raise
 
     @classmethod
-    def load(cls, path: str, key: dict[str, Any], limits: "Limits") -> "FileTable | None":
+    def load(cls, path: str, key: dict[str, Any], limits: "Limits | LimitsOf") -> "FileTable | None":
         """The table stored at ``path``, or None if there is no such file; raises
-        :class:`TableError` saying why if it was not built from ``key`` or is not well formed."""
+        :class:`TableError` saying why if it was not built from ``key`` or is not well formed.
+
+        ``limits`` may be a function of the stored state that returns them (it takes the
+        state back into the shard's source first, raising ``ValueError`` if it does not fit)."""
         try:
             with open(path, "rb") as f:
                 data = f.read()
@@ -204,7 +216,7 @@ class FileTable:
             raise TableError(f"is corrupt ({exc})") from None
 
     @classmethod
-    def _parse(cls, data: bytes, key: dict[str, Any], limits: "Limits") -> "FileTable":
+    def _parse(cls, data: bytes, key: dict[str, Any], limits: "Limits | LimitsOf") -> "FileTable":
         if not data.startswith(_MAGIC):
             raise TableError("is not a file table of this atlasfs version")
         size = int.from_bytes(data[8:12], "little")
@@ -213,10 +225,10 @@ class FileTable:
         header = json.loads(data[12:12 + size])
         if header.get("key") != key:
             raise TableError("was built from other files or by other naming rules (stale or foreign)")
-        n, names_len = int(header["entries"]), int(header["names"])
+        n, names_len, state_len = int(header["entries"]), int(header["names"]), int(header["state"])
         at = 12 + size
-        expected = at + 8 * (n + 1) + sum(np.dtype(d).itemsize * n for _, d in _COLUMNS) + names_len
-        if n < 0 or names_len < 0 or len(data) != expected:
+        expected = at + 8 * (n + 1) + sum(np.dtype(d).itemsize * n for _, d in _COLUMNS) + names_len + state_len
+        if n < 0 or names_len < 0 or state_len < 0 or len(data) != expected:
             raise TableError(f"is corrupt ({len(data)} bytes where its header means {expected})")
         offsets = np.frombuffer(data, dtype=np.uint64, count=n + 1, offset=at)
         at += 8 * (n + 1)
@@ -225,7 +237,13 @@ class FileTable:
             columns[name] = np.frombuffer(data, dtype=dtype, count=n, offset=at)
             at += np.dtype(dtype).itemsize * n
         columns["size"] = columns["size"].copy()  # writable: unknown sizes are filled in later
-        table = cls(data[at:], offsets, columns)
+        table = cls(data[at:at + names_len], offsets, columns)
+        table.state = data[at + names_len:]
+        if not isinstance(limits, Limits):
+            try:
+                limits = limits(table.state)
+            except ValueError as exc:
+                raise TableError(f"holds a source state that does not fit ({exc})") from None
         problem = table._problem(limits)
         if problem:
             raise TableError(f"is corrupt ({problem})")

@@ -9,9 +9,10 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .sources.atlas.dataset import AtlasDataset, BrokenShard, Shard
 from .errors import AtlasFormatError
+from .sources.atlas.dataset import AtlasDataset, BrokenShard, Shard
 from .sources.atlas.meta import CompressionStrategy
+from .sources.source import Source, SourceShard
 
 #: Above this many blocks, ``info`` skips reading frame headers for the ratio.
 RATIO_MAX_BLOCKS = 100_000
@@ -125,6 +126,96 @@ def verify(root: str, *, trust_pickle: bool = False,
                 if on_block is not None:
                     on_block()
     return report
+
+
+def _prepared(shard: SourceShard) -> SourceShard:
+    """The shard after its pass over its files (raises :class:`AtlasFormatError`)."""
+    if shard.error is not None:
+        raise shard.error
+    shard.prepare()
+    return shard
+
+
+def source_info_lines(source: Source) -> list[str]:
+    """A readable summary of a source of any format: totals, then one line per shard.
+    Shards that need a pass over their files (Dolma) make it."""
+    rows = []
+    problems = 0
+    for shard in source.shards:
+        try:
+            _prepared(shard)
+        except AtlasFormatError as exc:
+            rows.append(f"{shard.name}: {exc}")
+            problems += 1
+            continue
+        samples = sum(shard.block_length(b) for b in range(shard.num_blocks))
+        rows.append((shard.name, samples, shard.num_blocks, shard.data_size))
+    good = [row for row in rows if isinstance(row, tuple)]
+    width = max([len(row[0]) for row in good] + [5])
+    lines = [*source.info(),
+             f"samples      {sum(row[1] for row in good)}",
+             f"shards       {len(rows)}" + (f" ({problems} unreadable)" if problems else ""),
+             f"blocks       {sum(row[2] for row in good)}",
+             f"on disk      {sum(row[3] for row in good)} bytes",
+             "checked      layout and indexes (atlasfs verify decodes every block)",
+             "",
+             f"{'shard':<{width}} {'samples':>10} {'blocks':>8} {'bytes':>12}"]
+    for row in rows:
+        lines.append(row if isinstance(row, str) else f"{row[0]:<{width}} {row[1]:>10} {row[2]:>8} {row[3]:>12}")
+    return lines
+
+
+def verify_source(opener: Callable[[], Source], *, on_block: Callable[[], None] | None = None,
+                  on_total: Callable[[int], None] | None = None) -> VerifyReport:
+    """Check a source of any format: open it, make every shard's pass, decode every block.
+    Every problem is reported (one line each) and the check goes on."""
+    report = VerifyReport()
+    try:
+        source = opener()
+    except AtlasFormatError as exc:
+        report.problems.append(str(exc))
+        return report
+    with source:
+        ready = []
+        for shard in source.shards:
+            try:
+                ready.append(_prepared(shard))
+            except AtlasFormatError as exc:
+                report.problems.append(str(exc))
+                continue
+            report.problems.extend(shard.problems())
+        report.problems.extend(source.problems())
+        if on_total is not None:
+            on_total(sum(shard.num_blocks for shard in ready))
+        for shard in ready:
+            report.shards += 1
+            for b in range(shard.num_blocks):
+                try:
+                    report.examples += len(shard.decode_block(b)[0])
+                except AtlasFormatError as exc:
+                    report.problems.append(str(exc))
+                report.blocks += 1
+                if on_block is not None:
+                    on_block()
+    return report
+
+
+def locate(source: Source, index: int) -> tuple[SourceShard, int, int]:
+    """``(shard, block, position)`` of the sample at ``index`` over all shards (negative:
+    from the end); raises IndexError saying how many samples there are."""
+    places = []
+    for shard in source.shards:
+        _prepared(shard)
+        places.extend((shard, b, shard.block_length(b)) for b in range(shard.num_blocks))
+    total = sum(length for _, _, length in places)
+    i = index + total if index < 0 else index
+    if not 0 <= i < total:
+        raise IndexError(f"index {index} out of range: the dataset has {total} samples")
+    for shard, block, length in places:
+        if i < length:
+            return shard, block, i
+        i -= length
+    raise AssertionError("unreachable")
 
 
 def describe(value: Any, indent: str = "") -> list[str]:

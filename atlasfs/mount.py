@@ -23,13 +23,13 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from .atlas_tree import AtlasTree
-from .sources.atlas.dataset import DEFAULT_CACHE_BYTES, AtlasDataset, BrokenShard
+from .blocktree import DEFAULT_CACHE_BYTES, BlockTree
 from .errors import AtlasFormatError
 from .fuse_adapter import FuseAdapter, fuse_main, libfuse3
 from . import memory
 from .sdnotify import notify
 from .sizes import parse_size
+from .sources.factory import FORMATS, SourceOptions, open_source
 from .tablestore import TableStore
 from .tarview import TarView
 from .tree import Tree
@@ -88,6 +88,10 @@ class MountOptions:
     log_file: str | None = None
     index_dir: str | None = None
     view: str = "files"
+    #: The dataset's format (None: found from its layout).
+    format: str | None = None
+    #: Lavender: the column joining a shard's shardsets.
+    uid_column: str = "uid"
     fuse_options: dict[str, str | bool] = field(default_factory=dict)
 
     def describe(self) -> str:
@@ -103,6 +107,16 @@ class MountOptions:
         if view not in VIEWS:
             raise MountError(f"unknown view {view!r} (choose one of: {', '.join(VIEWS)})")
         self.view = view
+
+    def set_format(self, kind: str) -> None:
+        """Read the dataset as ``kind`` instead of finding its format from its layout."""
+        if kind not in FORMATS:
+            raise MountError(f"unknown format {kind!r} (choose one of: {', '.join(FORMATS)})")
+        self.format = kind
+
+    def source_options(self) -> SourceOptions:
+        """What the source is told about how to read the dataset."""
+        return SourceOptions(trust_pickle=self.trust_pickle, uid=self.uid_column)
 
     def apply(self, option_text: str) -> None:
         """Apply a ``-o`` argument (comma-separated, as FUSE tools take them)."""
@@ -123,6 +137,10 @@ class MountOptions:
                 self.index_dir = value
             elif name == "view" and has_value:
                 self.set_view(value)
+            elif name == "format" and has_value:
+                self.set_format(value)
+            elif name == "uid" and has_value and not value.isdigit():  # uid=NUMBER is libfuse's file owner
+                self.uid_column = value
             elif name in ("trust_pickle", "allow_other", "debug") and not has_value:
                 setattr(self, name, True)
             elif name == "nothreads" and not has_value:
@@ -283,17 +301,11 @@ def fuse_options(options: MountOptions, fsname: str) -> dict[str, str | bool | i
 def open_tree(dataset_path: str, options: MountOptions) -> Tree:
     """Open the dataset for mounting; :class:`MountError` if it is invalid."""
     try:
-        # The tree caches encoded blocks itself; the index is read into memory
-        # because a mapped index.npy truncated under us would kill the daemon (SIGBUS).
-        dataset = AtlasDataset(dataset_path, cache_bytes=0, trust_pickle=options.trust_pickle, mmap_index=False,
-                               tolerate_broken_shards=True)
+        source = open_source(dataset_path, options.format, options.source_options())
     except AtlasFormatError as exc:
         raise MountError(str(exc)) from None
-    for shard in dataset.shards:
-        if isinstance(shard, BrokenShard):
-            log.error("%s (the folder %s fails with EIO)", shard.error, shard.name)
     store = TableStore(dataset_path, index_dir=options.index_dir)
-    tree = AtlasTree(dataset, cache_bytes=options.cache_bytes, store=store)
+    tree = BlockTree(source, cache_bytes=options.cache_bytes, store=store)
     if options.view == "files":
         return tree
     return TarView(tree, folders=options.view == "both")

@@ -24,10 +24,11 @@ import json
 import logging
 import os
 import time
+import urllib.parse
 from dataclasses import dataclass
 from typing import Any
 
-from .filetable import FileTable, Limits, TableError
+from .filetable import FileTable, Limits, LimitsOf, TableError
 from .sizes import parse_size
 
 log = logging.getLogger("atlasfs")
@@ -57,6 +58,12 @@ def cache_bound() -> int:
         return DEFAULT_CACHE_BOUND
 
 
+def table_file_name(shard: str) -> str:
+    """The file name of a shard's table: its name, quoted so that a shard in a sub-folder
+    (a Dolma documents file ``cc/part-1``) stays one file (``cc%2Fpart-1.table``)."""
+    return urllib.parse.quote(shard.encode("utf-8", "surrogateescape"), safe="") + _SUFFIX
+
+
 def cache_folder(dataset_root: str) -> str:
     """A dataset's folder in the user's cache (named by a hash of its resolved path)."""
     path = os.path.realpath(dataset_root).encode("utf-8", "surrogateescape")
@@ -74,7 +81,9 @@ class TableStore:
     def __init__(self, dataset_root: str, index_dir: str | None = None, beside: bool = False) -> None:
         self.dataset_root = os.path.realpath(dataset_root)
         self.cache_folder = cache_folder(dataset_root)
-        beside_folder = os.path.join(self.dataset_root, BESIDE_DATASET)
+        # A dataset that is one file (a .pbin) keeps its tables in the folder holding it.
+        holder = self.dataset_root if os.path.isdir(self.dataset_root) else os.path.dirname(self.dataset_root)
+        beside_folder = os.path.join(holder, BESIDE_DATASET)
         if index_dir is not None:
             self.save_folder = os.path.abspath(index_dir)
         else:
@@ -83,10 +92,11 @@ class TableStore:
             [f for f in (index_dir and self.save_folder, beside_folder, self.cache_folder) if f]))
         self._cache_bytes: int | None = None  # the cache's size as last counted, kept up to date by saves
 
-    def load(self, shard: str, key: dict[str, Any], limits: Limits) -> FileTable | None:
-        """The stored table of ``shard`` built from ``key``, from the first place holding a valid one."""
+    def load(self, shard: str, key: dict[str, Any], limits: Limits | LimitsOf) -> FileTable | None:
+        """The stored table of ``shard`` built from ``key``, from the first place holding a valid one
+        (``limits``: see :meth:`FileTable.load`)."""
         for folder in self.folders:
-            path = os.path.join(folder, shard + _SUFFIX)
+            path = os.path.join(folder, table_file_name(shard))
             try:
                 table = FileTable.load(path, key, limits)
             except TableError as exc:
@@ -101,7 +111,7 @@ class TableStore:
     def save(self, shard: str, key: dict[str, Any], table: FileTable) -> str | None:
         """Store ``table``; returns where, or None if it could not be written (logged)."""
         folder = self.save_folder
-        path = os.path.join(folder, shard + _SUFFIX)
+        path = os.path.join(folder, table_file_name(shard))
         try:
             os.makedirs(folder, exist_ok=True)
             if folder == self.cache_folder:

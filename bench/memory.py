@@ -48,7 +48,7 @@ if __package__ in (None, ""):  # run as a script: make `bench` importable
 import numpy as np
 
 from atlasfs import AtlasDataset, AtlasWriter
-from atlasfs.atlas_tree import AtlasTree
+from atlasfs.blocktree import BlockTree
 from atlasfs.sizes import parse_size
 from bench import systems
 from bench.datagen import TextSource
@@ -168,7 +168,7 @@ def _described(name: str, path: str, examples: int, shards: int) -> Dataset:
 
 def expected_files(dataset: Dataset) -> dict[str, tuple[int, int]]:
     """``shard/name`` -> (size, CRC-32) of every file, read through the library, not the mount."""
-    tree = AtlasTree(AtlasDataset(dataset.path), cache_bytes=64 * MiB)
+    tree = BlockTree(AtlasDataset(dataset.path), cache_bytes=64 * MiB)
     found = {}
     for path, entry in tree.walk("/"):
         data = tree.read(entry, 0, entry.size)
@@ -180,7 +180,7 @@ class Reference:
     """The right bytes of any file, to count how many of a wrong read's bytes differ."""
 
     def __init__(self, dataset: Dataset) -> None:
-        self.tree = AtlasTree(AtlasDataset(dataset.path), cache_bytes=16 * MiB)
+        self.tree = BlockTree(AtlasDataset(dataset.path), cache_bytes=16 * MiB)
         self.lock = threading.Lock()
 
     def wrong_bytes(self, path: str, got: bytes) -> int:
@@ -309,7 +309,7 @@ def random_readers(root: str, expected: dict[str, tuple[int, int]], reference: R
 
 def listing_paths(dataset: Dataset) -> Iterator[str]:
     """The files' paths in their shard folders, from the tables (built here, in the bench's process)."""
-    tree = AtlasTree(AtlasDataset(dataset.path), cache_bytes=16 * MiB)
+    tree = BlockTree(AtlasDataset(dataset.path), cache_bytes=16 * MiB)
     for shard in dataset.shard_names:
         for name, _, _ in tree.names(f"/{shard}"):
             yield name

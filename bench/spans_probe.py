@@ -11,7 +11,7 @@ Without FUSE: both read paths are timed as the tree would run them, from the
 stored blocks (data.bin in the page cache), with nothing cached between reads:
 
 * block path: read the block, decompress it, unpickle it, name the example and
-  encode its files (what ``AtlasTree`` does for a file whose block is not cached);
+  encode its files (what ``BlockTree`` does for a file whose block is not cached);
 * span path: :func:`atlasfs.spans.read_span` through a ``BlockReader`` (``pread``
   of the run for strategy 0; otherwise the frame read and decompressed up to the
   run's end), CRC checked. Like the block path (whose codec keeps its zstd

@@ -45,10 +45,10 @@ def _export_seconds(atlas: str, shard: str) -> tuple[float, int]:
     script = f"""
 import time
 from atlasfs import AtlasDataset
-from atlasfs.atlas_tree import AtlasTree
+from atlasfs.blocktree import BlockTree
 from atlasfs.tablestore import TableStore
 from atlasfs.tarview import TarLayout
-tree = AtlasTree(AtlasDataset({atlas!r}), store=TableStore({atlas!r}))
+tree = BlockTree(AtlasDataset({atlas!r}), store=TableStore({atlas!r}))
 start = time.perf_counter()
 layout = TarLayout(tree, "/{shard}")
 with open("/dev/null", "wb") as out:

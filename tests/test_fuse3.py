@@ -289,24 +289,24 @@ def test_libfuse2_options_still_mount(tmp_path: Path) -> None:
             bytes([i]) * 300_000 for i in range(4)]
 
 
-def test_known_entries_of_an_atlas_tree(tmp_path: Path) -> None:
+def test_known_entries_of_an_blocktree(tmp_path: Path) -> None:
     """An Atlas folder's entries are known once their sizes are: at once for ``bytes`` fields,
     else once a file of their block is looked up; and they are the entries lookups give."""
     from atlasfs import AtlasDataset, AtlasWriter
-    from atlasfs.atlas_tree import AtlasTree
+    from atlasfs.blocktree import BlockTree
 
     for name, fields in (("raw", lambda i: {"bin": bytes([i]) * (i + 1)}),
                          ("encoded", lambda i: {"bin": bytes([i]), "txt": f"example {i}"})):
         with AtlasWriter(tmp_path / name, shard_size=6, block_size=3) as writer:
             for i in range(6):
                 writer.add_example(fields(i))
-    raw = AtlasTree(AtlasDataset(tmp_path / "raw"))
+    raw = BlockTree(AtlasDataset(tmp_path / "raw"))
     assert raw.known_entries("/") == [entry for _, entry in raw.listdir("/")]
     names = [name for name, _, _ in raw.names("/0")]
     assert list(raw.known_entries("/0")) == [raw.lookup(f"/0/{name}") for name in names]
     assert list(raw.known_entries("/0", 2, 5)) == [raw.lookup(f"/0/{name}") for name in names[2:5]]
 
-    encoded = AtlasTree(AtlasDataset(tmp_path / "encoded"))
+    encoded = BlockTree(AtlasDataset(tmp_path / "encoded"))
     names = [name for name, _, _ in encoded.names("/0")]
     # bytes fields are sized at once; the others when a file of their block is looked up
     assert [e is not None for e in encoded.known_entries("/0")] == [n.endswith(".bin") for n in names]

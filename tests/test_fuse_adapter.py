@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from atlasfs import AtlasDataset, AtlasWriter
-from atlasfs.atlas_tree import AtlasTree
+from atlasfs.blocktree import BlockTree
 from atlasfs.fuse_adapter import KEPT_THREAD_STATES, FuseAdapter
 
 
@@ -18,7 +18,7 @@ def adapter(tmp_path: Path) -> FuseAdapter:
     with AtlasWriter(tmp_path / "ds", shard_size=4, block_size=2) as writer:
         for i in range(8):
             writer.add_example({"txt": f"example {i}"})
-    return FuseAdapter(AtlasTree(AtlasDataset(tmp_path / "ds")))
+    return FuseAdapter(BlockTree(AtlasDataset(tmp_path / "ds")))
 
 
 def test_exceptions_become_negative_errnos(adapter: FuseAdapter) -> None:

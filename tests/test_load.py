@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from atlasfs import AtlasDataset, AtlasWriter
-from atlasfs.atlas_tree import AtlasTree
+from atlasfs.blocktree import BlockTree
 from fusemount import force_unmount, is_mounted, require_fuse
 
 pytestmark = pytest.mark.fuse
@@ -48,7 +48,7 @@ def test_sixteen_readers_get_correct_bytes_within_the_memory_bound(tmp_path: Pat
             writer.add_example({"__key__": f"d{i % 7}/s{i:05d}", "bin": rng.randbytes(16 << 10), "cls": i,
                                 "json": {"i": i, "tag": "x" * (i % 30)}})
     expected: dict[str, bytes] = {}
-    tree = AtlasTree(AtlasDataset(dataset))
+    tree = BlockTree(AtlasDataset(dataset))
     for path, entry in tree.walk("/"):
         expected[path] = tree.read(entry, 0, entry.size)
     shards = sorted({p.split("/")[0] for p in expected})

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from atlasfs import AtlasDataset, AtlasWriter
-from atlasfs.atlas_tree import AtlasTree, Block
+from atlasfs.blocktree import BlockTree, Block
 from threadwait import wait_until
 
 SHARDS = 6
@@ -70,27 +70,27 @@ def _live() -> tuple[int, int]:
     return blocks, examples
 
 
-def _capacity(tree: AtlasTree) -> int:
+def _capacity(tree: BlockTree) -> int:
     """Blocks the cache bound can hold at most (the cheapest block's decoded size), plus one being decoded."""
-    smallest = min(shard.decode_block(b)[1] for shard in tree.dataset.shards for b in range(shard.num_blocks))
+    smallest = min(shard.decode_block(b)[1] for shard in tree.source.shards for b in range(shard.num_blocks))
     return tree.cache.max_bytes // smallest + 1
 
 
 def test_listing_every_shard_keeps_no_decoded_block_beyond_the_cache_bound(dataset: Path) -> None:
-    tree = AtlasTree(AtlasDataset(dataset), cache_bytes=96 << 10)  # a few blocks of a dataset ~30x larger
+    tree = BlockTree(AtlasDataset(dataset), cache_bytes=96 << 10)  # a few blocks of a dataset ~30x larger
     capacity = _capacity(tree)
     assert capacity * 8 < SHARDS * PER_SHARD // BLOCK  # the dataset is far larger than the cache
     with _collector_off():
-        for shard in tree.dataset.shards:
+        for shard in tree.source.shards:
             assert len(tree.names(f"/{shard.name}")) == PER_SHARD * 3
         blocks, examples = _live()
     assert blocks <= capacity and examples <= capacity * BLOCK, (blocks, examples, capacity)
 
 
 def test_reading_every_file_from_threads_keeps_no_decoded_block_beyond_the_cache_bound(dataset: Path) -> None:
-    tree = AtlasTree(AtlasDataset(dataset), cache_bytes=96 << 10)
+    tree = BlockTree(AtlasDataset(dataset), cache_bytes=96 << 10)
     capacity = _capacity(tree)
-    paths = [f"/{shard.name}/{name}" for shard in tree.dataset.shards for name, _, _ in tree.names(f"/{shard.name}")]
+    paths = [f"/{shard.name}/{name}" for shard in tree.source.shards for name, _, _ in tree.names(f"/{shard.name}")]
     threads = 4
 
     def read(k: int) -> None:
@@ -116,11 +116,11 @@ def test_listings_and_lookups_keep_no_python_object_per_file(dataset: Path, monk
     """What a listing keeps is the shard's file table (numpy arrays and one blob of names) and
     its lookup index: a pass of ``ls -lR`` or ``find`` over any number of files leaves a number
     of Python objects that does not grow with them."""
-    import atlasfs.atlas_tree as atlas_tree
+    import atlasfs.blocktree as blocktree
 
-    monkeypatch.setattr(atlas_tree, "RECENT_ENTRIES", 64)  # the lookups' memo, bounded
-    tree = AtlasTree(AtlasDataset(dataset), cache_bytes=96 << 10)
-    shards = [f"/{shard.name}" for shard in tree.dataset.shards]
+    monkeypatch.setattr(blocktree, "RECENT_ENTRIES", 64)  # the lookups' memo, bounded
+    tree = BlockTree(AtlasDataset(dataset), cache_bytes=96 << 10)
+    shards = [f"/{shard.name}" for shard in tree.source.shards]
     for shard in shards:  # tables built, every size learnt: listings then carry entries
         tree.table(tree._shard_by_name[shard[1:]], sizes=True)
     tree.cache.clear()
@@ -148,12 +148,12 @@ def test_blocks_are_decoded_a_few_at_a_time(dataset: Path, monkeypatch: pytest.M
     each other): however many threads read, at most DECODERS are decoded at once."""
     import time
 
-    import atlasfs.atlas_tree as atlas_tree
+    import atlasfs.blocktree as blocktree
 
-    tree = AtlasTree(AtlasDataset(dataset), cache_bytes=0)  # nothing cached: every read decodes
+    tree = BlockTree(AtlasDataset(dataset), cache_bytes=0)  # nothing cached: every read decodes
     running = [0, 0]  # now, most
     lock = threading.Lock()
-    shard_type = type(tree.dataset.shards[0])
+    shard_type = type(tree.source.shards[0])
     decode = shard_type.decode_block
 
     def counted(self: object, block: int) -> object:
@@ -174,20 +174,20 @@ def test_blocks_are_decoded_a_few_at_a_time(dataset: Path, monkeypatch: pytest.M
         worker.start()
     for worker in workers:
         worker.join()
-    assert running[1] == atlas_tree.DECODERS
+    assert running[1] == blocktree.DECODERS
 
 
 def test_memory_freed_by_evictions_is_given_back(dataset: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Once blocks costing half the cache bound (at least TRIM_AFTER_MIN) have been evicted,
     the tree asks the allocator to give free pages back (atlasfs.memory.trim)."""
-    import atlasfs.atlas_tree as atlas_tree
+    import atlasfs.blocktree as blocktree
     from atlasfs import memory
 
     calls = []
     monkeypatch.setattr(memory, "trim", lambda force=False: calls.append(force) or True)
-    monkeypatch.setattr(atlas_tree, "TRIM_AFTER_MIN", 64 << 10)
-    tree = AtlasTree(AtlasDataset(dataset), cache_bytes=96 << 10)
-    tree.names(f"/{tree.dataset.shards[0].name}")  # decodes every block of the shard through the cache
+    monkeypatch.setattr(blocktree, "TRIM_AFTER_MIN", 64 << 10)
+    tree = BlockTree(AtlasDataset(dataset), cache_bytes=96 << 10)
+    tree.names(f"/{tree.source.shards[0].name}")  # decodes every block of the shard through the cache
     evicted = tree.cache.evicted_bytes
     assert 1 <= len(calls) <= evicted // (64 << 10)
 
@@ -210,8 +210,8 @@ def test_a_block_is_charged_what_its_objects_hold(tmp_path: Path) -> None:
     with AtlasWriter(path, shard_size=64, block_size=64, compression_strategy=1) as writer:
         for i in range(64):
             writer.add_example({"json": {"i": i, "values": [rng.random() for _ in range(120)]}})
-    tree = AtlasTree(AtlasDataset(path), cache_bytes=64 << 20)
-    shard = tree.dataset.shards[0]
+    tree = BlockTree(AtlasDataset(path), cache_bytes=64 << 20)
+    shard = tree.source.shards[0]
     shard.decode_block(0)  # imports and first-use allocations out of the way
     gc.collect()
     tracemalloc.start()

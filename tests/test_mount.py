@@ -214,7 +214,7 @@ def test_tar_through_a_mount_that_reads_ahead_matches_export(tmp_path: Path) -> 
     """tar goes through a shard in order, so the mount decodes and encodes blocks ahead of it
     on a background thread; what tar gets must still be export's bytes exactly."""
     from atlasfs import AtlasDataset, AtlasWriter
-    from atlasfs.atlas_tree import AtlasTree
+    from atlasfs.blocktree import BlockTree
     from atlasfs.export import write_shard_tar
 
     rng = random.Random(11)
@@ -224,7 +224,7 @@ def test_tar_through_a_mount_that_reads_ahead_matches_export(tmp_path: Path) -> 
             writer.add_example({"jpg": rng.randbytes(rng.randrange(500, 3000)), "cls": i % 7,
                                 "json": {"i": i, "v": [rng.random() for _ in range(10)]}})
     expected = tmp_path / "expected.tar"
-    tree = AtlasTree(AtlasDataset(dataset), cache_bytes=0)  # no cache, so no read-ahead
+    tree = BlockTree(AtlasDataset(dataset), cache_bytes=0)  # no cache, so no read-ahead
     assert tree.readahead is None
     write_shard_tar(tree, "/0", str(expected))
     for run in range(2):  # the first mount sizes files as tar looks them up; the second has tables stored

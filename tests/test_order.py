@@ -12,7 +12,7 @@ import pytest
 import webdataset as wds
 
 from atlasfs import AtlasDataset, AtlasWriter
-from atlasfs.atlas_tree import AtlasTree
+from atlasfs.blocktree import BlockTree
 from fusemount import atlasfs, mounted
 from helpers import REFERENCE, contract_files, expected_examples, reference_names, shard_sizes
 
@@ -39,7 +39,7 @@ def _sample_keys(names: list[str]) -> list[str]:
 
 
 def test_listings_follow_example_order(tmp_path: Path) -> None:
-    tree = AtlasTree(AtlasDataset(_shuffled(tmp_path / "ds")))
+    tree = BlockTree(AtlasDataset(_shuffled(tmp_path / "ds")))
     # samples in example order, each sample's files adjacent; a folder where its first example is
     assert [name for name, _, _ in tree.names("/0")] == [
         "zeta.cls", "zeta.txt", "alpha.cls", "alpha.txt", "mid.cls", "mid.txt", "beta.cls", "beta.txt", "d",

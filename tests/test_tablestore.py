@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from atlasfs import AtlasDataset, AtlasWriter
-from atlasfs.atlas_tree import AtlasTree
+from atlasfs.blocktree import BlockTree
 from atlasfs.tablestore import BESIDE_DATASET, TableStore, cache_folder, cached_tables
 from fusemount import atlasfs, mounted
 
@@ -30,7 +30,7 @@ def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 def _listing_and_decodes(dataset: Path, store: TableStore) -> tuple[list[str], int]:
-    tree = AtlasTree(AtlasDataset(dataset), store=store)
+    tree = BlockTree(AtlasDataset(dataset), store=store)
     names = [name for shard in ("0", "1", "2") for name, _, _ in tree.names(f"/{shard}")]
     return names, tree.cache.misses
 
@@ -117,7 +117,7 @@ def test_two_first_mounts_at_once_serve_right_and_leave_one_valid_table(tmp_path
     tables = sorted(Path(t.path).name for t in cached_tables())
     assert tables == [f"{s}.table" for s in range(6)]
     # whole and valid: a tree lists every shard from them without decoding
-    tree = AtlasTree(AtlasDataset(dataset), store=TableStore(str(dataset)))
+    tree = BlockTree(AtlasDataset(dataset), store=TableStore(str(dataset)))
     for shard in range(6):
         tree.names(f"/{shard}")
     assert tree.cache.misses == 0

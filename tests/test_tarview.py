@@ -18,7 +18,7 @@ import pytest
 import webdataset as wds
 
 from atlasfs import AtlasDataset, AtlasWriter
-from atlasfs.atlas_tree import AtlasTree
+from atlasfs.blocktree import BlockTree
 from atlasfs.tablestore import TableStore
 from atlasfs.tarview import TarLayout, TarView
 from fusemount import atlasfs, mounted
@@ -47,7 +47,7 @@ def _export(dataset: Path, out: Path) -> None:
 def test_every_byte_range_equals_export(tmp_path: Path) -> None:
     dataset = _dataset(tmp_path / "ds")
     _export(dataset, tmp_path / "out")
-    view = TarView(AtlasTree(AtlasDataset(dataset)))
+    view = TarView(BlockTree(AtlasDataset(dataset)))
     assert [name for name, _, _ in view.names("/")] == ["0.tar", "1.tar", "2.tar", "shards.json"]
     rng = random.Random(1)
     for shard in ("0", "1", "2"):
@@ -67,8 +67,8 @@ def test_every_byte_range_equals_export(tmp_path: Path) -> None:
 
 def test_a_random_read_decodes_only_the_blocks_under_it(tmp_path: Path) -> None:
     dataset = _dataset(tmp_path / "ds")
-    AtlasTree(AtlasDataset(dataset), cache_bytes=0, store=TableStore(str(dataset))).table(0, sizes=True)
-    tree = AtlasTree(AtlasDataset(dataset), store=TableStore(str(dataset)))
+    BlockTree(AtlasDataset(dataset), cache_bytes=0, store=TableStore(str(dataset))).table(0, sizes=True)
+    tree = BlockTree(AtlasDataset(dataset), store=TableStore(str(dataset)))
     tree.readahead = None  # only what the reads need (read-ahead serves readers going in order)
     view = TarView(tree)
     entry = view.lookup("/0.tar")  # its size: from the stored table, nothing decoded
@@ -91,7 +91,7 @@ def test_a_random_read_decodes_only_the_blocks_under_it(tmp_path: Path) -> None:
 def test_every_reference_fixture_tar_equals_export_and_reads_back(tmp_path: Path, name: str) -> None:
     dataset = REFERENCE / name / "dataset"
     _export(dataset, tmp_path / "out")
-    view = TarView(AtlasTree(AtlasDataset(dataset)))
+    view = TarView(BlockTree(AtlasDataset(dataset)))
     total = 0
     for shard in AtlasDataset(dataset).shards:
         expected = (tmp_path / "out" / f"{shard.name}.tar").read_bytes()
@@ -206,7 +206,7 @@ print("ok", len(ds))
 def test_listing_the_tar_view_from_stored_tables_decodes_nothing(tmp_path: Path) -> None:
     dataset = _dataset(tmp_path / "ds")
     atlasfs("index", str(dataset))
-    tree = AtlasTree(AtlasDataset(dataset), store=TableStore(str(dataset)))
+    tree = BlockTree(AtlasDataset(dataset), store=TableStore(str(dataset)))
     view = TarView(tree)
     sizes = {name: view.lookup(f"/{name}").size for name, _, _ in view.names("/")}
     assert len(sizes) == 4 and all(sizes.values())
@@ -262,7 +262,7 @@ def test_a_corrupt_block_fails_only_the_tar_ranges_over_it(tmp_path: Path) -> No
     _export(dataset, tmp_path / "out")
     expected = (tmp_path / "out" / "0.tar").read_bytes()
     atlasfs("index", str(dataset))  # sizes stored: the tar is placed without decoding
-    layout = TarView(AtlasTree(AtlasDataset(dataset), store=TableStore(str(dataset)))).layout("0")
+    layout = TarView(BlockTree(AtlasDataset(dataset), store=TableStore(str(dataset)))).layout("0")
     data = dataset / "0" / "data.bin"
     st = data.stat()
     index = np.load(dataset / "0" / "index.npy")

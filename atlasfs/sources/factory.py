@@ -37,7 +37,7 @@ class SourceOptions:
 def detect(path: str) -> str:
     """The format of the dataset at ``path``; :class:`AtlasFormatError` (one line) if none fits."""
     if not os.path.exists(path):
-        raise AtlasFormatError(f"{path}: no such file or folder")
+        raise AtlasFormatError(f"{path}: no such dataset (file or folder)")
     for kind, (module, _) in FORMATS.items():
         if importlib.import_module(module).looks_like(path):
             return kind

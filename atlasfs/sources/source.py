@@ -98,6 +98,10 @@ class SourceShard(ABC):
     def key_width(self) -> int:
         """Digits of the index keys of its samples (:func:`atlasfs.naming.index_key_width`)."""
 
+    def block_where(self, block: int) -> str:
+        """How messages name ``block`` (``.../data.bin block 3``, ``.../x.jsonl.gz lines 513-1024``)."""
+        return f"{self.path} block {block}"
+
     def stored_block_size(self, block: int) -> int:
         """About the bytes read to decode ``block`` (read-ahead skips blocks too big for the cache)."""
         return 0
@@ -142,15 +146,13 @@ class Source(ABC):
     Attributes:
         kind: the format's name, as ``--format`` spells it.
         root: the dataset's folder or file.
+        shards: its shards in sample order. Names are unique; a name that is also a
+            folder of others' names (``a`` beside ``a/b``) is left out by the tree.
     """
 
     kind: str
     root: str
-
-    @property
-    @abstractmethod
-    def shards(self) -> Sequence[SourceShard]:
-        """Its shards in sample order. Names are unique and none is a folder of another."""
+    shards: Sequence[SourceShard]
 
     @property
     def mtime(self) -> float:

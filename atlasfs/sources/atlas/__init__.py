@@ -1,1 +1,47 @@
-"""Atlas datasets: the format's metadata, block codec, reader and writer."""
+"""Atlas datasets: the format's metadata, block codec, reader and writer.
+
+An Atlas dataset is a folder with a root ``meta.json`` and shard folders, each
+with its own ``meta.json``, ``index.npy`` (where every block starts in
+``data.bin``) and ``data.bin`` (pickled blocks of examples, zstd-compressed
+or not). :class:`~.dataset.AtlasDataset` reads one and is its own
+:class:`~atlasfs.sources.source.Source`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ..factory import SourceOptions
+    from .dataset import AtlasDataset
+
+log = logging.getLogger("atlasfs")
+
+
+def looks_like(path: str) -> bool:
+    """A folder with a root ``meta.json``, or shard folders holding ``data.bin`` or
+    ``index.npy`` (an Atlas dataset whose root ``meta.json`` is lost: opening it then
+    says so, rather than that it is no dataset)."""
+    if os.path.isfile(os.path.join(path, "meta.json")):
+        return True
+    try:
+        children = [entry.path for entry in os.scandir(path) if entry.is_dir()]
+    except OSError:
+        return False
+    return any(os.path.isfile(os.path.join(child, name)) for child in children for name in ("data.bin", "index.npy"))
+
+
+def open_source(path: str, options: "SourceOptions") -> "AtlasDataset":
+    """Open the dataset for serving: a shard that cannot be opened stands as a broken
+    shard (its folder fails with EIO, logged once) while the others serve."""
+    from .dataset import AtlasDataset
+    # The tree caches encoded blocks itself; the index is read into memory because a
+    # mapped index.npy truncated under us would kill the daemon (SIGBUS).
+    dataset = AtlasDataset(path, cache_bytes=0, trust_pickle=options.trust_pickle, mmap_index=False,
+                           tolerate_broken_shards=True)
+    for shard in dataset.shards:
+        if shard.error is not None:
+            log.error("%s (the folder %s fails with EIO)", shard.error, shard.name)
+    return dataset

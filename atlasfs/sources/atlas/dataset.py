@@ -24,8 +24,10 @@ from typing import Any, Iterator
 import numpy as np
 
 from ...blockcache import BlockCache
-from .codec import DEFAULT_MAX_BLOCK_BYTES, BlockCodec, ZstdDictionary
 from ...errors import AtlasFormatError
+from ...naming import index_key_width
+from ..source import Source, SourceShard, file_signature
+from .codec import DEFAULT_MAX_BLOCK_BYTES, BlockCodec, ZstdDictionary
 from .meta import CompressionStrategy, RootMeta, ShardMeta, parse_root_meta, parse_shard_meta
 
 #: Default bound of the decoded-block cache.
@@ -88,12 +90,19 @@ def _load_index(path: str, num_blocks: int, mmap: bool) -> np.ndarray:
     return index
 
 
-class Shard:
+class Shard(SourceShard):
     """One shard folder: its meta, its block index and its ``data.bin``.
 
     Usually reached through :attr:`AtlasDataset.shards`. ``shard[i]`` and
-    iteration go through the dataset's block cache.
+    iteration go through the dataset's block cache. As a
+    :class:`~atlasfs.sources.source.SourceShard` it needs no pass over its
+    files: ``index.npy`` says where every block is.
     """
+
+    #: Files a shard's table depends on, relative to its folder.
+    TABLE_FILES = ("meta.json", "index.npy", "data.bin", DICT_NAME, f"../{DICT_NAME}")
+    #: Digits of index keys: the dataset sets it from its number of examples.
+    key_width = index_key_width(0)
 
     def __init__(self, path: str, number: int, shared_dict: ZstdDictionary | None, cache: BlockCache,
                  *, trust_pickle: bool = False, max_block_bytes: int = DEFAULT_MAX_BLOCK_BYTES,
@@ -142,6 +151,26 @@ class Shard:
     def num_blocks(self) -> int:
         """Number of blocks in ``data.bin``."""
         return self.meta.num_blocks
+
+    @property
+    def block_size(self) -> int:
+        """Examples in a full block."""
+        return self.meta.block_size
+
+    @property
+    def max_block_bytes(self) -> int:  # type: ignore[override]
+        """Most bytes a block may decompress to (its files may take no more either)."""
+        return self.codec.max_block_bytes
+
+    def block_where(self, block: int) -> str:
+        return f"{self.data_path} block {block}"
+
+    def table_files(self) -> list[str]:
+        return [os.path.join(self.path, name) for name in self.TABLE_FILES]
+
+    def table_key(self) -> dict[str, Any]:
+        return {"start": self.first_index, "width": self.key_width,
+                "files": {name: file_signature(os.path.join(self.path, name)) for name in self.TABLE_FILES}}
 
     @property
     def mtime(self) -> float:
@@ -330,7 +359,7 @@ def shared_dictionary(root: str, meta: RootMeta) -> ZstdDictionary | None:
     return None
 
 
-class AtlasDataset:
+class AtlasDataset(Source):
     """A read-only Atlas v1 dataset.
 
     ``len(ds)``, ``ds[i]`` (negative indices wrap once; out of range raises
@@ -375,6 +404,17 @@ class AtlasDataset:
                 shard = BrokenShard(path, number, exc, sizes[position] if position < len(sizes) else 0)
             self.shards.append(shard)
         self._ends = list(itertools.accumulate(len(s) for s in self.shards))
+        width = index_key_width(len(self))
+        for position, shard in enumerate(self.shards):
+            shard.first_index = self.shard_start(position)
+            shard.key_width = width
+
+    kind = "atlas"
+
+    @property
+    def mtime(self) -> float:
+        """Modification time of the root ``meta.json``."""
+        return os.stat(os.path.join(self.root, "meta.json")).st_mtime
 
     def __len__(self) -> int:
         return self._ends[-1] if self._ends else 0

@@ -1,9 +1,18 @@
-"""The tree of an Atlas dataset: one folder per shard, WebDataset-style files inside.
+"""The tree of any source: one folder per shard, WebDataset-style files inside.
+
+A :class:`~atlasfs.sources.source.Source` (an Atlas dataset, Dolma documents,
+Lavender shardsets, ``.pbin`` files) gives shards of blocks of samples; this
+module makes them a :class:`~atlasfs.tree.Tree` and knows nothing of any
+format. Shard names may hold slashes (a Dolma documents file in a sub-folder):
+the folders above such shards are made from their names.
 
 Files are named and encoded by :mod:`atlasfs.naming`. A shard's file table
 (names, sizes, block and position of every file) is loaded from the table
 store, or built the first time the shard is looked into by decoding its
-blocks once and naming their examples (and then stored). Naming needs no
+blocks once and naming their examples (and then stored, with what the
+source learned by its pass over the shard's files, if it needed one). A
+source whose own index tells its files' sizes names them without decoding
+(:meth:`~atlasfs.sources.source.SourceShard.describe_block`). Naming needs no
 encoding, so a fresh table knows only the sizes of raw bytes fields; the
 others are filled in when their files are first looked up (which encodes
 their example, as reading it would), and the table is stored again once it
@@ -16,7 +25,7 @@ encoded ahead of them, on a background thread (:mod:`atlasfs.readahead`).
 A block that cannot be decoded is logged once; its examples appear as
 ``<index key>.unreadable`` entries whose lookups and reads fail with EIO,
 while everything else keeps serving. A shard that cannot even be opened
-(open the dataset with ``tolerate_broken_shards=True``) is a folder whose
+(its ``error`` is set, or its pass over its files fails) is a folder whose
 listing fails with EIO.
 """
 
@@ -39,12 +48,11 @@ import numpy as np
 
 from . import memory
 from .blockcache import BlockCache
-from .sources.atlas.dataset import DEFAULT_CACHE_BYTES, AtlasDataset, BrokenShard
 from .errors import AtlasFormatError
 from .filetable import DIR, FILE, UNKNOWN_SIZE, UNREADABLE, FileTable, Limits
-from .naming import (LAYOUT_VERSION, MAX_NAME_BYTES, NO_KEY, KeyAssigner, declared_key, encode_as, example_fields,
-                     index_key_width)
+from .naming import LAYOUT_VERSION, MAX_NAME_BYTES, NO_KEY, KeyAssigner, declared_key, encode_as, example_fields
 from .readahead import ReadAhead
+from .sources.source import Source, SourceShard
 from .tablestore import TableStore
 from .tree import Entry, Tree, not_found, split_path
 
@@ -66,7 +74,9 @@ READ_AHEAD_AFTER = 3
 #: Blocks stored in more than this share of the cache bound are not read ahead: decoded, two
 #: of them could push out the block being read.
 READ_AHEAD_MAX_SHARE = 16
-#: Files whose entries :meth:`AtlasTree.members` makes at once (bounds the blocks it sizes ahead of use).
+#: Bytes of decoded blocks cached by default (256 MiB).
+DEFAULT_CACHE_BYTES = 256 << 20
+#: Files whose entries :meth:`BlockTree.members` makes at once (bounds the blocks it sizes ahead of use).
 MEMBERS_BATCH = 1024
 #: Blocks decoded at once (by the readers' threads and read-ahead together).
 DECODERS = 2
@@ -314,28 +324,34 @@ def _eio(message: str) -> OSError:
     return OSError(errno.EIO, message)
 
 
+def _max_suffix_bytes(shard: SourceShard) -> int:
+    """Longest field suffix a shard's files may have: it must fit beside the shortest key, the index key."""
+    return MAX_NAME_BYTES - 1 - shard.key_width
+
+
 def _shard_ino(s: int) -> int:
     """The inode number of shard position ``s``'s folder; row ``i`` of its table is this + 1 + i."""
     return (s + 1) << 32
 
 
-class AtlasTree(Tree):
-    """A :class:`Tree` over an open :class:`AtlasDataset`.
+class BlockTree(Tree):
+    """A :class:`Tree` over an open :class:`~atlasfs.sources.source.Source`.
 
     ``store`` keeps shard file tables between runs (None: build them every time).
     """
 
-    def __init__(self, dataset: AtlasDataset, cache_bytes: int = DEFAULT_CACHE_BYTES,
+    def __init__(self, source: Source, cache_bytes: int = DEFAULT_CACHE_BYTES,
                  store: TableStore | None = None) -> None:
-        self.dataset = dataset
-        self.width = index_key_width(len(dataset))
-        # A field suffix must fit beside the shortest key, the index key.
-        self.max_suffix_bytes = MAX_NAME_BYTES - 1 - self.width
+        self.source = source
+        self.shards: list[SourceShard] = list(source.shards)
         self.cache: BlockCache[Block] = BlockCache(cache_bytes)
         self.store = store
-        self._shard_by_name = {shard.name: s for s, shard in enumerate(dataset.shards)}
+        self._shard_by_name: dict[str, int] = {}
+        # Folders above shards named with slashes: path -> its children's names, in shard order.
+        self._above: dict[str, list[str]] = {"": []}
+        self._place_shards()
         self._tables: dict[int, FileTable] = {}
-        self._table_locks = [threading.Lock() for _ in dataset.shards]
+        self._table_locks = [threading.Lock() for _ in self.shards]
         self._failed: dict[tuple[int, int], str] = {}
         self._failed_lock = threading.Lock()
         # Tables that do not know every size yet.
@@ -353,7 +369,7 @@ class AtlasTree(Tree):
         self._recent: dict[str, Entry] = {}
         # The last block each shard's readers used, and how many blocks in order led
         # there (see READ_AHEAD_AFTER).
-        self._last_block = [(-1, 1)] * len(dataset.shards)
+        self._last_block = [(-1, 1)] * len(self.shards)
         self.readahead = ReadAhead(self._read_ahead) if cache_bytes > 0 else None
         # A block being decoded is not in the cache yet: its compressed bytes, its pickle
         # and its objects, about three times its size. Every thread of a mount could be
@@ -362,9 +378,65 @@ class AtlasTree(Tree):
         # Evicted bytes when the freed memory was last given back, and how many more call for it.
         self._trimmed_at = 0
         self._trim_after = max(TRIM_AFTER_MIN, cache_bytes // 2)
-        self._root = Entry(True, 0, os.stat(os.path.join(dataset.root, "meta.json")).st_mtime, 1)
-        self._shard_entries = [
-            Entry(True, 0, shard.mtime, _shard_ino(s)) for s, shard in enumerate(dataset.shards)]
+        self._root = Entry(True, 0, source.mtime, 1)
+        self._shard_entries = [Entry(True, 0, shard.mtime, _shard_ino(s)) for s, shard in enumerate(self.shards)]
+        # Folders above shards: inode numbers below any shard's (which start at 1 << 32).
+        self._above_entries = {path: Entry(True, 0, source.mtime, 2 + i)
+                               for i, path in enumerate(p for p in self._above if p)}
+
+    def _place_shards(self) -> None:
+        """Map shard names to positions and make the folders above shards named with
+        slashes. A shard whose name is also such a folder, or repeats another's, or is
+        not a safe path, is left out with one log line: no name may hide another."""
+        folders = set()  # every folder above a shard
+        for shard in self.shards:
+            parts = shard.name.split("/")
+            folders.update("/".join(parts[:k]) for k in range(1, len(parts)))
+        for s, shard in enumerate(self.shards):
+            parts = shard.name.split("/")
+            problem = None
+            if any(part in ("", ".", "..") or len(part.encode("utf-8", "surrogatepass")) > MAX_NAME_BYTES
+                   for part in parts):
+                problem = "is not a safe folder path"
+            elif shard.name in self._shard_by_name:
+                problem = "repeats another shard's name"
+            elif shard.name in folders:
+                problem = "is also the folder of other shards"
+            if problem:
+                log.error("%s: its folder %r %s; it is left out", shard.path, shard.name, problem)
+                continue
+            self._shard_by_name[shard.name] = s
+            for k in range(1, len(parts) + 1):
+                parent, child = "/".join(parts[:k - 1]), "/".join(parts[:k])
+                children = self._above.setdefault(parent, [])
+                if parts[k - 1] not in children:
+                    children.append(parts[k - 1])
+                if k < len(parts):
+                    self._above.setdefault(child, [])
+
+    def _split(self, path: str) -> tuple[int | None, str, str]:
+        """``(shard position, path inside its folder, folder above shards)`` of a tree path:
+        the position None if the path is the root or a folder above shards (named by the
+        third item); raises ENOENT if there is no such shard."""
+        if path.startswith("/") and "//" not in path and not path.endswith("/"):  # as the kernel asks
+            shard, _, rest = path[1:].partition("/")
+        else:
+            parts = split_path(path)
+            shard, rest = (parts[0], "/".join(parts[1:])) if parts else ("", "")
+        if not shard:
+            return None, "", ""
+        s = self._shard_by_name.get(shard)
+        if s is not None:
+            return s, rest, ""
+        while shard in self._above:  # a folder above shards: go down its path
+            if not rest:
+                return None, "", shard
+            head, _, rest = rest.partition("/")
+            shard = f"{shard}/{head}"
+            s = self._shard_by_name.get(shard)
+            if s is not None:
+                return s, rest, ""
+        raise not_found(path)
 
     # -- the Tree interface
 
@@ -372,16 +444,9 @@ class AtlasTree(Tree):
         entry = self._recent.get(path)
         if entry is not None:
             return entry
-        if path.startswith("/") and "//" not in path and not path.endswith("/"):  # as the kernel asks
-            shard, _, rest = path[1:].partition("/")
-        else:
-            parts = split_path(path)
-            shard, rest = (parts[0], "/".join(parts[1:])) if parts else ("", "")
-        if not shard:
-            return self._root
-        s = self._shard_by_name.get(shard)
+        s, rest, above = self._split(path)
         if s is None:
-            raise not_found(path)
+            return self._above_entries[above] if above else self._root
         if not rest:
             return self._shard_entries[s]
         table = self._tables.get(s)
@@ -419,19 +484,27 @@ class AtlasTree(Tree):
         return index
 
     def listdir(self, path: str) -> list[tuple[str, Entry]]:
-        parts = split_path(path)
-        if not parts:
-            return [(shard.name, self._shard_entries[s]) for s, shard in enumerate(self.dataset.shards)]
-        s, folder = self._folder_of(path, parts)
+        s, folder = self._folder_of(path)
+        if s is None:
+            return self._list_above(folder)
         table = self.table(s)
         children = table.children(folder)
         return list(zip([name for name, _ in children], self._entries(s, table, [i for _, i in children])))
 
+    def _list_above(self, folder: str) -> list[tuple[str, Entry]]:
+        """The children of the root or of a folder above shards: shards and such folders."""
+        prefix = f"{folder}/" if folder else ""
+        children = []
+        for name in self._above[folder]:
+            path = prefix + name
+            s = self._shard_by_name.get(path)
+            children.append((name, self._shard_entries[s] if s is not None else self._above_entries[path]))
+        return children
+
     def names(self, path: str) -> Sequence[tuple[str, bool, int]]:
-        parts = split_path(path)
-        if not parts:
+        s, folder = self._folder_of(path)
+        if s is None:
             return super().names(path)
-        s, folder = self._folder_of(path, parts)
         with self._folders_lock:
             listing = self._folders.get((s, folder))
             if listing is not None:
@@ -447,11 +520,9 @@ class AtlasTree(Tree):
         return listing.view()
 
     def known_entries(self, path: str, start: int = 0, stop: int | None = None) -> Sequence[Entry | None]:
-        parts = split_path(path)
-        if not parts:
-            return super().known_entries(path, start, stop)
         listing = self.names(path)
-        assert isinstance(listing, _Listing)
+        if not isinstance(listing, _Listing):  # the root, or a folder above shards
+            return super().known_entries(path, start, stop)
         start, stop, _ = slice(start, stop).indices(len(listing))
         rows = listing.rows(start, max(start, stop))
         if not len(rows):
@@ -481,11 +552,13 @@ class AtlasTree(Tree):
                 result.append(new(Entry, (True, 0, mtime, ino, None)) if kind == DIR else None)
         return result
 
-    def _folder_of(self, path: str, parts: list[str]) -> tuple[int, str]:
-        """(shard position, folder inside it) of the folder ``path``."""
+    def _folder_of(self, path: str) -> tuple[int | None, str]:
+        """(shard position, folder inside it) of the folder ``path``; (None, folder above
+        shards, "" for the root) if it is not inside a shard."""
         if not self.lookup(path).is_dir:
             raise OSError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), path)
-        return self._shard_by_name[parts[0]], "/".join(parts[1:])
+        s, rest, above = self._split(path)
+        return (s, rest) if s is not None else (None, above)
 
     def _remember_folder(self, s: int, folder: str, listing: _Listing) -> None:
         cost = listing.cost
@@ -501,11 +574,10 @@ class AtlasTree(Tree):
                 self._folder_rows -= evicted.cost
 
     def members(self, path: str) -> Iterator[tuple[str, Entry]]:
-        parts = split_path(path)
-        if not parts:
+        s, folder = self._folder_of(path)
+        if s is None:
             yield from super().members(path)
             return
-        s, folder = self._folder_of(path, parts)
         table = self.table(s)
         prefix = f"{folder}/" if folder else ""
         rows = [i for i in table.example_order() if table.row(i).path.startswith(prefix)] if prefix else \
@@ -529,7 +601,7 @@ class AtlasTree(Tree):
         return files[ref.file][offset:offset + size]
 
     def total_bytes(self) -> int:
-        return sum(shard.data_size for shard in self.dataset.shards)
+        return sum(shard.data_size for shard in self.shards)
 
     def _entries(self, s: int, table: FileTable, indices: list[int]) -> list[Entry]:
         """The entries of table rows ``indices``, at once: a listing makes one per file."""
@@ -585,14 +657,14 @@ class AtlasTree(Tree):
         memory.trim()
 
     def _decode_block(self, s: int, block: int) -> tuple[Block, int]:
-        shard = self.dataset.shards[s]
+        shard = self.shards[s]
         try:
             with self._decoders:
                 examples, nbytes = shard.decode_block(block)
         except AtlasFormatError as exc:
             raise self._fail(s, block, str(exc)) from None
-        except Exception as exc:  # the codec reports what it knows; anything else still only fails this block
-            raise self._fail(s, block, f"{shard.data_path} block {block}: cannot decode ({exc!r})") from None
+        except Exception as exc:  # the source reports what it knows; anything else still only fails this block
+            raise self._fail(s, block, f"{shard.block_where(block)}: cannot decode ({exc!r})") from None
         # Charged what its objects hold, when more than its pickle: small objects (a list of
         # floats: 9 bytes a float pickled, 32 held) made the cache hold twice its bound.
         return Block(examples), max(nbytes, _held_estimate(examples))
@@ -617,13 +689,13 @@ class AtlasTree(Tree):
         run = run + 1 if block == last + 1 else 1
         self._last_block[s] = (block, run)  # threads may race here: at worst a hint is missed or repeated
         if run >= READ_AHEAD_AFTER and self.readahead is not None:
-            end = min(block + 1 + READ_AHEAD_BLOCKS, self.dataset.shards[s].num_blocks)
+            end = min(block + 1 + READ_AHEAD_BLOCKS, self.shards[s].num_blocks)
             self.readahead.hint([(s, b) for b in range(block + 1, end)])
 
     def _read_ahead(self, key: Any) -> None:
         """Decode block ``key = (shard, block)`` into the cache and encode its examples."""
         s, block = key
-        if self.dataset.shards[s].stored_block_size(block) * READ_AHEAD_MAX_SHARE > self.cache.max_bytes:
+        if self.shards[s].stored_block_size(block) * READ_AHEAD_MAX_SHARE > self.cache.max_bytes:
             return
         decoded = self.decoded_block(s, block)
         for pos in range(len(decoded.examples)):
@@ -640,18 +712,18 @@ class AtlasTree(Tree):
         return encoded
 
     def _encode(self, decoded: Block, s: int, block: int, pos: int) -> tuple[tuple[bytes, ...], int]:
-        shard = self.dataset.shards[s]
+        shard = self.shards[s]
         example = decoded.examples[pos]
         try:
             fields = decoded.fields[pos] if decoded.fields is not None else example_fields(
-                example, self.max_suffix_bytes)[0]
+                example, _max_suffix_bytes(shard))[0]
             files = [(suffix, encode_as(suffix, value)) for suffix, value in fields]
         except Exception as exc:  # an example the encoders cannot handle
-            raise self._fail(s, block, f"{shard.data_path} block {block}: cannot encode example {pos} ({exc!r})") from None
+            raise self._fail(s, block, f"{shard.block_where(block)}: cannot encode example {pos} ({exc!r})") from None
         decoded.encoded_bytes += sum(len(data) for _, data in files)
-        limit = shard.codec.max_block_bytes
+        limit = shard.max_block_bytes
         if decoded.encoded_bytes > limit:  # shared references can make files far larger than the pickle
-            raise self._fail(s, block, f"{shard.data_path} block {block}: its files would take more than {limit} bytes")
+            raise self._fail(s, block, f"{shard.block_where(block)}: its files would take more than {limit} bytes")
         values = example.values() if isinstance(example, dict) else (example,)
         shared = {id(value) for value in values if type(value) is bytes}
         cost = sum(len(data) for _, data in files if id(data) not in shared) + 100 * len(files)
@@ -668,10 +740,10 @@ class AtlasTree(Tree):
     def _mismatch(self, s: int, block: int) -> OSError:
         """The error for a block whose examples are not what the file table says (only if
         the dataset changed under us, or a stored table lies)."""
-        return _eio(f"{self.dataset.shards[s].data_path}: block {block} does not match its file table")
+        return _eio(f"{self.shards[s].block_where(block)}: does not match its file table")
 
     def _failure(self, s: int, block: int) -> str:
-        return self._failed.get((s, block), f"{self.dataset.shards[s].data_path} block {block} cannot be decoded")
+        return self._failed.get((s, block), f"{self.shards[s].block_where(block)} cannot be decoded")
 
     # -- file tables
 
@@ -680,8 +752,8 @@ class AtlasTree(Tree):
         decoding and naming the shard's blocks (then stored). With ``sizes``, every
         size it does not know yet is filled in first (encoding those examples);
         files that fail to encode are left unsized and fail with EIO when read."""
-        shard = self.dataset.shards[s]
-        if isinstance(shard, BrokenShard):
+        shard = self.shards[s]
+        if shard.error is not None:
             raise self._fail(s, -1, str(shard.error))
         table = self._tables.get(s)
         if table is None:
@@ -739,31 +811,37 @@ class AtlasTree(Tree):
 
     def _store(self, s: int, key: dict[str, Any], table: FileTable) -> None:
         assert self.store is not None
-        name = self.dataset.shards[s].name
+        name = self.shards[s].name
         log.debug("stored the file table of shard %s in %s", name, self.store.save(name, key, table))
 
     def _table_key(self, s: int) -> dict[str, Any]:
-        """What a shard's table depends on: its files, its global position, the naming rules."""
-        shard = self.dataset.shards[s]
-        files: dict[str, list[int] | None] = {}
-        for name in ("meta.json", "index.npy", "data.bin", "zstd_dict.bin", "../zstd_dict.bin"):
-            try:
-                st = os.stat(os.path.join(shard.path, name))
-                files[name] = [st.st_size, st.st_mtime_ns]
-            except OSError:
-                files[name] = None
-        return {"layout": LAYOUT_VERSION, "start": self.dataset.shard_start(s), "width": self.width,
-                "files": files}
+        """What a shard's table depends on: the naming rules, the source's kind, and what
+        the shard's table depends on (its files, its first index, its options)."""
+        return {"layout": LAYOUT_VERSION, "source": self.source.kind, **self.shards[s].table_key()}
 
     def _load_or_build(self, s: int) -> FileTable:
-        shard = self.dataset.shards[s]
+        shard = self.shards[s]
         key = None
         table = None
         if self.store is not None:
             key = self._table_key(s)
-            table = self.store.load(shard.name, key, Limits(shard.num_blocks, shard.meta.block_size))
+
+            def limits(state: bytes) -> Limits:  # the stored state first: a Dolma shard's blocks come from it
+                shard.restore(state)
+                return Limits(shard.num_blocks, shard.block_size)
+
+            table = self.store.load(shard.name, key, limits)
         if table is None:
+            try:
+                state = shard.prepare()
+            except AtlasFormatError as exc:
+                raise self._fail(s, -1, str(exc)) from None
+            except Exception as exc:  # a source's bug or an unforeseen file still only fails its folder
+                raise self._fail(s, -1, f"{shard.path}: cannot be read ({exc!r})") from None
+            for problem in shard.problems():
+                log.warning("%s", problem)
             table, complete = self._build_table(s)
+            table.state = state
             if not complete:  # a table with unreadable blocks is rebuilt next time
                 key = None
             elif key is not None:  # stored at once, sizes or not: the next mount lists without decoding
@@ -772,18 +850,35 @@ class AtlasTree(Tree):
             self._unsized[s] = _Unsized(table, shard.num_blocks, key)
         return table
 
+    def _describe_block(self, s: int, block: int) -> list[tuple[Any, list[tuple[str, int]]]] | None:
+        """What :meth:`SourceShard.describe_block` tells of a block's samples; None if it tells nothing."""
+        shard = self.shards[s]
+        try:
+            return shard.describe_block(block)
+        except AtlasFormatError as exc:
+            raise self._fail(s, block, str(exc)) from None
+
     def _build_table(self, s: int) -> tuple[FileTable, bool]:
         """Decode every block of shard ``s`` and name its files (sizes only of bytes
         fields, which are served as they are); the flag is False if a block could
         not be decoded."""
-        shard = self.dataset.shards[s]
-        assigner = KeyAssigner(self.width)
-        first_index = self.dataset.shard_start(s)
+        shard = self.shards[s]
+        assigner = KeyAssigner(shard.key_width)
         rows: list[tuple[str, int, int, int, int, int]] = []
         complete = True
         for block in range(shard.num_blocks):
-            base = first_index + block * shard.meta.block_size
+            base = shard.first_index + block * shard.block_size
             try:
+                described = self._describe_block(s, block)
+                if described is not None:  # names and sizes from the source's index: nothing decoded
+                    for pos, (declared, files) in enumerate(described):
+                        longest = max((len(suffix.encode("utf-8")) for suffix, _ in files), default=0)
+                        key, key_note = assigner.assign(declared, base + pos, longest)
+                        if key_note:
+                            log.info("%s example %d: %s", shard.path, base + pos, key_note)
+                        rows.extend((f"{key}.{suffix}", FILE, size, block, pos, j)
+                                    for j, (suffix, size) in enumerate(files))
+                    continue
                 named = self._name_block(s, block)
             except OSError:
                 complete = False
@@ -805,12 +900,12 @@ class AtlasTree(Tree):
     def _name_block(self, s: int, block: int) -> list[tuple[object, list[tuple[str, Any]], str | None]]:
         """(declared key, fields, note) of each example of a block (decoded through the cache)."""
         decoded = self.decoded_block(s, block)
+        shard = self.shards[s]
         try:
-            named = [(declared_key(example), *example_fields(example, self.max_suffix_bytes))
+            named = [(declared_key(example), *example_fields(example, _max_suffix_bytes(shard)))
                      for example in decoded.examples]
         except Exception as exc:  # an example the naming rules cannot handle
-            shard = self.dataset.shards[s]
-            raise self._fail(s, block, f"{shard.data_path} block {block}: cannot name its examples ({exc!r})") from None
+            raise self._fail(s, block, f"{shard.block_where(block)}: cannot name its examples ({exc!r})") from None
         decoded.fields = [fields for _, fields, _ in named]
         self.cache.charge((s, block), 100 * sum(len(fields) for fields in decoded.fields))
         return named

@@ -1,4 +1,4 @@
-"""AtlasTree's caches: what a read decodes and encodes, and that the bound is kept."""
+"""BlockTree's caches: what a read decodes and encodes, and that the bound is kept."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from atlasfs import AtlasDataset, AtlasWriter
-from atlasfs.atlas_tree import AtlasTree
+from atlasfs.blocktree import BlockTree
 from atlasfs.filetable import UNKNOWN_SIZE, FileTable
 from atlasfs.tablestore import TableStore
 from threadwait import wait_until
@@ -30,10 +30,10 @@ def _write(path: Path, examples: int = 200) -> None:
 def test_a_read_on_a_stored_table_decodes_one_block_and_encodes_one_example(tmp_path: Path) -> None:
     dataset = tmp_path / "ds"
     _write(dataset)
-    first = AtlasTree(AtlasDataset(dataset), store=TableStore(str(dataset)))
+    first = BlockTree(AtlasDataset(dataset), store=TableStore(str(dataset)))
     expected = {path: first.read(entry, 0, entry.size) for path, entry in first.walk("/")}
 
-    tree = AtlasTree(AtlasDataset(dataset), store=TableStore(str(dataset)))
+    tree = BlockTree(AtlasDataset(dataset), store=TableStore(str(dataset)))
     path = sorted(expected)[137]
     entry = tree.lookup("/" + path)
     assert tree.read(entry, 0, entry.size) == expected[path]
@@ -58,8 +58,8 @@ def test_encoded_files_count_against_the_bound(tmp_path: Path) -> None:
     dataset = tmp_path / "ds"
     _write(dataset, 400)
     bound = 64 << 10
-    tree = AtlasTree(AtlasDataset(dataset), cache_bytes=bound)
-    shard = tree.dataset.shards[0]
+    tree = BlockTree(AtlasDataset(dataset), cache_bytes=bound)
+    shard = tree.source.shards[0]
     decoded_cost = shard.decode_block(0)[1]
     order = [(path, entry) for path, entry in tree.walk("/")]
     first = order[0][1]
@@ -75,11 +75,11 @@ def test_encoded_files_count_against_the_bound(tmp_path: Path) -> None:
 def test_a_block_that_cannot_be_decoded_fails_its_reads_with_eio_once_the_table_is_stored(tmp_path: Path) -> None:
     dataset = tmp_path / "ds"
     _write(dataset)
-    first = AtlasTree(AtlasDataset(dataset), store=TableStore(str(dataset)))
+    first = BlockTree(AtlasDataset(dataset), store=TableStore(str(dataset)))
     files = dict(first.walk("/"))
-    tree = AtlasTree(AtlasDataset(dataset), store=TableStore(str(dataset)))
+    tree = BlockTree(AtlasDataset(dataset), store=TableStore(str(dataset)))
     # damage block 0 of shard 0 in memory only: its decode now fails
-    shard = tree.dataset.shards[0]
+    shard = tree.source.shards[0]
     original = shard.decode_block
 
     def broken(block: int):  # type: ignore[no-untyped-def]
@@ -102,8 +102,8 @@ def test_a_block_that_cannot_be_decoded_fails_its_reads_with_eio_once_the_table_
 def test_building_a_table_without_a_cache_decodes_each_block_once(tmp_path: Path) -> None:
     dataset = tmp_path / "ds"
     _write(dataset)
-    tree = AtlasTree(AtlasDataset(dataset), cache_bytes=0)  # as `atlasfs index` opens it
-    shard = tree.dataset.shards[0]
+    tree = BlockTree(AtlasDataset(dataset), cache_bytes=0)  # as `atlasfs index` opens it
+    shard = tree.source.shards[0]
     calls: list[int] = []
     original = shard.decode_block
 
@@ -119,13 +119,13 @@ def test_building_a_table_without_a_cache_decodes_each_block_once(tmp_path: Path
 def test_a_block_whose_files_outgrow_the_decode_limit_fails_with_eio(tmp_path: Path) -> None:
     dataset = tmp_path / "ds"
     _write(dataset)
-    tree = AtlasTree(AtlasDataset(dataset), store=TableStore(str(dataset)))
+    tree = BlockTree(AtlasDataset(dataset), store=TableStore(str(dataset)))
     files = dict(tree.walk("/"))  # tables built and stored with the normal limit
-    tree = AtlasTree(AtlasDataset(dataset), store=TableStore(str(dataset)))
+    tree = BlockTree(AtlasDataset(dataset), store=TableStore(str(dataset)))
     in_block_0 = sorted(p for p, e in files.items() if e.ref.shard == 0 and e.ref.block == 0)
     tree.read(tree.lookup("/" + in_block_0[0]), 0, 10)  # decoded within the limit (its pickle: ~8 KB)
-    limit = tree.dataset.shards[0].decode_block(0)[1] + 500
-    tree.dataset.shards[0].codec.max_block_bytes = limit  # the block's files (~12 KB) will not fit
+    limit = tree.source.shards[0].decode_block(0)[1] + 500
+    tree.source.shards[0].codec.max_block_bytes = limit  # the block's files (~12 KB) will not fit
     with pytest.raises(OSError) as info:
         for path in in_block_0:
             tree.read(tree.lookup("/" + path), 0, 1 << 20)
@@ -141,9 +141,9 @@ def _unsized(table: FileTable) -> int:
 def test_a_first_listing_names_files_without_encoding_any(tmp_path: Path) -> None:
     dataset = tmp_path / "ds"
     _write(dataset)
-    full = AtlasTree(AtlasDataset(dataset))  # no store: the reference listing, sizes and all
-    tree = AtlasTree(AtlasDataset(dataset), store=TableStore(str(dataset)))
-    shard = tree.dataset.shards[0]
+    full = BlockTree(AtlasDataset(dataset))  # no store: the reference listing, sizes and all
+    tree = BlockTree(AtlasDataset(dataset), store=TableStore(str(dataset)))
+    shard = tree.source.shards[0]
     listing = tree.names(f"/{shard.name}")
     assert list(listing) == [(name, e.is_dir, e.ino) for name, e in full.listdir(f"/{shard.name}")]
     assert tree.cache.misses == shard.num_blocks  # each block decoded once...
@@ -152,7 +152,7 @@ def test_a_first_listing_names_files_without_encoding_any(tmp_path: Path) -> Non
     table = tree.table(0)
     assert _unsized(table) == 100 * 2  # json and txt; bin's size is its length
     # stored at once: a second tree lists without decoding
-    again = AtlasTree(AtlasDataset(dataset), store=TableStore(str(dataset)))
+    again = BlockTree(AtlasDataset(dataset), store=TableStore(str(dataset)))
     assert again.names(f"/{shard.name}") == listing and again.cache.misses == 0
 
     # lookups fill the sizes in, a block at a time (its next files are looked up next);
@@ -164,18 +164,18 @@ def test_a_first_listing_names_files_without_encoding_any(tmp_path: Path) -> Non
         assert entry == full.lookup(f"/{shard.name}/{name}")
         assert len(tree.read(entry, 0, 1 << 20)) == entry.size
     assert _unsized(table) == 0
-    third = AtlasTree(AtlasDataset(dataset), store=TableStore(str(dataset)))
+    third = BlockTree(AtlasDataset(dataset), store=TableStore(str(dataset)))
     assert _unsized(third.table(0)) == 0 and third.cache.misses == 0
 
 
 def test_index_sizes_every_file_and_stores_the_table(tmp_path: Path) -> None:
     dataset = tmp_path / "ds"
     _write(dataset)
-    tree = AtlasTree(AtlasDataset(dataset), cache_bytes=0, store=TableStore(str(dataset)))
-    for s in range(len(tree.dataset.shards)):
+    tree = BlockTree(AtlasDataset(dataset), cache_bytes=0, store=TableStore(str(dataset)))
+    for s in range(len(tree.source.shards)):
         assert _unsized(tree.table(s, sizes=True)) == 0
-    again = AtlasTree(AtlasDataset(dataset), store=TableStore(str(dataset)))
-    reference = AtlasTree(AtlasDataset(dataset))
+    again = BlockTree(AtlasDataset(dataset), store=TableStore(str(dataset)))
+    reference = BlockTree(AtlasDataset(dataset))
     assert [(p, e) for p, e in again.walk("/")] == [(p, e) for p, e in reference.walk("/")]
     assert again.cache.misses == 0 and all(_unsized(again.table(s)) == 0 for s in range(2))
 
@@ -183,8 +183,8 @@ def test_index_sizes_every_file_and_stores_the_table(tmp_path: Path) -> None:
 def test_a_listed_file_whose_example_cannot_be_encoded_fails_with_eio(tmp_path: Path) -> None:
     dataset = tmp_path / "ds"
     _write(dataset)
-    tree = AtlasTree(AtlasDataset(dataset))
-    shard = tree.dataset.shards[0]
+    tree = BlockTree(AtlasDataset(dataset))
+    shard = tree.source.shards[0]
     listing = tree.names(f"/{shard.name}")
     limit = shard.codec.max_block_bytes
     shard.codec.max_block_bytes = 1000  # block 0's files (16 x ~700 bytes) no longer fit
@@ -209,12 +209,12 @@ def test_serving_imports_no_module_lazily(tmp_path: Path) -> None:
 import sys
 import atlasfs.mount  # what the daemon imports before it serves
 from atlasfs import AtlasDataset
-from atlasfs.atlas_tree import AtlasTree
+from atlasfs.blocktree import BlockTree
 from atlasfs.tablestore import TableStore
 dataset = AtlasDataset({str(dataset)!r})  # opened before the mount goes live
 before = set(sys.modules)
 for _ in range(2):  # building the tables, then loading them
-    tree = AtlasTree(dataset, store=TableStore(dataset.root))
+    tree = BlockTree(dataset, store=TableStore(dataset.root))
     for shard, _, _ in tree.names("/"):
         for name, _, _ in tree.names("/" + shard):
             entry = tree.lookup(f"/{{shard}}/{{name}}")
@@ -229,10 +229,10 @@ print(sorted(set(sys.modules) - before))
 def test_a_reader_going_in_order_gets_the_next_blocks_read_ahead(tmp_path: Path) -> None:
     dataset = tmp_path / "ds"
     _write(dataset)
-    AtlasTree(AtlasDataset(dataset), cache_bytes=0, store=TableStore(str(dataset))).table(0, sizes=True)
-    tree = AtlasTree(AtlasDataset(dataset), store=TableStore(str(dataset)))  # lists and sizes from the store
+    BlockTree(AtlasDataset(dataset), cache_bytes=0, store=TableStore(str(dataset))).table(0, sizes=True)
+    tree = BlockTree(AtlasDataset(dataset), store=TableStore(str(dataset)))  # lists and sizes from the store
     by_block: dict[int, list[str]] = {}
-    for path, entry in AtlasTree(AtlasDataset(dataset)).walk("/"):
+    for path, entry in BlockTree(AtlasDataset(dataset)).walk("/"):
         if entry.ref.shard == 0:
             by_block.setdefault(entry.ref.block, []).append("/" + path)
     for block in (0, 1):  # two blocks in order: blocks 2 and 3 are decoded and encoded meanwhile
@@ -250,7 +250,7 @@ def test_a_reader_going_in_order_gets_the_next_blocks_read_ahead(tmp_path: Path)
     wait_until(tree.readahead.idle)
     assert (0, 4) in tree.cache._items and tree.cache.misses == misses + 2  # blocks 4 and 5, ahead
 
-    random_reader = AtlasTree(AtlasDataset(dataset), store=TableStore(str(dataset)))
+    random_reader = BlockTree(AtlasDataset(dataset), store=TableStore(str(dataset)))
     for block in (5, 2, 3, 1):  # not in order (one step in order is chance): nothing read ahead
         entry = random_reader.lookup(by_block[block][0])
         random_reader.read(entry, 0, entry.size)
@@ -260,15 +260,15 @@ def test_a_reader_going_in_order_gets_the_next_blocks_read_ahead(tmp_path: Path)
 
 
 def test_the_folder_cache_keeps_the_recently_listed_within_its_bound(tmp_path: Path, monkeypatch) -> None:
-    import atlasfs.atlas_tree as atlas_tree
+    import atlasfs.blocktree as blocktree
 
     dataset = tmp_path / "ds"
     with AtlasWriter(dataset, shard_size=300, block_size=16) as writer:
         for i in range(300):  # three sub-folders of 100 files in one shard
             writer.add_example({"__key__": f"d{i % 3}/{i:04d}", "cls": i})
-    tree = AtlasTree(AtlasDataset(dataset))
+    tree = BlockTree(AtlasDataset(dataset))
     # a sub-folder's listing keeps its rows (4 bytes each) and counts one more
-    monkeypatch.setattr(atlas_tree, "FOLDER_CACHE_ROWS", 250)  # room for two sub-folders' listings
+    monkeypatch.setattr(blocktree, "FOLDER_CACHE_ROWS", 250)  # room for two sub-folders' listings
     first = tree.names("/0/d0")
     assert list(first) == [(name, e.is_dir, e.ino) for name, e in tree.listdir("/0/d0")]
     cached = tree._folders[(0, "d0")]
