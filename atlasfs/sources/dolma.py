@@ -79,6 +79,8 @@ STATE_MAGIC = b"atlasfs-dolma\n"
 #: Most bytes a stored state may ask to be inflated to (its seek states; ~3% of a file's text).
 MAX_STATE_BYTES = 1 << 32
 _CHUNK = 1 << 20
+#: Compressed bytes zran reads at a time for a block's read.
+READ_BUFFER = 1 << 17
 
 
 class DolmaError(AtlasFormatError):
@@ -485,7 +487,9 @@ class _Reader:
         if self.kind == "gz":
             if self._gzip is None:
                 import indexed_gzip
-                gzip_file = indexed_gzip.IndexedGzipFile(self.path, spacing=SEEK_SPACING, drop_handles=False)
+                # small reads of compressed data: a random read wants a block's span, not a MiB more
+                gzip_file = indexed_gzip.IndexedGzipFile(self.path, spacing=SEEK_SPACING, drop_handles=False,
+                                                         readbuf_size=READ_BUFFER)
                 if self._state:  # kept compressed: zran's index holds 32 KiB per seek point
                     index = zstandard.ZstdDecompressor().decompress(self._state)
                     gzip_file.raw.import_index(fileobj=io.BytesIO(index))
@@ -659,19 +663,30 @@ class DolmaFile(SourceShard):
         end = 0  # text offset after the last line's newline
         last_offset = 0
         text = _TextPass(self.path)
+        loads, add_id, add_json, add_text = json.loads, ids.append, json_len.append, text_len.append
         for number, (offset, line) in enumerate(_lines_of(text.chunks(), self.path)):
-            if number % LINES_PER_BLOCK == 0:
+            if not number % LINES_PER_BLOCK:
                 starts.append(offset)
-            value, doc_id = _line_id(line)
-            if doc_id is None:
+            # _line_id and _text_len inlined: this loop runs once per document of the dataset
+            try:
+                value = loads(line.decode("utf-8"))
+            except (ValueError, RecursionError):
+                value = None
+            doc_id = value.get("id") if type(value) is dict else None
+            if type(doc_id) is str:
+                body = value.get("text")  # type: ignore[union-attr]
+                add_text(_NO_TEXT if type(body) is not str else len(body) if body.isascii()
+                         else _text_len(value, doc_id))
+            else:
+                add_text(_NO_TEXT)
                 if len(problems) < MAX_PROBLEMS:
-                    what = "not a JSON object" if value is None else "no string id"
+                    what = "no string id" if type(value) is dict else "not a JSON object"
                     problems.append(f"{self.path} line {number + 1}: {what}; shown only as its index key's .json")
                 else:
                     more += 1
-            ids.append(doc_id)
-            json_len.append(len(line))
-            text_len.append(_text_len(value, doc_id))
+                doc_id = None
+            add_id(doc_id)
+            add_json(len(line))
             last_offset, end = offset, offset + len(line) + 1
         if text.damage is not None and text.text_bytes == 0:
             raise DolmaError(text.damage)
