@@ -415,7 +415,7 @@ def test_mounted_bad_input_is_one_line_each_and_the_rest_serves(tmp_path: Path) 
     cut.write_bytes(cut.read_bytes()[:-300])
     write_jsonl(root / "documents" / "good.jsonl", docs("g", 4), "plain")
     log = tmp_path / "daemon.log"
-    with mounted(root, "-o", f"log_file={log}") as mnt:
+    with mounted(root, "--format", "dolma", "-o", f"log_file={log}") as mnt:
         lines = mnt / "bad" / "lines"
         names = os.listdir(lines)
         assert (lines / "000003.json").read_bytes() == b"{not json"  # only its raw line, under its index key
@@ -462,9 +462,29 @@ def test_second_mount_lists_from_the_stored_table_with_no_pass(tmp_path: Path) -
         st = path.stat()
         path.write_bytes(b"\xff" * st.st_size)
         os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
-    with mounted(root) as mnt:
+    log = tmp_path / "second.log"
+    with mounted(root, "-o", f"log_file={log}") as mnt:
         for folder in FOLDERS:
             assert run("ls", "-U", str(mnt / folder)).stdout == listings[folder]
             assert run("ls", "-U", str(mnt / folder)).stdout.decode().split() == list(expected[folder])
         sizes = {n: (mnt / "wiki" / n).stat().st_size for n in ("w7.text", "w7.json", "w7.tox.json")}
         assert sizes == {n: len(expected["wiki"][n]) for n in sizes}
+    # the restored state still tells, once per mount, which set was left out, where and why
+    text = log.read_text()
+    for relative in FOLDERS.values():
+        assert len([line for line in text.splitlines() if f"attributes/bad/{relative} line 601" in line]) == 1, text
+    assert "Traceback" not in text
+
+
+def test_mounted_random_reads_from_many_threads(tmp_path: Path) -> None:
+    root = tmp_path / "ds"
+    made = make_dataset(root, 5 * LINES_PER_BLOCK)
+    expected = {f"{folder}/{name}": data for folder, files in expected_files(root, made).items()
+                for name, data in files.items()}
+    chosen = random.Random(3).sample(sorted(expected), 400)
+    from concurrent.futures import ThreadPoolExecutor
+    with mounted(root, "--cache-size", "1M") as mnt:  # a small cache: blocks are evicted and read again
+        with ThreadPoolExecutor(8) as pool:
+            got = list(pool.map(lambda name: (mnt / name).read_bytes(), chosen))
+        assert got == [expected[name] for name in chosen]
+        assert is_mounted(mnt)
