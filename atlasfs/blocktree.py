@@ -39,6 +39,7 @@ import operator
 import os
 import sys
 import threading
+import time
 from bisect import bisect_left
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
@@ -49,6 +50,7 @@ import numpy as np
 from . import memory
 from .blockcache import BlockCache
 from .errors import AtlasFormatError
+from .storage import StorageUnavailableError
 from .filetable import DIR, FILE, UNKNOWN_SIZE, UNREADABLE, FileTable, Limits
 from .naming import LAYOUT_VERSION, MAX_NAME_BYTES, NO_KEY, KeyAssigner, declared_key, encode_as, example_fields
 from .readahead import ReadAhead
@@ -318,6 +320,18 @@ def _held_estimate(examples: list[Any]) -> int:
         return 0
     sample = examples[::max(1, len(examples) // HELD_SAMPLES)][:HELD_SAMPLES]
     return sys.getsizeof(examples) + sum(map(_held_bytes, sample)) * len(examples) // len(sample)
+
+
+_unavailable_logged = [0.0]
+
+
+def _log_unavailable(exc: StorageUnavailableError) -> None:
+    """Log a store that does not answer, at most once every 10 seconds (an outage fails
+    every read; one line says it)."""
+    now = time.monotonic()
+    if now - _unavailable_logged[0] >= 10:
+        _unavailable_logged[0] = now
+        log.error("%s (reads fail with EIO until it answers; nothing is remembered as broken)", exc)
 
 
 def _eio(message: str) -> OSError:
@@ -661,6 +675,9 @@ class BlockTree(Tree):
         try:
             with self._decoders:
                 examples, nbytes = shard.decode_block(block)
+        except StorageUnavailableError as exc:  # the store, not the block: not remembered, tried again next read
+            _log_unavailable(exc)
+            raise
         except AtlasFormatError as exc:
             raise self._fail(s, block, str(exc)) from None
         except Exception as exc:  # the source reports what it knows; anything else still only fails this block
@@ -880,6 +897,8 @@ class BlockTree(Tree):
                                     for j, (suffix, size) in enumerate(files))
                     continue
                 named = self._name_block(s, block)
+            except StorageUnavailableError:  # no table from a store that did not answer: built on a later look
+                raise
             except OSError:
                 complete = False
                 for pos in range(shard.block_length(block)):

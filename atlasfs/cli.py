@@ -16,6 +16,7 @@ from .sizes import format_size, parse_size
 from .sources.atlas.dataset import AtlasDataset
 from .sources.factory import FORMATS, SourceOptions, detect, open_source
 from .sources.source import Source
+from .storage import StorageOptions, is_url, redact, set_default_options
 
 log = logging.getLogger("atlasfs")
 
@@ -118,6 +119,11 @@ def cmd_mount(args: argparse.Namespace) -> int:
         options.set_format(args.format)
     if args.uid is not None:
         options.uid_column = args.uid
+    if args.endpoint_url is not None:
+        options.storage.endpoint_url = args.endpoint_url
+    if args.disk_cache is not None:
+        options.storage.disk_cache = args.disk_cache
+        options.storage.disk_cache_bytes = args.disk_cache_size
     return mount(args.dataset, args.mountpoint, options)
 
 
@@ -163,6 +169,9 @@ def cmd_export(args: argparse.Namespace) -> int:
 def cmd_index(args: argparse.Namespace) -> int:
     from .blocktree import BlockTree
     from .tablestore import TableStore
+    if is_url(args.dataset) and args.index_dir is None:
+        raise UsageError(f"{redact(args.dataset)}: atlasfs does not write file tables into a bucket yet; "
+                         "build them into a local folder with --index-dir DIR and mount with --index-dir DIR")
     with _source(args) as dataset:
         store = TableStore(dataset.root, index_dir=args.index_dir, beside=True)
         try:
@@ -243,6 +252,14 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--format", choices=tuple(FORMATS),
                        help="read the dataset as this format (default: found from its layout)")
         p.add_argument("--uid", metavar="COLUMN", help="Lavender: the column joining the shardsets (default uid)")
+        # A dataset in object storage (s3://bucket/prefix, gs://..., https://...): docs/storage.md.
+        # Credentials come from the environment and the AWS config files, never from here.
+        p.add_argument("--endpoint-url", metavar="URL",
+                       help="the S3 API's address for s3:// datasets (default: $AWS_ENDPOINT_URL, else AWS)")
+        p.add_argument("--disk-cache", metavar="DIR",
+                       help="keep the raw ranges read from a bucket in DIR, for later reads and mounts")
+        p.add_argument("--disk-cache-size", type=_size, metavar="SIZE", default=StorageOptions.disk_cache_bytes,
+                       help="bound of --disk-cache (default 4G; least recently used go first)")
 
     p = command("info", cmd_info, "summarise a dataset: shards, examples, blocks, strategies, sizes")
     source(p)
@@ -337,6 +354,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run ``atlasfs``; returns the exit code."""
     args = build_parser().parse_args(argv)
     _setup_logging(args.verbose)
+    if getattr(args, "endpoint_url", None) or getattr(args, "disk_cache", None):
+        set_default_options(StorageOptions(endpoint_url=args.endpoint_url, disk_cache=args.disk_cache,
+                                           disk_cache_bytes=args.disk_cache_size))
     try:
         return args.func(args)
     except (AtlasFormatError, MountError, UsageError) as exc:

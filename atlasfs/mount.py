@@ -30,6 +30,7 @@ from . import memory
 from .sdnotify import notify
 from .sizes import parse_size
 from .sources.factory import FORMATS, SourceOptions, open_source
+from .storage import StorageOptions, is_url, redact, set_default_options
 from .tablestore import TableStore
 from .tarview import TarView
 from .tree import Tree
@@ -93,6 +94,8 @@ class MountOptions:
     #: Lavender: the column joining a shard's shardsets.
     uid_column: str = "uid"
     fuse_options: dict[str, str | bool] = field(default_factory=dict)
+    #: How a dataset in object storage is read (docs/storage.md); unused for local folders.
+    storage: StorageOptions = field(default_factory=StorageOptions)
 
     def describe(self) -> str:
         """The settings that matter, for the log."""
@@ -118,6 +121,13 @@ class MountOptions:
         """What the source is told about how to read the dataset."""
         return SourceOptions(trust_pickle=self.trust_pickle, uid=self.uid_column)
 
+    def _apply_storage(self, name: str, value: str) -> None:
+        try:
+            setattr(self.storage, _STORAGE_OPTIONS[name], _storage_value(name, value))
+            self.storage.__post_init__()  # checks, and widens the buffer to the window
+        except ValueError as exc:
+            raise MountError(f"-o {name}: {exc}") from None
+
     def apply(self, option_text: str) -> None:
         """Apply a ``-o`` argument (comma-separated, as FUSE tools take them)."""
         for item in filter(None, (part.strip() for part in option_text.split(","))):
@@ -141,6 +151,8 @@ class MountOptions:
                 self.set_format(value)
             elif name == "uid" and has_value and not value.isdigit():  # uid=NUMBER is libfuse's file owner
                 self.uid_column = value
+            elif name in _STORAGE_OPTIONS and has_value:
+                self._apply_storage(name, value)
             elif name in ("trust_pickle", "allow_other", "debug") and not has_value:
                 setattr(self, name, True)
             elif name == "nothreads" and not has_value:
@@ -149,6 +161,25 @@ class MountOptions:
                 self.fuse_options[name] = value if has_value else True
             else:
                 raise MountError(f"unknown mount option {item!r}")
+
+
+#: ``-o`` options of a dataset in object storage, and the StorageOptions field each sets.
+_STORAGE_OPTIONS = {
+    "endpoint_url": "endpoint_url", "disk_cache": "disk_cache", "disk_cache_size": "disk_cache_bytes",
+    "coalesce": "coalesce_bytes", "prefetch": "prefetch", "deadline": "deadline",
+    "attempt_timeout": "attempt_timeout", "buffer_size": "buffer_bytes",
+}
+
+
+def _storage_value(name: str, value: str) -> object:
+    """The value of storage option ``name`` given as text (sizes take K/M/G, times seconds)."""
+    if name in ("endpoint_url", "disk_cache"):
+        return value
+    if name in ("disk_cache_size", "coalesce", "buffer_size"):
+        return parse_size(value)
+    if name == "prefetch":
+        return int(value)
+    return float(value)
 
 
 def mounted_filesystems() -> dict[str, str]:
@@ -313,13 +344,16 @@ def open_tree(dataset_path: str, options: MountOptions) -> Tree:
 
 def mount(dataset_path: str, mountpoint: str, options: MountOptions) -> int:
     """``atlasfs mount``: returns the exit code; :class:`MountError` for a refused mount."""
-    dataset_path = os.path.abspath(dataset_path)
+    if not is_url(dataset_path):  # a bucket's URL stays as it is
+        dataset_path = os.path.abspath(dataset_path)
+    set_default_options(options.storage)
     mountpoint = os.path.abspath(mountpoint)
     if options.log_file is not None:
         _log_to_file(options.log_file)
     check_mountpoint(mountpoint)
     check_fuse(options.allow_other)
     tree = open_tree(dataset_path, options)
+    dataset_path = redact(dataset_path)  # as the mount table and the log show it: no credentials
     if options.foreground:
         return _serve_foreground(tree, mountpoint, options, dataset_path)
     return _serve_background(tree, mountpoint, options, dataset_path)

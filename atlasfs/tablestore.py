@@ -30,6 +30,7 @@ from typing import Any
 
 from .filetable import FileTable, Limits, LimitsOf, TableError
 from .sizes import parse_size
+from .storage import is_url, redact
 
 log = logging.getLogger("atlasfs")
 #: The folder ``atlasfs index`` writes inside a dataset (hidden, so never taken for a shard).
@@ -64,9 +65,14 @@ def table_file_name(shard: str) -> str:
     return urllib.parse.quote(shard.encode("utf-8", "surrogateescape"), safe="") + _SUFFIX
 
 
+def _dataset_id(dataset_root: str) -> str:
+    """What names a dataset in the cache: its resolved path, or its URL (no credentials)."""
+    return redact(dataset_root.rstrip("/")) if is_url(dataset_root) else os.path.realpath(dataset_root)
+
+
 def cache_folder(dataset_root: str) -> str:
-    """A dataset's folder in the user's cache (named by a hash of its resolved path)."""
-    path = os.path.realpath(dataset_root).encode("utf-8", "surrogateescape")
+    """A dataset's folder in the user's cache (named by a hash of its resolved path or URL)."""
+    path = _dataset_id(dataset_root).encode("utf-8", "surrogateescape")
     return os.path.join(cache_root(), hashlib.sha256(path).hexdigest()[:20])
 
 
@@ -79,11 +85,16 @@ class TableStore:
     """
 
     def __init__(self, dataset_root: str, index_dir: str | None = None, beside: bool = False) -> None:
-        self.dataset_root = os.path.realpath(dataset_root)
+        self.dataset_root = _dataset_id(dataset_root)
         self.cache_folder = cache_folder(dataset_root)
         # A dataset that is one file (a .pbin) keeps its tables in the folder holding it.
         holder = self.dataset_root if os.path.isdir(self.dataset_root) else os.path.dirname(self.dataset_root)
-        beside_folder = os.path.join(holder, BESIDE_DATASET)
+        beside_folder: str | None = os.path.join(holder, BESIDE_DATASET)
+        if is_url(dataset_root):
+            # A bucket is never written by a mount, and tables are not read from it either
+            # (yet): the local cache or --index-dir hold them (docs/storage.md).
+            beside_folder = None
+            beside = False
         if index_dir is not None:
             self.save_folder = os.path.abspath(index_dir)
         else:

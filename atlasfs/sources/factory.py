@@ -12,6 +12,7 @@ import os
 from dataclasses import dataclass
 
 from ..errors import AtlasFormatError
+from ..storage import is_url
 from .source import Source
 
 #: Format name -> (module, what its layout looks like, for the error when nothing matches).
@@ -36,6 +37,8 @@ class SourceOptions:
 
 def detect(path: str) -> str:
     """The format of the dataset at ``path``; :class:`AtlasFormatError` (one line) if none fits."""
+    if is_url(path):  # a dataset in object storage: only Atlas reads through atlasfs.storage
+        return "atlas"
     if not os.path.exists(path):
         raise AtlasFormatError(f"{path}: no such dataset (file or folder)")
     for kind, (module, _) in FORMATS.items():

@@ -29,7 +29,7 @@ from typing import Any
 
 __all__ = [
     "Storage", "LocalStorage", "StorageOptions", "StorageUnavailableError", "StorageChangedError",
-    "is_url", "redact", "open_storage", "LOCAL",
+    "is_url", "redact", "open_storage", "set_default_options", "default_options", "LOCAL",
 ]
 
 #: ``scheme://`` at the start of a location: what tells a URL from a local path
@@ -240,6 +240,22 @@ def split_userinfo(url: str) -> tuple[str, str | None, str | None]:
     return clean, urllib.parse.unquote(user) or None, urllib.parse.unquote(password) or None
 
 
+#: What :func:`open_storage` uses when given no options: the command line sets it once
+#: (``--endpoint-url``, ``--disk-cache``, ``-o coalesce=``...), so that every command
+#: opening a dataset (mount, info, verify, export, index, show) reads a bucket alike.
+_defaults = StorageOptions()
+
+
+def set_default_options(options: StorageOptions) -> None:
+    """Make ``options`` those of every store opened without options of its own."""
+    global _defaults
+    _defaults = options
+
+
+def default_options() -> StorageOptions:
+    return _defaults
+
+
 def open_storage(location: str | os.PathLike[str],
                  options: StorageOptions | None = None) -> tuple[Storage, str]:
     """The storage for ``location`` and the root path to read through it.
@@ -252,5 +268,5 @@ def open_storage(location: str | os.PathLike[str],
         return LOCAL, os.fspath(location)
     from .remote import RemoteStorage  # fsspec is optional: imported only for URLs
 
-    storage = RemoteStorage(str(location), options or StorageOptions())
+    storage = RemoteStorage(str(location), options or _defaults)
     return storage, storage.root

@@ -15,6 +15,7 @@ Differences from the reference reader (EIDOSLAB/torch-atlas-ds v0.1.0), by desig
 from __future__ import annotations
 
 import bisect
+import io
 import itertools
 import os
 import re
@@ -22,10 +23,12 @@ import threading
 from typing import Any, Iterator
 
 import numpy as np
+import zstandard
 
 from ...blockcache import BlockCache
 from ...errors import AtlasFormatError
 from ...naming import index_key_width
+from ...storage import LOCAL, Storage, StorageChangedError, StorageUnavailableError, open_storage
 from ..source import Source, SourceShard, file_signature
 from .codec import DEFAULT_MAX_BLOCK_BYTES, BlockCodec, ZstdDictionary
 from .meta import CompressionStrategy, RootMeta, ShardMeta, parse_root_meta, parse_shard_meta
@@ -36,19 +39,49 @@ DICT_NAME = "zstd_dict.bin"
 _SHARD_NAME = re.compile(r"[0-9]+")
 
 
-def _stat_signature(path: str) -> tuple[int, int] | None:
-    try:
-        st = os.stat(path)
-    except FileNotFoundError:
-        return None
-    return (st.st_size, st.st_mtime_ns)
+def _stat_signature(path: str, storage: Storage = LOCAL) -> tuple[int, int] | None:
+    return storage.stat(path)
 
 
-def _load_index(path: str, num_blocks: int, mmap: bool) -> np.ndarray:
+class _StoredDictionary(ZstdDictionary):
+    """A zstd dictionary in an object store: read through the storage on first use."""
+
+    def __init__(self, path: str, storage: Storage) -> None:
+        super().__init__(path)
+        self._storage = storage
+
+    def get(self) -> zstandard.ZstdCompressionDict:
+        with self._lock:
+            if self._dict is None:
+                try:
+                    data = self._storage.read(self.path)
+                except StorageUnavailableError:
+                    raise
+                except OSError as exc:
+                    raise AtlasFormatError(f"{self.path}: cannot read dictionary ({exc.strerror})") from None
+                if not data:
+                    raise AtlasFormatError(f"{self.path}: dictionary is empty")
+                self._dict = zstandard.ZstdCompressionDict(data)
+            return self._dict
+
+
+def _dictionary_file(path: str, storage: Storage) -> ZstdDictionary:
+    return _StoredDictionary(path, storage) if storage.remote else ZstdDictionary(path)
+
+
+def _open_index(path: str, storage: Storage) -> io.BufferedIOBase:
+    """``index.npy`` as a file object: the file itself, or its bytes fetched from a store
+    (it is small: 8 bytes a block, so one GET)."""
+    if storage.remote:
+        return io.BytesIO(storage.read(path))
+    return open(path, "rb")
+
+
+def _load_index(path: str, num_blocks: int, mmap: bool, storage: Storage = LOCAL) -> np.ndarray:
     """Read and validate ``index.npy``, checking its header against the file size
     before allocating or mapping anything (a forged shape cannot cost memory)."""
     try:
-        with open(path, "rb") as f:
+        with _open_index(path, storage) as f:
             try:
                 version = np.lib.format.read_magic(f)
                 if version == (1, 0):
@@ -69,14 +102,21 @@ def _load_index(path: str, num_blocks: int, mmap: bool) -> np.ndarray:
                     f"({num_blocks} blocks from stored_examples and block_size in "
                     f"{os.path.join(os.path.dirname(path), 'meta.json')})")
             offset = f.tell()
-            payload = os.fstat(f.fileno()).st_size - offset
+            if isinstance(f, io.BytesIO):
+                payload = len(f.getbuffer()) - offset
+            else:
+                payload = os.fstat(f.fileno()).st_size - offset
             if payload != shape[0] * dtype.itemsize:
                 raise AtlasFormatError(
                     f"{path}: {payload} bytes of data for {shape[0]} entries of {dtype.itemsize} bytes")
-            if mmap:
+            if isinstance(f, io.BytesIO):  # fetched: already in memory, nothing to map
+                index = np.frombuffer(f.read(), dtype=dtype, count=shape[0])
+            elif mmap:
                 index = np.memmap(f, dtype=dtype, mode="r", offset=offset, shape=shape)
             else:
                 index = np.fromfile(f, dtype=dtype, count=shape[0])
+    except StorageUnavailableError:
+        raise
     except FileNotFoundError:
         raise AtlasFormatError(f"{path}: missing") from None
     except OSError as exc:
@@ -106,14 +146,16 @@ class Shard(SourceShard):
 
     def __init__(self, path: str, number: int, shared_dict: ZstdDictionary | None, cache: BlockCache,
                  *, trust_pickle: bool = False, max_block_bytes: int = DEFAULT_MAX_BLOCK_BYTES,
-                 mmap_index: bool = True) -> None:
+                 mmap_index: bool = True, storage: Storage = LOCAL) -> None:
         self.path = path
         self.name = os.path.basename(path)
         self.number = number
-        self.meta: ShardMeta = parse_shard_meta(path)
+        #: Where the shard's files are read from (a local folder, or an object store).
+        self.storage = storage
+        self.meta: ShardMeta = parse_shard_meta(path, storage)
         self.data_path = os.path.join(path, "data.bin")
         self.index_path = os.path.join(path, "index.npy")
-        self.index = _load_index(self.index_path, self.num_blocks, mmap_index)
+        self.index = _load_index(self.index_path, self.num_blocks, mmap_index, storage)
         self._signature = self._read_signature()
         data_size = self._signature[0][0] if self._signature[0] else None
         expected = int(self.index[-1])
@@ -133,9 +175,9 @@ class Shard(SourceShard):
         strategy = self.meta.compression_strategy
         if strategy == CompressionStrategy.DICTIONARY_COMPRESSION:
             path = os.path.join(self.path, DICT_NAME)
-            if not os.path.isfile(path):
+            if not self.storage.isfile(path):
                 raise AtlasFormatError(f"{path}: missing (shard uses compression strategy 3, per-shard dictionary)")
-            return ZstdDictionary(path)
+            return _dictionary_file(path, self.storage)
         if strategy == CompressionStrategy.SHARED_DICTIONARY_COMPRESSION:
             if shared is None:
                 raise AtlasFormatError(
@@ -145,7 +187,9 @@ class Shard(SourceShard):
         return None
 
     def _read_signature(self) -> tuple[tuple[int, int] | None, tuple[int, int] | None]:
-        return (_stat_signature(self.data_path), _stat_signature(self.index_path))
+        # A store's sizes and mtimes come from its listing (no request per read); its
+        # reads are checked against the listed ETag instead (docs/storage.md).
+        return (_stat_signature(self.data_path, self.storage), _stat_signature(self.index_path, self.storage))
 
     @property
     def num_blocks(self) -> int:
@@ -170,7 +214,20 @@ class Shard(SourceShard):
 
     def table_key(self) -> dict[str, Any]:
         return {"start": self.first_index, "width": self.key_width,
-                "files": {name: file_signature(os.path.join(self.path, name)) for name in self.TABLE_FILES}}
+                "files": {name: self._file_signature(os.path.join(self.path, name)) for name in self.TABLE_FILES}}
+
+    def _file_signature(self, path: str) -> list[Any] | None:
+        """What a stored table depends on for one file: size and mtime (and, in a store,
+        its ETag: an object rewritten within the same second keeps its mtime)."""
+        if not self.storage.remote:
+            return file_signature(path)
+        if "/../" in path:  # the root's dictionary; normpath would fold a URL's "//"
+            head, _, tail = path.partition("/../")
+            path = f"{os.path.dirname(head)}/{tail}"
+        found = self.storage.stat(path)
+        if found is None:
+            return None
+        return [found[0], found[1], getattr(self.storage, "etag", lambda _: None)(path)]
 
     @property
     def mtime(self) -> float:
@@ -222,13 +279,25 @@ class Shard(SourceShard):
             return self._fd
 
     def read_raw(self, block: int) -> bytes:
-        """The block's bytes as stored in ``data.bin`` (compressed or not)."""
+        """The block's bytes as stored in ``data.bin`` (compressed or not).
+
+        From a store, a read that gets no answer within the deadline raises
+        :class:`StorageUnavailableError` (transient: the block is not broken)."""
         if not 0 <= block < self.num_blocks:
             raise IndexError(f"block {block} out of range for shard {self.name} ({self.num_blocks} blocks)")
         self.check_unchanged()  # first: a mapped index.npy truncated since open would raise SIGBUS
         start, end = int(self.index[block]), int(self.index[block + 1])
         try:
-            raw = os.pread(self._descriptor(), end - start, start)
+            if self.storage.remote:
+                raw = self.storage.pread(self.data_path, start, end - start)
+            else:
+                raw = os.pread(self._descriptor(), end - start, start)
+        except StorageUnavailableError:
+            raise
+        except StorageChangedError:
+            raise AtlasFormatError(
+                f"{self.data_path}: changed in the store since the dataset was opened (ETag differs); "
+                "remount") from None
         except OSError as exc:
             raise AtlasFormatError(f"{self.data_path}: read of block {block} failed ({exc.strerror})") from None
         if len(raw) != end - start:
@@ -265,6 +334,8 @@ class Shard(SourceShard):
 
     def close(self) -> None:
         """Close the ``data.bin`` descriptor (reopened on the next read)."""
+        if self.storage.remote:
+            self.storage.close_file(self.data_path)
         with self._fd_lock:
             if self._fd is not None:
                 os.close(self._fd)
@@ -320,13 +391,15 @@ class BrokenShard(Shard):
         return f"BrokenShard({self.path!r}, {self.error})"
 
 
-def find_shard_dirs(root: str) -> list[tuple[int, str]]:
+def find_shard_dirs(root: str, storage: Storage = LOCAL) -> list[tuple[int, str]]:
     """``(number, name)`` of each shard folder under ``root``, ordered by number.
 
     Hidden folders are not shards; any other folder must be named by digits.
     """
     try:
-        entries = list(os.scandir(root))
+        entries = storage.listdir(root)
+    except StorageUnavailableError:
+        raise
     except FileNotFoundError:
         raise AtlasFormatError(f"{root}: no such dataset folder") from None
     except NotADirectoryError:
@@ -334,26 +407,27 @@ def find_shard_dirs(root: str) -> list[tuple[int, str]]:
     except OSError as exc:
         raise AtlasFormatError(f"{root}: cannot list ({exc.strerror})") from None
     found: dict[int, str] = {}
-    for entry in entries:
-        if entry.name.startswith(".") or not entry.is_dir():
+    for name, is_dir in entries:
+        if name.startswith(".") or not is_dir:
             continue
-        if not _SHARD_NAME.fullmatch(entry.name):
-            raise AtlasFormatError(f"{entry.path}: shard folder name is not a number")
-        number = int(entry.name)
+        if not _SHARD_NAME.fullmatch(name):
+            raise AtlasFormatError(f"{os.path.join(root, name)}: shard folder name is not a number")
+        number = int(name)
         if number in found:
-            raise AtlasFormatError(f"{entry.path}: same shard number as {os.path.join(root, found[number])}")
-        found[number] = entry.name
+            raise AtlasFormatError(
+                f"{os.path.join(root, name)}: same shard number as {os.path.join(root, found[number])}")
+        found[number] = name
     return sorted(found.items())
 
 
-def shared_dictionary(root: str, meta: RootMeta) -> ZstdDictionary | None:
+def shared_dictionary(root: str, meta: RootMeta, storage: Storage = LOCAL) -> ZstdDictionary | None:
     """The root ``zstd_dict.bin`` (strategy 2), or None if there is none.
 
     Raises :class:`AtlasFormatError` if the root meta says strategy 2 and it is missing.
     """
     path = os.path.join(root, DICT_NAME)
-    if os.path.isfile(path):
-        return ZstdDictionary(path)
+    if storage.isfile(path):
+        return _dictionary_file(path, storage)
     if meta.compression_strategy == CompressionStrategy.SHARED_DICTIONARY_COMPRESSION:
         raise AtlasFormatError(f"{path}: missing (meta.json says compression strategy 2, shared dictionary)")
     return None
@@ -377,25 +451,47 @@ class AtlasDataset(Source):
             in ``shards`` for each shard folder that cannot be opened, so that
             the others stay usable (the mount and ``verify`` use this). Root
             problems (meta.json, folder names, shared dictionary) still raise.
+        storage: where the files are read from (:mod:`atlasfs.storage`); None: the
+            local file system, or for a URL root (``s3://bucket/prefix``) an object
+            store with default options. A store that does not answer while the
+            dataset is opened raises :class:`AtlasFormatError` (one line).
     """
 
     def __init__(self, root: str | os.PathLike[str], *, cache_bytes: int = DEFAULT_CACHE_BYTES,
                  trust_pickle: bool = False, max_block_bytes: int = DEFAULT_MAX_BLOCK_BYTES,
-                 mmap_index: bool = True, tolerate_broken_shards: bool = False) -> None:
-        self.root = os.fspath(root)
+                 mmap_index: bool = True, tolerate_broken_shards: bool = False,
+                 storage: Storage | None = None) -> None:
+        if storage is None:
+            storage, root = open_storage(root)
+        self.storage = storage
+        self.root = os.fspath(root).rstrip("/") if storage.remote else os.fspath(root)
         self.trust_pickle = trust_pickle
-        if not os.path.isdir(self.root):
+        try:
+            self._open(cache_bytes, trust_pickle, max_block_bytes, mmap_index, tolerate_broken_shards)
+        except StorageUnavailableError as exc:  # at open, the mount or command is refused in one line
+            raise AtlasFormatError(str(exc)) from None
+        except OSError as exc:
+            if not storage.remote:
+                raise
+            # The store refused (access denied, no such bucket, fsspec missing): one line too.
+            message = str(exc.strerror or exc)
+            raise AtlasFormatError(message if message.startswith(self.root) else f"{self.root}: {message}") from None
+
+    def _open(self, cache_bytes: int, trust_pickle: bool, max_block_bytes: int, mmap_index: bool,
+              tolerate_broken_shards: bool) -> None:
+        storage = self.storage
+        if not storage.isdir(self.root):
             raise AtlasFormatError(f"{self.root}: no such dataset folder")
-        self.meta: RootMeta = parse_root_meta(self.root)
+        self.meta: RootMeta = parse_root_meta(self.root, storage)
         self.cache: BlockCache[list[Any]] = BlockCache(cache_bytes)
-        shard_dirs = find_shard_dirs(self.root)
-        shared = shared_dictionary(self.root, self.meta)
+        shard_dirs = find_shard_dirs(self.root, storage)
+        shared = shared_dictionary(self.root, self.meta, storage)
         self.shards: list[Shard] = []
         for position, (number, name) in enumerate(shard_dirs):
             path = os.path.join(self.root, name)
             try:
                 shard = Shard(path, number, shared, self.cache, trust_pickle=trust_pickle,
-                              max_block_bytes=max_block_bytes, mmap_index=mmap_index)
+                              max_block_bytes=max_block_bytes, mmap_index=mmap_index, storage=storage)
             except AtlasFormatError as exc:
                 if not tolerate_broken_shards:
                     raise
@@ -414,6 +510,9 @@ class AtlasDataset(Source):
     @property
     def mtime(self) -> float:
         """Modification time of the root ``meta.json``."""
+        if self.storage.remote:
+            found = self.storage.stat(os.path.join(self.root, "meta.json"))
+            return found[1] / 1e9 if found else 0.0
         return os.stat(os.path.join(self.root, "meta.json")).st_mtime
 
     def __len__(self) -> int:

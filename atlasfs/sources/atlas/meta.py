@@ -9,6 +9,7 @@ from enum import IntEnum
 from typing import Any
 
 from ...errors import AtlasFormatError
+from ...storage import LOCAL, Storage, StorageUnavailableError
 
 FORMAT_VERSION = 1
 #: A meta.json is a few hundred bytes; refuse to read a huge one into memory.
@@ -74,11 +75,14 @@ SHARD_KEYS = ("version", "block_size", "stored_examples", "compression_strategy"
               "compression_level", "compression_dict_size")
 
 
-def read_json_object(path: str) -> dict[str, Any]:
-    """Read ``path`` as a JSON object, or raise :class:`AtlasFormatError`."""
+def read_json_object(path: str, storage: Storage = LOCAL) -> dict[str, Any]:
+    """Read ``path`` (through ``storage``) as a JSON object, or raise :class:`AtlasFormatError`.
+    A store that does not answer raises :class:`StorageUnavailableError` (transient, not
+    a fault of the file)."""
     try:
-        with open(path, "rb") as f:
-            raw = f.read(MAX_META_BYTES + 1)
+        raw = storage.read(path, MAX_META_BYTES + 1)
+    except StorageUnavailableError:
+        raise
     except FileNotFoundError:
         raise AtlasFormatError(f"{path}: missing") from None
     except OSError as exc:
@@ -127,10 +131,10 @@ def _strategy(path: str, data: dict[str, Any]) -> CompressionStrategy:
         raise AtlasFormatError(f"{path}: unknown compression_strategy {value} (expected 0, 1, 2 or 3)") from None
 
 
-def parse_root_meta(root: str) -> RootMeta:
+def parse_root_meta(root: str, storage: Storage = LOCAL) -> RootMeta:
     """Read and validate ``<root>/meta.json``."""
     path = os.path.join(root, "meta.json")
-    data = read_json_object(path)
+    data = read_json_object(path, storage)
     _check_keys(path, data, ROOT_KEYS)
     sizes = data["shard_sizes"]
     if not isinstance(sizes, list) or any(type(s) is not int or s < 0 for s in sizes):
@@ -138,10 +142,10 @@ def parse_root_meta(root: str) -> RootMeta:
     return RootMeta(_version(path, data), tuple(sizes), _strategy(path, data))
 
 
-def parse_shard_meta(shard_dir: str) -> ShardMeta:
+def parse_shard_meta(shard_dir: str, storage: Storage = LOCAL) -> ShardMeta:
     """Read and validate ``<shard_dir>/meta.json``."""
     path = os.path.join(shard_dir, "meta.json")
-    data = read_json_object(path)
+    data = read_json_object(path, storage)
     _check_keys(path, data, SHARD_KEYS)
     dict_size = data["compression_dict_size"]
     if type(dict_size) not in (int, float):
