@@ -62,6 +62,11 @@ def index_key(index: int, width: int) -> str:
     return str(index).zfill(width)
 
 
+def _encodable(text: str) -> bool:
+    """Whether ``text`` encodes as UTF-8 (no lone surrogates); ASCII is known at once."""
+    return text.isascii() or _utf8(text) is not None
+
+
 def _utf8(text: str) -> bytes | None:
     try:
         return text.encode("utf-8")
@@ -205,7 +210,7 @@ def _fits(ext: str, value: Any) -> bool:
     if ext in INT_EXTS:
         return type(value) is int and _int_ok(value)
     if ext in TEXT_EXTS:
-        return type(value) is str and (value.isascii() or _utf8(value) is not None)
+        return type(value) is str and _encodable(value)
     if ext in JSON_EXTS:
         return json_exact(value)
     if ext in PICKLE_EXTS:
@@ -233,7 +238,7 @@ def _encode_as(ext: str, value: Any) -> bytes:
 def type_extension(value: Any) -> str:
     """The extension appended to a field whose name has no fitting one."""
     kind = type(value)
-    if kind is str and _utf8(value) is not None:
+    if kind is str and _encodable(value):
         return "txt"
     if kind is int and _int_ok(value):
         return "cls"
@@ -255,9 +260,31 @@ def field_suffix(name: str, value: Any) -> str:
     bytes keep any name; other values keep the name if its extension fits the
     value. Decided without encoding the value (see :func:`encode_as`).
     """
+    kind = type(value)
+    if kind is bytes:
+        return name
+    if kind is str and value.isascii():  # the usual text field: decided by its name alone
+        suffix = _ascii_text_suffix(name)
+        if suffix is not None:
+            return suffix
+    return _suffix_rules(name, value)
+
+
+def _suffix_rules(name: str, value: Any) -> str:
+    """:func:`field_suffix`, rule by rule."""
     if type(value) is bytes or _fits(_extension(name), value):
         return name
     return f"{name}.{type_extension(value)}"
+
+
+@functools.lru_cache(maxsize=4096)  # field names repeat from example to example
+def _ascii_text_suffix(name: str) -> str | None:
+    """:func:`field_suffix` of an ASCII ``str`` value, when the name alone decides it (not
+    for a JSON extension: whether a string fits there depends on its length)."""
+    ext = _extension(name)
+    if ext in JSON_EXTS:
+        return None
+    return name if ext in TEXT_EXTS or ext in PICKLE_EXTS else f"{name}.txt"
 
 
 def value_suffix(value: Any) -> str:
@@ -325,18 +352,34 @@ def example_fields(example: Any, max_suffix_bytes: int) -> tuple[list[tuple[str,
     problem = None
     fields: list[tuple[str, Any]] = []
     for name, value in example.items():
-        if is_metadata(name):
-            continue
-        problem = field_name_problem(name)
+        if type(name) is str:
+            if _metadata_field(name):
+                continue
+            problem = _str_field_name_problem(name)
+        else:
+            problem = field_name_problem(name)
         if problem:
             break
         fields.append((field_suffix(name, value), value))
     if not problem:
-        problem = _suffix_problem([suffix for suffix, _ in fields], max_suffix_bytes)
+        problem, order = _plan(tuple([suffix for suffix, _ in fields]), max_suffix_bytes)
     if problem:
         return [("pickle", example)], f"{problem}; the example is shown whole as .pickle"
-    fields.sort(key=lambda f: f[0].encode("utf-8"))
-    return fields, None
+    return [fields[i] for i in order], None
+
+
+@functools.lru_cache(maxsize=4096)  # field names repeat from example to example
+def _metadata_field(name: str) -> bool:
+    return is_metadata(name)
+
+
+@functools.lru_cache(maxsize=4096)  # examples of a dataset mostly have the same fields
+def _plan(suffixes: tuple[str, ...], max_suffix_bytes: int) -> tuple[str | None, tuple[int, ...]]:
+    """Why an example's suffixes cannot all be files (or None), and the order of its files:
+    by suffix bytes."""
+    problem = _suffix_problem(list(suffixes), max_suffix_bytes)
+    order = sorted(range(len(suffixes)), key=lambda i: suffixes[i].encode("utf-8", "surrogatepass"))
+    return problem, tuple(order)
 
 
 def example_files(example: Any, max_suffix_bytes: int) -> tuple[list[tuple[str, bytes]], str | None]:
@@ -368,6 +411,14 @@ def key_problem(key: object, longest_suffix_bytes: int) -> str | None:
     names at the first dot), not starting with a ``__name__`` component, each
     component within NAME_MAX together with the longest file suffix.
     """
+    if type(key) is str and _PLAIN_KEY.fullmatch(key) and len(key) + 1 + longest_suffix_bytes <= MAX_NAME_BYTES \
+            and not (key.startswith("__") and key.endswith("__") and len(key) > 4):
+        return None  # the usual key (letters, digits, - and _; short): every rule below holds
+    return _key_rules(key, longest_suffix_bytes)
+
+
+def _key_rules(key: object, longest_suffix_bytes: int) -> str | None:
+    """:func:`key_problem`, rule by rule."""
     if not isinstance(key, str):
         return f"__key__ {key!r} is not a string"
     encoded = _utf8(key)
@@ -392,6 +443,9 @@ def key_problem(key: object, longest_suffix_bytes: int) -> str | None:
         return f"__key__ {key[:40]!r}... is too long for its file names"
     return None
 
+
+#: Keys that pass every rule of :func:`key_problem` but the length and ``__name__`` ones at a glance.
+_PLAIN_KEY = re.compile(r"[A-Za-z0-9_\-]{1,255}")
 
 #: Stands for the ``__key__`` of an example that has none.
 NO_KEY = object()

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from webdataset.autodecode import Decoder, basichandlers
 
 from atlasfs.naming import (NO_KEY, KeyAssigner, canonical_pickle, encode_field, encode_value, example_files,
-                            index_key_width, json_exact, key_problem)
+                            field_suffix, index_key_width, json_exact, key_problem)
 from helpers import deep_equal
 
 
@@ -227,3 +227,25 @@ def test_json_exact_budget_counts_strings_keys_and_items() -> None:
     for _ in range(40):  # tiny as a pickle, 2**40 items as JSON
         shared = [shared, shared]
     assert not json_exact(shared)
+
+
+# -- the quick paths give what the rules give
+
+_KEY_CHARS = st.sampled_from(list("aZ09_-./_ é\x01") + ["__"])
+
+
+@given(st.lists(_KEY_CHARS, max_size=12).map("".join), st.integers(0, 260))
+@settings(max_examples=500)
+def test_key_problem_quick_path_agrees_with_the_rules(key: str, longest: int) -> None:
+    from atlasfs.naming import _key_rules
+    assert key_problem(key, longest) == _key_rules(key, longest)
+    long_key = key * 40
+    assert key_problem(long_key, longest) == _key_rules(long_key, longest)
+
+
+@given(st.sampled_from(["txt", "text", "caption", "a.json", "b.pkl", "c.cls", "d.npy", "e.TXT", "f.jsn"]),
+       st.one_of(st.text(max_size=20), st.text(alphabet="abc", max_size=20), st.integers(), st.binary(max_size=4)))
+@settings(max_examples=500)
+def test_field_suffix_quick_path_agrees_with_the_rules(name: str, value: object) -> None:
+    from atlasfs.naming import _suffix_rules
+    assert field_suffix(name, value) == _suffix_rules(name, value)
