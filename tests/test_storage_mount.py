@@ -1,0 +1,118 @@
+"""Mounting a dataset in a bucket for real: ``atlasfs mount s3://...`` against moto's S3
+server on 127.0.0.1, through a forwarder the tests cut or make answer 503.
+
+What a user sees: ls, cat and tar work, and tar's members read back by webdataset are
+``atlasfs export``'s of the local copy; a cut network fails reads with EIO within the
+deadline while the daemon stays up, and the same file reads right once it is restored,
+with no remount; a 503 storm is retried; the mount writes nothing into the bucket.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import tarfile
+import time
+from pathlib import Path
+
+import pytest
+import webdataset as wds
+
+from fusemount import atlasfs, is_mounted, mounted
+from helpers import REFERENCE
+from s3server import S3Server, s3_server, upload_copy
+from tcpcut import Forwarder
+
+pytestmark = pytest.mark.fuse
+
+BUCKET = "atlas-mount-test"
+URL = f"s3://{BUCKET}/twelve"
+#: Short bounds, so that a cut fails in seconds: -o deadline= and attempt_timeout=.
+DEADLINE = 4.0
+
+
+@pytest.fixture(scope="module")
+def server():
+    with s3_server() as s:
+        s.make_bucket(BUCKET)
+        s.local = upload_copy(s, REFERENCE / "s2_twelve_shards" / "dataset", URL)  # type: ignore[attr-defined]
+        yield s
+
+
+def _tar_members(path: Path) -> dict[str, bytes]:
+    with tarfile.open(path) as archive:
+        return {m.name.removeprefix("./"): archive.extractfile(m).read() for m in archive if m.isfile()}
+
+
+def test_ls_cat_tar_match_export_of_the_local_copy_and_nothing_is_written(server: S3Server, tmp_path: Path):
+    local: Path = server.local  # type: ignore[attr-defined]
+    before = server.keys(URL)
+    result = atlasfs("export", str(local), str(tmp_path / "export"))
+    assert result.returncode == 0, result.stderr
+    with Forwarder(server.port) as fw, mounted(URL, "--endpoint-url", fw.endpoint) as mnt:
+        assert sorted(os.listdir(mnt)) == sorted(n for n in os.listdir(local) if n.isdigit())
+        for shard in ("00", "05", "11"):
+            plain = tmp_path / f"{shard}.tar"
+            subprocess.run(["tar", "cf", str(plain), "-C", str(mnt / shard), "."], check=True)
+            exported = _tar_members(tmp_path / "export" / f"{shard}.tar")
+            assert _tar_members(plain) == exported
+            samples = list(wds.WebDataset(str(plain), shardshuffle=False, empty_check=False))
+            assert len(samples) == len({name.rsplit(".", 1)[0] for name in exported})
+            some = sorted(exported)[0]
+            with open(mnt / shard / some, "rb", buffering=0) as f:
+                assert f.read() == exported[some]
+        assert set(fw.counts) <= {"GET"}, f"a mount only reads: {dict(fw.counts)}"
+    assert server.keys(URL) == before, "the bucket is exactly as it was"
+
+
+def test_a_cut_fails_reads_with_eio_within_the_deadline_and_they_work_again_once_restored(
+        server: S3Server, tmp_path: Path):
+    local: Path = server.local  # type: ignore[attr-defined]
+    atlasfs("export", str(local), str(tmp_path / "export"), "--shards", "07")
+    expected = _tar_members(tmp_path / "export" / "07.tar")
+    name = sorted(expected)[0]
+    with Forwarder(server.port) as fw, mounted(
+            URL, "--endpoint-url", fw.endpoint, "-o", f"deadline={DEADLINE},attempt_timeout=1") as mnt:
+        assert len(os.listdir(mnt / "00")) > 0  # the mount works
+        fw.cut()
+        start = time.monotonic()
+        result = subprocess.run(["cat", str(mnt / "07" / name)], capture_output=True, timeout=60)
+        elapsed = time.monotonic() - start
+        assert result.returncode != 0 and b"Input/output error" in result.stderr, result.stderr
+        assert elapsed <= DEADLINE + 3, elapsed
+        assert is_mounted(mnt) and sorted(os.listdir(mnt)) == sorted(n for n in os.listdir(local) if n.isdigit())
+        fw.restore()
+        with open(mnt / "07" / name, "rb", buffering=0) as f:  # the same file, no remount
+            assert f.read() == expected[name]
+
+
+def test_a_503_storm_is_retried_through_the_mount(server: S3Server, tmp_path: Path):
+    local: Path = server.local  # type: ignore[attr-defined]
+    atlasfs("export", str(local), str(tmp_path / "export"), "--shards", "09")
+    expected = _tar_members(tmp_path / "export" / "09.tar")
+    with Forwarder(server.port) as fw, mounted(URL, "--endpoint-url", fw.endpoint, "-o", "deadline=20") as mnt:
+        fw.storm(6)
+        plain = tmp_path / "09.tar"
+        subprocess.run(["tar", "cf", str(plain), "-C", str(mnt / "09"), "."], check=True, timeout=60)
+        assert _tar_members(plain) == expected
+        assert fw.storm_answers == 6
+
+
+def test_bad_urls_refuse_the_mount_in_one_line(server: S3Server):
+    mountpoint = Path(os.environ.get("TMPDIR", "/tmp")) / f"atlasfs-s3-refused-{os.getpid()}"
+    mountpoint.mkdir(exist_ok=True)
+    try:
+        result = atlasfs("mount", f"s3://{BUCKET}/no-such-prefix", str(mountpoint), "--endpoint-url", server.endpoint)
+        assert result.returncode == 1 and result.stderr.strip() == \
+            f"atlasfs: s3://{BUCKET}/no-such-prefix: no such dataset folder"
+        assert not is_mounted(mountpoint)
+    finally:
+        mountpoint.rmdir()
+
+
+def test_info_and_verify_work_on_a_bucket(server: S3Server):
+    result = atlasfs("info", URL, "--endpoint-url", server.endpoint)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith(f"dataset      {URL}\nexamples     160\nshards       12")
+    result = atlasfs("verify", URL, "--endpoint-url", server.endpoint)
+    assert result.returncode == 0 and "verify: OK (12 shards" in result.stdout, result.stdout + result.stderr
