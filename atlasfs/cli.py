@@ -60,11 +60,16 @@ def cmd_verify(args: argparse.Namespace) -> int:
         progress = Progress("verify", total, "blocks")
 
     on_block = lambda: progress.advance() if progress else None  # noqa: E731
-    if _kind(args) == "atlas":
-        report = verify(args.dataset, trust_pickle=args.trust_pickle, on_total=on_total, on_block=on_block)
+    from .inspection import VerifyReport, verify_source
+    try:
+        kind = _kind(args)
+    except AtlasFormatError as exc:  # not a dataset at all: that is verify's finding, on stdout like the others
+        report = VerifyReport(problems=[str(exc)])
     else:
-        from .inspection import verify_source
-        report = verify_source(lambda: _source(args), on_total=on_total, on_block=on_block)
+        if kind == "atlas":
+            report = verify(args.dataset, trust_pickle=args.trust_pickle, on_total=on_total, on_block=on_block)
+        else:
+            report = verify_source(lambda: _source(args), on_total=on_total, on_block=on_block)
     if progress:
         progress.close()
     for line in report.warnings:

@@ -76,8 +76,14 @@ def test_errors_are_one_line_without_traceback(tmp_path: Path) -> None:
     # verify reports on stdout: one line per problem, then the summary
     result = atlasfs("verify", str(tmp_path))
     assert result.returncode == 1 and result.stderr == ""
-    assert result.stdout.splitlines() == [f"{tmp_path / 'meta.json'}: missing",
-                                          "verify: 1 problem(s) (0 shards, 0 blocks, 0 examples checked)"]
+    lines = result.stdout.splitlines()
+    assert len(lines) == 2 and lines[0].startswith(f"{tmp_path}: not a dataset atlasfs knows (looked for a meta.json")
+    assert lines[1] == "verify: 1 problem(s) (0 shards, 0 blocks, 0 examples checked)"
+    # a folder that looks like an Atlas dataset still gets the precise finding
+    (tmp_path / "0").mkdir()
+    (tmp_path / "0" / "data.bin").write_bytes(b"")
+    result = atlasfs("verify", str(tmp_path))
+    assert result.stdout.splitlines()[0] == f"{tmp_path / 'meta.json'}: missing"
 
 
 def test_export_writes_one_tar_per_shard(tmp_path: Path) -> None:
