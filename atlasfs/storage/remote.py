@@ -50,6 +50,7 @@ import os
 import random
 import threading
 import time
+import weakref
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -175,6 +176,23 @@ def _precondition_failed(exc: BaseException) -> bool:
     return status == 412 or code == "PreconditionFailed"
 
 
+def _warm_up(ref: "weakref.ReferenceType[RemoteStorage]") -> None:
+    """In a forked child: make the file system and its client on a thread of its own."""
+    storage = ref()
+    if storage is None or storage._fs_obj is None:
+        return
+
+    def make() -> None:
+        try:
+            fs = storage._fs()
+            if hasattr(fs, "set_session"):
+                asyncio.run_coroutine_threadsafe(fs.set_session(), fs.loop).result(storage.options.deadline)
+        except Exception:  # noqa: BLE001 - the first read makes it again, and reports
+            pass
+
+    threading.Thread(target=make, daemon=True, name="atlasfs-storage-warm-up").start()
+
+
 class _Pass:
     """Where one sequential reader of an object is: the end of its last read."""
 
@@ -220,6 +238,15 @@ class RemoteStorage(Storage):
         self.requests = 0
         self.retries = 0
         self.bytes_fetched = 0
+        if hasattr(os, "register_at_fork"):
+            try:  # first: fsspec's own after-fork reset of its loop must run before this one
+                import fsspec.asyn  # noqa: F401
+            except ImportError:
+                pass
+            # A mount opens the dataset, then forks into the background: the child makes
+            # its own client at once, not on the first read (it costs a few hundred ms).
+            me = weakref.ref(self)
+            os.register_at_fork(after_in_child=lambda: _warm_up(me))
 
     # -- the file system, made after a fork too (a mount forks into the background)
 
