@@ -116,3 +116,19 @@ def test_info_and_verify_work_on_a_bucket(server: S3Server):
     assert result.stdout.startswith(f"dataset      {URL}\nexamples     160\nshards       12")
     result = atlasfs("verify", URL, "--endpoint-url", server.endpoint)
     assert result.returncode == 0 and "verify: OK (12 shards" in result.stdout, result.stdout + result.stderr
+
+
+def test_a_second_mount_with_the_disk_cache_gets_nothing_but_the_listing(server: S3Server, tmp_path: Path):
+    cache = tmp_path / "disk-cache"
+    runs = []
+    for run in range(2):
+        env = {"XDG_CACHE_HOME": str(tmp_path / f"tables-{run}")}  # no stored tables: every block read again
+        with Forwarder(server.port) as fw, mounted(URL, "--endpoint-url", fw.endpoint, "--disk-cache", str(cache),
+                                                   "--disk-cache-size", "64M", env=env) as mnt:
+            plain = tmp_path / f"03-{run}.tar"
+            subprocess.run(["tar", "cf", str(plain), "-C", str(mnt / "03"), "."], check=True, timeout=60)
+            runs.append((fw.gets, _tar_members(plain)))
+    (first_gets, first), (second_gets, second) = runs
+    assert first == second and first_gets > 1
+    assert second_gets == 1, "only the listing: meta.json, index.npy, dictionary and blocks from the disk cache"
+    assert 0 < sum(f.stat().st_size for f in cache.rglob("*") if f.is_file()) <= 64 << 20
