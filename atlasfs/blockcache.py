@@ -41,6 +41,10 @@ class BlockCache(Generic[V]):
     def __len__(self) -> int:
         return len(self._items)
 
+    def __contains__(self, key: Hashable) -> bool:
+        """Whether ``key`` is cached now (a peek: its place in the LRU order is left as is)."""
+        return key in self._items
+
     def get(self, key: Hashable, load: Callable[[], tuple[V, int]]) -> V:
         """Return the value for ``key``, loading it at most once concurrently."""
         with self._lock:

@@ -22,6 +22,17 @@ at a time, when first needed, and kept with it. Evicted blocks are decoded again
 Readers that go through a shard in order get its next blocks decoded and
 encoded ahead of them, on a background thread (:mod:`atlasfs.readahead`).
 
+A random reader need not pay for a whole block to read one file (issue #18).
+While a table is built from a decoded block, the source may say where each
+file's bytes can be had without decoding it
+(:meth:`~atlasfs.sources.source.SourceShard.file_spans`: an Atlas file's run
+in the decompressed block, or a small file's bytes themselves); the table keeps
+those locators. A read of a file whose block is not cached, by a reader not
+going through the shard in order, asks the source for the bytes there
+(:meth:`~atlasfs.sources.source.SourceShard.read_span`), which checks them;
+anything else, or a check that fails (logged once per block), takes the block
+path. Either way the bytes are those the block path gives.
+
 A block that cannot be decoded is logged once; its examples appear as
 ``<index key>.unreadable`` entries whose lookups and reads fail with EIO,
 while everything else keeps serving. A shard that cannot even be opened
@@ -54,7 +65,7 @@ from .storage import StorageUnavailableError
 from .filetable import DIR, FILE, UNKNOWN_SIZE, UNREADABLE, FileTable, Limits
 from .naming import LAYOUT_VERSION, MAX_NAME_BYTES, NO_KEY, KeyAssigner, declared_key, encode_as, example_fields
 from .readahead import ReadAhead
-from .sources.source import Source, SourceShard
+from .sources.source import Source, SourceShard, SpanMismatch
 from .tablestore import TableStore
 from .tree import Entry, Tree, not_found, split_path
 
@@ -87,6 +98,9 @@ DECODERS = 2
 TRIM_AFTER_MIN = 4 << 20
 #: Suffix of the entries standing for examples of a block that cannot be decoded.
 UNREADABLE_SUFFIX = "unreadable"
+#: Bytes of recently located files kept for the read requests that follow the first (a
+#: file larger than one request, read without its block, is located once, not per request).
+LOCATED_KEEP_BYTES = 8 << 20
 
 
 class Block:
@@ -385,6 +399,20 @@ class BlockTree(Tree):
         # there (see READ_AHEAD_AFTER).
         self._last_block = [(-1, 1)] * len(self.shards)
         self.readahead = ReadAhead(self._read_ahead) if cache_bytes > 0 else None
+        # Blocks whose located reads failed their source's check: read through the block
+        # from then on (logged once each).
+        self._unlocated: set[tuple[int, int]] = set()
+        # Recently located files larger than the request that located them: inode -> bytes.
+        self._located: OrderedDict[int, bytes] = OrderedDict()
+        self._located_bytes = 0
+        self._located_lock = threading.Lock()
+        #: Whether random reads of files whose blocks are not cached go through their
+        #: locators (tests of the block path turn it off).
+        self.locate = True
+        #: Reads served through a locator, and located reads that fell back to the block (for
+        #: tests and benchmarks; threads may race on them: approximate).
+        self.located_reads = 0
+        self.located_fallbacks = 0
         # A block being decoded is not in the cache yet: its compressed bytes, its pickle
         # and its objects, about three times its size. Every thread of a mount could be
         # decoding one; this many at once keep both cores busy and bound that memory.
@@ -608,11 +636,82 @@ class BlockTree(Tree):
         ref = entry.ref
         if ref is None:
             raise OSError(errno.EISDIR, os.strerror(errno.EISDIR))
+        if (ref.shard, ref.block) not in self.cache:
+            data = self._located_read(entry, ref, offset, size)
+            if data is not None:
+                return data[offset:offset + size]
         files = self.encoded_example(ref.shard, ref.block, ref.pos)
         if ref.file >= len(files) or len(files[ref.file]) != entry.size:
             # only if the dataset changed under us, or a stored table lies
             raise self._mismatch(ref.shard, ref.block)
         return files[ref.file][offset:offset + size]
+
+    def _located_read(self, entry: Entry, ref: FileRef, offset: int, size: int) -> bytes | None:
+        """The whole file through its locator (its block is not cached), or None: no
+        locator, a reader going through the shard in order (it keeps the block path and
+        its read-ahead), or a check that failed (then logged once for the block)."""
+        if offset:  # a later request of a big file located by its first one
+            with self._located_lock:
+                kept = self._located.get(entry.ino)
+            if kept is not None:
+                if offset + size >= len(kept):
+                    self._forget_located(entry.ino)
+                return kept
+        s, block = ref.shard, ref.block
+        last, run = self._last_block[s]
+        # In order: the reader came from the block before this one's (or this one) and from
+        # the one before that. A random reader lands next to its last block now and then
+        # (1 in 15 on a shard of 30 blocks) but seldom twice running; each time it would
+        # pay a whole block. A reader in order pays one located read per shard at most.
+        if (run >= 2 and (block == last or block == last + 1)) or (s, block) in self._unlocated:
+            return None
+        if not self.locate or (s, block) in self._failed:  # a block known to fail fails all its files
+            return None
+        table = self._tables.get(s)
+        if table is None or table.locators is None:
+            return None
+        row = entry.ino - _shard_ino(s) - 1
+        if not 0 <= row < len(table) or table.block.item(row) != block:
+            return None
+        locator = table.locator(row)
+        if locator is None or locator.size != entry.size:
+            return None
+        self._reading(s, block)
+        shard = self.shards[s]
+        try:
+            data = shard.read_span(block, locator, entry.size)
+            if len(data) != entry.size:
+                raise SpanMismatch(f"{shard.block_where(block)}: a located read gave {len(data)} bytes "
+                                   f"for a file of {entry.size}")
+        except Exception as exc:  # the block path decides: it serves, or fails with EIO and says why
+            self.located_fallbacks += 1
+            if isinstance(exc, StorageUnavailableError):  # transient: the block path says so, nothing is remembered
+                return None
+            if (s, block) not in self._unlocated:
+                self._unlocated.add((s, block))
+                log.warning("%s; its files are read through the block from now on",
+                            exc if isinstance(exc, AtlasFormatError) else f"{shard.block_where(block)}: {exc!r}")
+            return None
+        self.located_reads += 1
+        if offset + size < len(data) and len(data) <= LOCATED_KEEP_BYTES // 4:
+            self._keep_located(entry.ino, data)
+        return data
+
+    def _keep_located(self, ino: int, data: bytes) -> None:
+        with self._located_lock:
+            if ino in self._located:
+                return
+            self._located[ino] = data
+            self._located_bytes += len(data)
+            while self._located_bytes > LOCATED_KEEP_BYTES:
+                _, old = self._located.popitem(last=False)
+                self._located_bytes -= len(old)
+
+    def _forget_located(self, ino: int) -> None:
+        with self._located_lock:
+            old = self._located.pop(ino, None)
+            if old is not None:
+                self._located_bytes -= len(old)
 
     def total_bytes(self) -> int:
         return sum(shard.data_size for shard in self.shards)
@@ -897,6 +996,7 @@ class BlockTree(Tree):
                                     for j, (suffix, size) in enumerate(files))
                     continue
                 named = self._name_block(s, block)
+                located = self._file_spans(s, block, [fields for _, fields, _ in named])
             except StorageUnavailableError:  # no table from a store that did not answer: built on a later look
                 raise
             except OSError:
@@ -911,10 +1011,31 @@ class BlockTree(Tree):
                 for message in (key_note, note):
                     if message:
                         log.info("%s example %d: %s", shard.path, base + pos, message)
+                locators = located[pos] if located is not None else None
                 for j, (suffix, value) in enumerate(fields):
                     size = len(value) if type(value) is bytes else UNKNOWN_SIZE
-                    rows.append((f"{key}.{suffix}", FILE, size, block, pos, j))
+                    locator = locators[j] if locators is not None else None
+                    if locator is not None:  # it knows the size of the file's bytes (checked by the source)
+                        if size == UNKNOWN_SIZE:
+                            size = locator.size
+                        elif size != locator.size:
+                            locator = None
+                    rows.append((f"{key}.{suffix}", FILE, size, block, pos, j, locator))
         return FileTable.build(rows), complete
+
+    def _file_spans(self, s: int, block: int, fields: list[list[tuple[str, Any]]]) -> list[list[Any]] | None:
+        """The locators the source gives for a block's files (:meth:`SourceShard.file_spans`),
+        or None; a source that fails here only leaves the block's files to the block path."""
+        shard = self.shards[s]
+        try:
+            with self._decoders:  # the source may decode the block's bytes again: bounded like a decode
+                found = shard.file_spans(block, fields)
+        except Exception as exc:
+            log.info("%s: its files are not located (%s)", shard.block_where(block), exc)
+            return None
+        if found is None or len(found) != len(fields) or any(len(a) != len(b) for a, b in zip(found, fields)):
+            return None
+        return found
 
     def _name_block(self, s: int, block: int) -> list[tuple[object, list[tuple[str, Any]], str | None]]:
         """(declared key, fields, note) of each example of a block (decoded through the cache)."""

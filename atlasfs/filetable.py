@@ -17,6 +17,16 @@ so that the second mount makes no pass either. A stored table
 is untrusted input (it may sit inside a downloaded dataset), so loading
 validates every path and position before the table is used, and says why it
 refuses one.
+
+A table may also hold, per file, a *locator* from its source
+(:class:`~atlasfs.sources.source.Locator`, :meth:`SourceShard.file_spans
+<atlasfs.sources.source.SourceShard.file_spans>`): where the file's bytes can
+be read without decoding its block, or, for small files, the bytes themselves
+(*inline*). They are optional columns (:class:`Locators`), 10 bytes a file, plus
+each distinct prefix once and the inline bytes (at most :data:`INLINE_AVERAGE`
+a file of the table on average); a table without them is as valid. The source
+checks what a locator points at on every read, so a stored one that lies only
+costs a fallback to the block.
 """
 
 from __future__ import annotations
@@ -31,17 +41,35 @@ from typing import Any, Callable
 
 import numpy as np
 
+from .sources.source import Locator
+
 FILE, DIR, UNREADABLE = 0, 1, 2
 #: The size of a file whose bytes have not been encoded yet: a table can name
 #: files before it knows how big they are (a listing needs no sizes).
 UNKNOWN_SIZE = 2**64 - 1
-_MAGIC = b"ATLFSTB3"
+_MAGIC = b"ATLFSTB4"  # 4: optional locator columns
 _HEADER_MAX = 1 << 20
 #: (name, dtype) of the per-entry arrays, in file order. ``by_path``: entry numbers sorted by path bytes.
 _COLUMNS = (("kind", np.uint8), ("size", np.uint64), ("block", np.uint32), ("pos", np.uint32),
             ("file", np.uint16), ("by_path", np.uint32))
 
-Rows = list[tuple[str, int, int, int, int, int]]
+#: ``(path, kind, size, block, pos, file)``, optionally with a 7th item, the file's
+#: :class:`~atlasfs.sources.source.Locator` (or None).
+Rows = list[tuple[Any, ...]]
+#: (attribute of :class:`Locators`, stored dtype) of the optional locator columns, in file order.
+_LOCATOR_COLUMNS = (("offset", np.uint32), ("check", np.uint32), ("prefix", np.uint16))
+#: A row's locator offset when it has none.
+NO_LOCATOR = 0xFFFFFFFF
+#: A row's prefix number when its locator is inline (its offset is then in :attr:`Locators.inline`).
+INLINE = 0xFFFF
+#: Distinct prefixes (``.npy`` headers) a table keeps, and their bytes in all: arrays of many
+#: shapes (token arrays of every length) would otherwise grow a table by megabytes.
+MAX_PREFIXES = 0xFFFE
+MAX_PREFIX_BYTES = 1 << 20
+#: Most bytes of an inline file, and most inline bytes a table keeps, per file of the table on
+#: average (in row order: later small files past the bound get no inline locator).
+INLINE_MAX = 255
+INLINE_AVERAGE = 64
 #: Limits from a stored table's source state (see :meth:`FileTable.load`).
 LimitsOf = Callable[[bytes], "Limits"]
 
@@ -91,6 +119,94 @@ def _tree_order(rows: Rows) -> Rows:
     return ordered
 
 
+class Locators:
+    """The locators of a table's rows as columns: ``offset`` (uint32, :data:`NO_LOCATOR`
+    for none; for an inline one, where its bytes start in ``inline``), ``check`` (uint32),
+    ``prefix`` (uint16: 0 none, else 1 + its index in ``prefixes``, or :data:`INLINE`).
+    A run's length is not stored: it is the file's size less its prefix."""
+
+    __slots__ = ("check", "inline", "offset", "prefix", "prefixes")
+
+    def __init__(self, offset: np.ndarray, check: np.ndarray, prefix: np.ndarray, prefixes: list[bytes],
+                 inline: bytes) -> None:
+        self.offset = offset
+        self.check = check
+        self.prefix = prefix
+        self.prefixes = prefixes
+        self.inline = inline
+
+    @classmethod
+    def build(cls, locators: list[Locator | None]) -> "Locators | None":
+        """Columns for one locator per row (None: none); None if no row has one. Locators
+        past the bounds (:data:`MAX_PREFIXES`, :data:`MAX_PREFIX_BYTES`, :data:`INLINE_MAX`,
+        :data:`INLINE_AVERAGE`, offsets of 4 GiB) are left out: their files keep their blocks."""
+        n = len(locators)
+        if not any(loc is not None for loc in locators):
+            return None
+        offset = np.full(n, NO_LOCATOR, dtype=np.uint32)
+        check = np.zeros(n, dtype=np.uint32)
+        prefix = np.zeros(n, dtype=np.uint16)
+        numbers: dict[bytes, int] = {}
+        prefix_bytes = 0
+        inline = bytearray()
+        inline_bound = INLINE_AVERAGE * n
+        for i, loc in enumerate(locators):
+            if loc is None:
+                continue
+            if loc.inline:
+                data = loc.prefix
+                if loc.length or len(data) > INLINE_MAX or len(inline) + len(data) > inline_bound:
+                    continue
+                offset[i] = len(inline)
+                prefix[i] = INLINE
+                inline += data
+            else:
+                if not 0 <= loc.offset < NO_LOCATOR:
+                    continue
+                if loc.prefix:
+                    number = numbers.get(loc.prefix)
+                    if number is None:
+                        if len(numbers) >= MAX_PREFIXES or prefix_bytes + len(loc.prefix) > MAX_PREFIX_BYTES:
+                            continue
+                        prefix_bytes += len(loc.prefix)
+                        number = numbers[loc.prefix] = len(numbers) + 1
+                    prefix[i] = number
+                offset[i] = loc.offset
+            check[i] = loc.check & 0xFFFFFFFF
+        return cls(offset, check, prefix, list(numbers), bytes(inline))
+
+    def nbytes(self) -> int:
+        """Memory the columns and their bytes take."""
+        return (self.offset.nbytes + self.check.nbytes + self.prefix.nbytes + len(self.inline)
+                + sum(map(len, self.prefixes)))
+
+    def problem(self, kinds: np.ndarray, sizes: np.ndarray) -> str | None:
+        """Why stored columns are unsafe to use (they come from an untrusted file), or None."""
+        n = len(kinds)
+        if not len(self.offset) == len(self.check) == len(self.prefix) == n:
+            return "locator columns of another length than the table"
+        if len(self.prefixes) > MAX_PREFIXES or sum(map(len, self.prefixes)) > MAX_PREFIX_BYTES:
+            return "too many locator prefixes"
+        if len(self.inline) > INLINE_AVERAGE * n:
+            return "more inline bytes than a table keeps"
+        located = self.offset != NO_LOCATOR
+        if bool(np.any(located & (kinds != FILE))) or bool(np.any(located & (sizes == UNKNOWN_SIZE))):
+            return "a locator of an entry that is no file of known size"
+        if bool(np.any(~located & (self.prefix != 0))):
+            return "a locator prefix without a locator"
+        inline = located & (self.prefix == INLINE)
+        runs = located & ~inline
+        if bool(np.any(self.prefix[runs] > len(self.prefixes))):
+            return "a locator prefix out of range"
+        ends = self.offset[inline].astype(np.uint64) + sizes[inline]
+        if bool(np.any(sizes[inline] > INLINE_MAX)) or bool(np.any(ends > len(self.inline))):
+            return "an inline file outside the table's inline bytes"
+        lengths = np.array([0] + [len(p) for p in self.prefixes], dtype=np.uint64)
+        if bool(np.any(sizes[runs] < lengths[self.prefix[runs]])):
+            return "a file smaller than its locator's prefix"
+        return None
+
+
 class FileTable:
     """The entries of one shard in tree order. Build with :meth:`build`, or :meth:`load`."""
 
@@ -105,15 +221,18 @@ class FileTable:
         self.by_path = columns["by_path"]
         #: What the shard's source learned by a pass over its files (stored with the table).
         self.state = b""
+        #: Where files can be read without decoding their blocks (None: nowhere).
+        self.locators: Locators | None = None
 
     def __len__(self) -> int:
         return len(self.kind)
 
     @classmethod
     def build(cls, rows: Rows) -> "FileTable":
-        """A table from ``(path, kind, size, block, pos, file)`` rows of files in example
-        order (``size`` may be :data:`UNKNOWN_SIZE`); folders implied by paths are added.
-        Paths must be unique (the naming layer guarantees it)."""
+        """A table from ``(path, kind, size, block, pos, file[, locator])`` rows of files in
+        example order (``size`` may be :data:`UNKNOWN_SIZE`); folders implied by paths are
+        added. Paths must be unique (the naming layer guarantees it). A row's locator, if
+        any, must be of a file whose size is known and equal to the locator's."""
         ordered = _tree_order(rows)
         paths = [row[0].encode("utf-8") for row in ordered]
         lengths = np.fromiter(map(len, paths), dtype=np.uint64, count=len(paths))
@@ -122,7 +241,27 @@ class FileTable:
         columns = {name: np.array([row[i + 1] for row in ordered], dtype=dtype)
                    for i, (name, dtype) in enumerate(_COLUMNS[:-1])}
         columns["by_path"] = np.array(sorted(range(len(paths)), key=paths.__getitem__), dtype=np.uint32)
-        return cls(b"".join(paths), offsets, columns)
+        table = cls(b"".join(paths), offsets, columns)
+        if any(len(row) > 6 and row[6] is not None for row in rows):
+            table.locators = Locators.build([
+                row[6] if len(row) > 6 and row[6] is not None and row[1] == FILE and row[2] == row[6].size else None
+                for row in ordered])
+        return table
+
+    def locator(self, i: int) -> Locator | None:
+        """Where the file of entry ``i`` can be read without decoding its block, or None."""
+        locators = self.locators
+        if locators is None:
+            return None
+        offset = locators.offset.item(i)
+        if offset == NO_LOCATOR:
+            return None
+        number = locators.prefix.item(i)
+        size = self.size.item(i)
+        if number == INLINE:
+            return Locator(0, 0, locators.check.item(i), locators.inline[offset:offset + size], True)
+        prefix = locators.prefixes[number - 1] if number else b""
+        return Locator(offset, size - len(prefix), locators.check.item(i), prefix)
 
     def _path(self, i: int) -> bytes:
         return self._names[int(self._offsets[i]):int(self._offsets[i + 1])]
@@ -176,8 +315,12 @@ class FileTable:
 
     def save(self, path: str, key: dict[str, Any]) -> None:
         """Write the table to ``path`` atomically, tagged with ``key`` (what it was built from)."""
-        header = json.dumps({"key": key, "entries": len(self), "names": len(self._names),
-                             "state": len(self.state)}).encode()
+        fields: dict[str, Any] = {"key": key, "entries": len(self), "names": len(self._names),
+                                  "state": len(self.state)}
+        locators = self.locators
+        if locators is not None:
+            fields["locators"] = {"prefixes": [len(p) for p in locators.prefixes], "inline": len(locators.inline)}
+        header = json.dumps(fields).encode()
         folder = os.path.dirname(path)
         fd, tmp = tempfile.mkstemp(prefix=".table-", dir=folder)
         try:
@@ -188,6 +331,11 @@ class FileTable:
                     f.write(getattr(self, name).astype(dtype, copy=False).tobytes())
                 f.write(self._names)
                 f.write(self.state)
+                if locators is not None:
+                    for column, dtype in _LOCATOR_COLUMNS:
+                        f.write(getattr(locators, column).astype(dtype, copy=False).tobytes())
+                    f.write(b"".join(locators.prefixes))
+                    f.write(locators.inline)
             os.replace(tmp, path)
         except BaseException:
             if os.path.exists(tmp):
@@ -226,8 +374,19 @@ class FileTable:
         if header.get("key") != key:
             raise TableError("was built from other files or by other naming rules (stale or foreign)")
         n, names_len, state_len = int(header["entries"]), int(header["names"]), int(header["state"])
+        stored_locators = header.get("locators")
+        prefix_lengths: list[int] = []
+        inline_len = 0
+        locators_len = 0
+        if stored_locators is not None:
+            prefix_lengths = [int(length) for length in stored_locators["prefixes"]]
+            inline_len = int(stored_locators["inline"])
+            if len(prefix_lengths) > MAX_PREFIXES or any(length <= 0 for length in prefix_lengths) or inline_len < 0:
+                raise TableError("is corrupt (locator prefixes out of bounds)")
+            locators_len = sum(np.dtype(d).itemsize * n for _, d in _LOCATOR_COLUMNS) + sum(prefix_lengths) + inline_len
         at = 12 + size
-        expected = at + 8 * (n + 1) + sum(np.dtype(d).itemsize * n for _, d in _COLUMNS) + names_len + state_len
+        expected = (at + 8 * (n + 1) + sum(np.dtype(d).itemsize * n for _, d in _COLUMNS) + names_len + state_len
+                    + locators_len)
         if n < 0 or names_len < 0 or state_len < 0 or len(data) != expected:
             raise TableError(f"is corrupt ({len(data)} bytes where its header means {expected})")
         offsets = np.frombuffer(data, dtype=np.uint64, count=n + 1, offset=at)
@@ -238,13 +397,27 @@ class FileTable:
             at += np.dtype(dtype).itemsize * n
         columns["size"] = columns["size"].copy()  # writable: unknown sizes are filled in later
         table = cls(data[at:at + names_len], offsets, columns)
-        table.state = data[at + names_len:]
+        at += names_len
+        table.state = data[at:at + state_len]
+        at += state_len
+        if stored_locators is not None:
+            loc_columns = []
+            for _, dtype in _LOCATOR_COLUMNS:
+                loc_columns.append(np.frombuffer(data, dtype=dtype, count=n, offset=at))
+                at += np.dtype(dtype).itemsize * n
+            prefixes = []
+            for length in prefix_lengths:
+                prefixes.append(data[at:at + length])
+                at += length
+            table.locators = Locators(*loc_columns, prefixes, data[at:at + inline_len])
         if not isinstance(limits, Limits):
             try:
                 limits = limits(table.state)
             except ValueError as exc:
                 raise TableError(f"holds a source state that does not fit ({exc})") from None
         problem = table._problem(limits)
+        if problem is None and table.locators is not None:
+            problem = table.locators.problem(table.kind, table.size)
         if problem:
             raise TableError(f"is corrupt ({problem})")
         return table

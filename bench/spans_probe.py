@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Probe for issue #18: how many files of the benchmark's three data sets get a span
-(atlasfs/spans.py), what finding them adds to a table build, and what a cold read of
+(atlasfs/sources/atlas/spans.py), what finding them adds to a table build, and what a cold read of
 one file costs through its span against the block path, in one run.
 
     python bench/spans_probe.py                  # default sizes (bench/datagen.py), strategy 2
@@ -12,7 +12,7 @@ stored blocks (data.bin in the page cache), with nothing cached between reads:
 
 * block path: read the block, decompress it, unpickle it, name the example and
   encode its files (what ``BlockTree`` does for a file whose block is not cached);
-* span path: :func:`atlasfs.spans.read_span` through a ``BlockReader`` (``pread``
+* span path: :func:`atlasfs.sources.atlas.spans.read_span` through a ``BlockReader`` (``pread``
   of the run for strategy 0; otherwise the frame read and decompressed up to the
   run's end), CRC checked. Like the block path (whose codec keeps its zstd
   contexts), it reuses one decompression context per shard: a fresh context
@@ -45,10 +45,12 @@ if __package__ in (None, ""):  # run as a script: make `bench` and `atlasfs` imp
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     __package__ = "bench"
 
-from atlasfs import AtlasDataset, AtlasWriter, safepickle, spans
+from atlasfs import AtlasDataset, AtlasWriter, safepickle
+from atlasfs.filetable import Locators
+from atlasfs.sources.atlas import spans
 from atlasfs.sources.atlas.dataset import Shard
 from atlasfs.naming import MAX_NAME_BYTES, encode_as, example_fields, index_key_width
-from atlasfs.spans import BlockReader, Span, SpanColumns, find_spans, new_decompressor, read_span
+from atlasfs.sources.atlas.spans import BlockReader, Span, find_spans, new_decompressor, read_span
 from bench import datagen
 
 #: Bump when what the probe writes changes, so that kept data sets are rewritten.
@@ -128,9 +130,8 @@ def _build(dataset: AtlasDataset, result: SetResult) -> list[tuple[int, int, int
                         result.bytes_with_span += size
                     files.append((s, block, pos, j, span))
                     spans_flat.append(span)
-    columns = SpanColumns.build(spans_flat)
-    result.span_columns_bytes = (columns.offset.nbytes + columns.checksum.nbytes + columns.header.nbytes
-                                 + sum(len(h) for h in columns.headers))
+    columns = Locators.build(spans_flat)
+    result.span_columns_bytes = columns.nbytes() if columns is not None else 0
     return files
 
 
@@ -144,7 +145,8 @@ def _block_path(shard: Shard, block: int, pos: int, j: int, max_suffix: int) -> 
 
 def _span_path(shard: Shard, fd: int, block: int, span: Span, dctx: zstandard.ZstdDecompressor | None) -> bytes:
     """A cold read through the span: the block's stored bytes read only as far as needed."""
-    reader = BlockReader(fd, int(shard.index[block]), int(shard.index[block + 1]))
+    start = int(shard.index[block])
+    reader = BlockReader(lambda offset, size: os.pread(fd, size, start + offset), int(shard.index[block + 1]) - start)
     return read_span(reader, span, shard.codec, f"{shard.data_path} block {block}", dctx)
 
 
@@ -241,7 +243,7 @@ def main(argv: list[str] | None = None) -> int:
             import xxhash
         except ImportError:
             p.error("--checksum xxh3 needs the xxhash package")
-        spans.run_checksum = lambda data: xxhash.xxh3_64_intdigest(data) & 0xFFFFFFFF
+        spans._crc32 = lambda data, seed=0: xxhash.xxh3_64_intdigest(data, seed=seed) & 0xFFFFFFFF
 
     start = time.monotonic()
 

@@ -296,7 +296,8 @@ def test_known_entries_of_an_blocktree(tmp_path: Path) -> None:
     from atlasfs.blocktree import BlockTree
 
     for name, fields in (("raw", lambda i: {"bin": bytes([i]) * (i + 1)}),
-                         ("encoded", lambda i: {"bin": bytes([i]), "txt": f"example {i}"})):
+                         # json too big to be kept in the table (128 bytes) and no run of the block
+                         ("encoded", lambda i: {"bin": bytes([i]), "json": {"i": i, "v": list(range(60))}})):
         with AtlasWriter(tmp_path / name, shard_size=6, block_size=3) as writer:
             for i in range(6):
                 writer.add_example(fields(i))
@@ -310,6 +311,6 @@ def test_known_entries_of_an_blocktree(tmp_path: Path) -> None:
     names = [name for name, _, _ in encoded.names("/0")]
     # bytes fields are sized at once; the others when a file of their block is looked up
     assert [e is not None for e in encoded.known_entries("/0")] == [n.endswith(".bin") for n in names]
-    encoded.lookup(f"/0/{names[1]}")  # a txt of block 0 (examples 0-2): the whole block is sized
+    encoded.lookup(f"/0/{names[1]}")  # a json of block 0 (examples 0-2): the whole block is sized
     expected = [encoded.lookup(f"/0/{n}") if i < 6 or n.endswith(".bin") else None for i, n in enumerate(names)]
     assert list(encoded.known_entries("/0")) == expected

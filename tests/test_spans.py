@@ -1,4 +1,4 @@
-"""atlasfs.spans: every span found holds exactly the file's bytes, reads give them back
+"""atlasfs.sources.atlas.spans: every span found holds exactly the file's bytes, reads give them back
 without unpickling, and a block that changed since is detected, never served."""
 
 from __future__ import annotations
@@ -23,8 +23,9 @@ from atlasfs.sources.atlas.codec import BlockCodec
 from atlasfs.sources.atlas.dataset import Shard
 from atlasfs.sources.atlas.meta import CompressionStrategy
 from atlasfs.naming import MAX_NAME_BYTES, encode_as, example_fields, index_key_width
-from atlasfs.spans import (NO_SPAN, BlockReader, Span, SpanColumns, SpanMismatch, check_run, find_spans,
-                           read_span, run_checksum)
+from atlasfs.filetable import NO_LOCATOR, Locators
+from atlasfs.sources.atlas.spans import (INLINE_MAX, BlockReader, Span, SpanMismatch, block_fingerprint, check_run,
+                                         file_locators, find_spans, read_span, run_check)
 from helpers import REFERENCE, reference_names
 
 # ---------------------------------------------------------------- helpers
@@ -47,9 +48,18 @@ def _blocks(root: Path) -> Iterator[tuple[Shard, int, bytes, bytes, list[list[tu
         dataset.close()  # a shard read again later reopens its data.bin
 
 
-def _reader(shard: Shard, block: int) -> BlockReader:
-    fd = os.open(shard.data_path, os.O_RDONLY)
-    return BlockReader(fd, int(shard.index[block]), int(shard.index[block + 1]))
+class _Reader(BlockReader):
+    """A reader of one block through its own descriptor (closed by the test)."""
+
+    def __init__(self, shard: Shard, block: int) -> None:
+        self.fd = os.open(shard.data_path, os.O_RDONLY)
+        start = int(shard.index[block])
+        super().__init__(lambda offset, size: os.pread(self.fd, size, start + offset),
+                         int(shard.index[block + 1]) - start)
+
+
+def _reader(shard: Shard, block: int) -> _Reader:
+    return _Reader(shard, block)
 
 
 def _run_of(suffix: str, value: Any) -> bytes | None:
@@ -73,8 +83,8 @@ def _check_block(payload: bytes, fields: list[list[tuple[str, Any]]],
     for files, found in zip(fields, spans):
         for (suffix, value), span in zip(files, found):
             if span is not None:
-                assert span.header + payload[span.offset:span.end] == encode_as(suffix, value), suffix
-                assert span.checksum == run_checksum(payload[span.offset:span.end])
+                assert span.prefix + payload[span.offset:span.end] == encode_as(suffix, value), suffix
+                assert span.check == run_check(span.prefix, payload[span.offset:span.end])
                 assert span.size == len(encode_as(suffix, value))
 
 
@@ -358,57 +368,89 @@ def test_spans_past_the_frame_or_the_block_bound_are_refused(tmp_path: Path) -> 
 
 def test_check_run_verifies_length_and_checksum() -> None:
     run = b"0123456789"
-    span = Span(5, len(run), run_checksum(run), b"HDR")
+    span = Span(5, len(run), run_check(b"HDR", run), b"HDR")
     assert check_run(span, run, "x") == b"HDR" + run
     for bad in (run[:-1], run + b"!", b"0123456780"):
         with pytest.raises(SpanMismatch):
             check_run(span, bad, "x")
+    with pytest.raises(SpanMismatch):  # the prefix is checked too: a stored table's is untrusted
+        check_run(span._replace(prefix=b"HDX"), run, "x")
 
 
 def test_empty_runs_need_no_block() -> None:
     codec = BlockCodec(CompressionStrategy.STANDARD_COMPRESSION, None)
-    assert read_span(b"not even a frame", Span(0, 0, 0, b"\x93NUMPYhdr"), codec, "x") == b"\x93NUMPYhdr"
+    header = b"\x93NUMPYhdr"
+    assert read_span(b"not even a frame", Span(0, 0, run_check(header, b""), header), codec, "x") == header
+    with pytest.raises(SpanMismatch):
+        read_span(b"not even a frame", Span(0, 0, 0, header), codec, "x")
+
+
+# ---------------------------------------------------------------- small files, inline
+
+
+@pytest.mark.parametrize("strategy", [0, 1, 2, 3])
+def test_small_files_are_inline_and_tied_to_their_block(tmp_path: Path, strategy: int) -> None:
+    root = _write(tmp_path / "old", _same_layout(1), strategy, 2)
+    other = AtlasDataset(_write(tmp_path / "new", _same_layout(2), strategy, 2), cache_bytes=0)
+    inline = 0
+    for shard, block, raw, payload, fields in _blocks(root):
+        fingerprint = block_fingerprint(raw, shard.codec.strategy)
+        assert fingerprint is not None  # small blocks: every strategy has one
+        for files, found in zip(fields, file_locators(payload, fields, fingerprint)):
+            for (suffix, value), locator in zip(files, found):
+                expected = encode_as(suffix, value)
+                if len(expected) <= INLINE_MAX:
+                    assert locator is not None and locator.inline, suffix
+                if locator is None:
+                    continue
+                assert locator.size == len(expected)
+                assert read_span(raw, locator, shard.codec, "ds") == expected
+                if locator.inline:
+                    inline += 1
+                    changed = other.shards[0].read_raw(block)
+                    with pytest.raises(SpanMismatch):  # the same place in a block that changed
+                        read_span(changed, locator, shard.codec, "ds")
+                    with pytest.raises(SpanMismatch):  # bytes that are not the recorded ones
+                        read_span(raw, locator._replace(prefix=b"x" * locator.size), shard.codec, "ds")
+    assert inline
+
+
+def test_big_blocks_without_a_frame_checksum_get_no_inline_files() -> None:
+    stored = os.urandom(300 << 10)
+    assert block_fingerprint(stored, CompressionStrategy.NO_COMPRESSION) is None
+    assert block_fingerprint(stored[:1000], CompressionStrategy.NO_COMPRESSION) is not None
+    payload = pickle.dumps([{"cls": 3}], protocol=4)
+    fields = _fields(pickle.loads(payload))
+    assert file_locators(payload, fields, None) == [[None]]
 
 
 # ---------------------------------------------------------------- columns
 
 
-def test_columns_round_trip_and_share_headers() -> None:
+def test_columns_round_trip_and_share_prefixes() -> None:
     batch = [{"npy": np.zeros(4, "<f4"), "txt": "t" * i, "x.npy": np.zeros((2, 2), "<i8")} for i in range(5)]
     payload = pickle.dumps(batch, protocol=4)
     fields = _fields(pickle.loads(payload))
     spans = [span for found in find_spans(payload, fields) for span in found]
-    sizes = [len(encode_as(s, v)) for files in fields for s, v in files]
+    spans.append(Span(0, 0, 7, b"inline!", True))
     spans.append(None)
-    sizes.append(7)
-    columns = SpanColumns.build(spans)
-    assert columns.problem() is None
-    assert len(columns.headers) == 2  # one per array shape and dtype, however many files
-    assert [columns.span(i, size) for i, size in enumerate(sizes)] == spans
-    assert columns.span(0, 2**64 - 1) is None  # a size not known yet
-    assert columns.offset.dtype == columns.checksum.dtype == np.uint32 and columns.header.dtype == np.uint16
-    assert columns.offset[-1] == NO_SPAN
+    columns = Locators.build(spans)
+    assert columns is not None
+    assert len(columns.prefixes) == 2  # one per array shape and dtype, however many files
+    assert columns.offset.dtype == columns.check.dtype == np.uint32 and columns.prefix.dtype == np.uint16
+    assert columns.offset[-1] == NO_LOCATOR
+    assert columns.inline == b"inline!"
 
 
-def test_columns_keep_spans_up_to_the_header_bound(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("atlasfs.spans.MAX_HEADERS", 2)
+def test_columns_keep_prefixes_up_to_their_bound(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("atlasfs.filetable.MAX_PREFIXES", 2)
     spans = [Span(i, 1, 0, b"\x93NUMPY" + bytes([i])) for i in range(4)] + [Span(9, 1, 0, b"\x93NUMPY\x00")]
-    columns = SpanColumns.build(spans)
-    assert [columns.span(i, 8) is not None for i in range(5)] == [True, True, False, False, True]
-    monkeypatch.setattr("atlasfs.spans.MAX_HEADERS", 100)
-    monkeypatch.setattr("atlasfs.spans.MAX_HEADER_BYTES", 15)  # room for two 7-byte headers
-    columns = SpanColumns.build(spans)
-    assert [columns.span(i, 8) is not None for i in range(5)] == [True, True, False, False, True]
-    assert columns.problem() is None
-
-
-def test_stored_columns_that_lie_are_refused() -> None:
-    good = SpanColumns.build([Span(0, 3, 1, b"\x93NUMPYx")])
-    assert good.problem() is None
-    assert SpanColumns(good.offset, good.checksum, np.array([2], np.uint16), good.headers).problem()
-    assert SpanColumns(good.offset, good.checksum, good.header, [b"not npy"]).problem()
-    assert SpanColumns(good.offset, good.checksum[:0], good.header, good.headers).problem()
-    assert good.span(0, 3) is None  # a size smaller than its header
+    columns = Locators.build(spans)
+    assert columns is not None and list(columns.offset != NO_LOCATOR) == [True, True, False, False, True]
+    monkeypatch.setattr("atlasfs.filetable.MAX_PREFIXES", 100)
+    monkeypatch.setattr("atlasfs.filetable.MAX_PREFIX_BYTES", 15)  # room for two 7-byte prefixes
+    columns = Locators.build(spans)
+    assert columns is not None and list(columns.offset != NO_LOCATOR) == [True, True, False, False, True]
 
 
 # ---------------------------------------------------------------- the probe

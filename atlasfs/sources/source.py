@@ -17,6 +17,14 @@ bytes, which the tree stores with the shard's file table;
 :meth:`SourceShard.restore` takes those bytes back on a later mount, so
 that mount makes no pass.
 
+A shard may also say where a file's bytes can be had without decoding its
+block (:meth:`SourceShard.file_spans`, asked while the tree builds the shard's
+file table, the :class:`Locator` of each file kept in that table), and read
+them from there (:meth:`SourceShard.read_span`): a cold random read then costs
+about what its own bytes cost. The tree knows nothing of what a locator means;
+the source checks on every read that what it found there is what it recorded,
+and raises :class:`SpanMismatch` otherwise (the tree then decodes the block).
+
 Errors are :class:`atlasfs.errors.AtlasFormatError` with a one-line message
 naming the file (and line, uid or document) that is wrong.
 """
@@ -26,9 +34,42 @@ from __future__ import annotations
 import os
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from ..errors import AtlasFormatError
+
+
+class SpanMismatch(AtlasFormatError):
+    """What a :class:`Locator` points at is not what it was when it was recorded (the
+    data changed, or a stored table lies): the file must be read through its block."""
+
+
+class Locator(NamedTuple):
+    """Where one file's bytes can be had without decoding its block; the file is
+    ``prefix`` followed by ``length`` bytes at ``offset`` of the block's decoded bytes
+    (the *run*). What ``offset`` and ``check`` mean is the source's business; the tree
+    only stores locators with the file table and hands them back.
+
+    ``inline``: the whole file is ``prefix`` (``length`` 0), kept in the table because
+    it is small; ``check`` then ties it to the block it came from, so that a changed
+    block is still detected.
+    """
+
+    offset: int
+    length: int
+    check: int
+    prefix: bytes = b""
+    inline: bool = False
+
+    @property
+    def end(self) -> int:
+        """Where the run ends in the block's decoded bytes: how far a read must decode."""
+        return self.offset + self.length
+
+    @property
+    def size(self) -> int:
+        """The file's size."""
+        return len(self.prefix) + self.length
 
 
 def file_signature(path: str) -> list[int] | None:
@@ -119,6 +160,25 @@ class SourceShard(ABC):
         them (a ``.pbin`` index gives every document's length). None (the default): the
         tree decodes the block and names its samples to learn them."""
         return None
+
+    # -- reading a file without decoding its block (optional)
+
+    def file_spans(self, block: int, fields: list[list[tuple[str, Any]]]) -> list[list[Locator | None]] | None:
+        """Where each file of ``block`` can be read without decoding it, or None for
+        none of them (the default). ``fields[i]`` are the files of its sample ``i`` as
+        :func:`~atlasfs.naming.example_fields` names them (``(suffix, value)``, the
+        decoded sample's own values); the result has the shape of ``fields``, None
+        where a file has no locator. Called while the tree builds the shard's file
+        table from the decoded block; each locator's :attr:`~Locator.size` must be the
+        size of the file's bytes as :func:`~atlasfs.naming.encode_as` makes them."""
+        return None
+
+    def read_span(self, block: int, locator: Locator, size: int) -> bytes:
+        """The ``size`` bytes of the file ``locator`` (from :meth:`file_spans`, or a
+        stored table: untrusted) points at in ``block``. Raises :class:`SpanMismatch`
+        if what is there is not what was recorded, :class:`AtlasFormatError` if it
+        cannot be read; the tree then reads the file through its block."""
+        raise SpanMismatch(f"{self.block_where(block)}: this source reads no file without its block")
 
     # -- what its stored file table depends on
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
+from collections.abc import Iterator
 from typing import Any
 
 import zstandard
@@ -105,6 +107,16 @@ class BlockCodec:
         except zstandard.ZstdError as exc:
             raise AtlasFormatError(f"{self.dictionary.path}: not a usable zstd dictionary ({exc})") from None
         return dctx
+
+    @contextlib.contextmanager
+    def context(self) -> Iterator[zstandard.ZstdDecompressor]:
+        """A decompression context for this codec, from the shared pool; given back only
+        if the ``with`` body succeeds (a failed one may be mid-frame). A context left in
+        the middle of a frame on purpose (a read that stops at a span's end) is reusable:
+        every new decompression starts a new frame."""
+        dctx = self._take_context()
+        yield dctx
+        _IDLE.give(self.dictionary, dctx)
 
     def check_header(self, raw: bytes, where: str) -> int:
         """Validate a zstd frame header (``raw`` may be just the first 18 bytes):

@@ -32,6 +32,7 @@ from ...storage import LOCAL, Storage, StorageChangedError, StorageUnavailableEr
 from ..source import Source, SourceShard, file_signature
 from .codec import DEFAULT_MAX_BLOCK_BYTES, BlockCodec, ZstdDictionary
 from .meta import CompressionStrategy, RootMeta, ShardMeta, parse_root_meta, parse_shard_meta
+from .spans import LocatedReads
 
 #: Default bound of the decoded-block cache.
 DEFAULT_CACHE_BYTES = 256 << 20
@@ -130,7 +131,7 @@ def _load_index(path: str, num_blocks: int, mmap: bool, storage: Storage = LOCAL
     return index
 
 
-class Shard(SourceShard):
+class Shard(LocatedReads, SourceShard):  # LocatedReads: files read without their block (spans.py)
     """One shard folder: its meta, its block index and its ``data.bin``.
 
     Usually reached through :attr:`AtlasDataset.shards`. ``shard[i]`` and
@@ -305,6 +306,29 @@ class Shard(SourceShard):
                 f"{self.data_path}: block {block} truncated (expected {end - start} bytes at offset {start}, "
                 f"got {len(raw)})")
         return raw
+
+    def read_range(self, block: int, offset: int, size: int) -> bytes:
+        """``size`` bytes at ``offset`` of ``block`` as stored in ``data.bin`` (fewer past the
+        block's end): a read of one file without its block (spans.py) reads no more. The
+        caller checks :meth:`check_unchanged` first (once, not once per range)."""
+        start, end = int(self.index[block]), int(self.index[block + 1])
+        size = max(0, min(size, end - start - offset))
+        if offset < 0 or not size:
+            return b""
+        try:
+            if self.storage.remote:
+                data = self.storage.pread(self.data_path, start + offset, size)
+            else:
+                data = os.pread(self._descriptor(), size, start + offset)
+        except StorageUnavailableError:
+            raise
+        except StorageChangedError:
+            raise AtlasFormatError(f"{self.data_path}: changed in the store since the dataset was opened") from None
+        except OSError as exc:
+            raise AtlasFormatError(f"{self.data_path}: read in block {block} failed ({exc.strerror})") from None
+        if len(data) != size:
+            raise AtlasFormatError(f"{self.data_path}: block {block} truncated")
+        return data
 
     def decode_block(self, block: int) -> tuple[list[Any], int]:
         """Read and decode ``block``, bypassing the cache: ``(examples, decoded bytes)``."""

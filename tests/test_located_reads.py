@@ -1,0 +1,347 @@
+"""Files read without decoding their blocks (issue #18): through a locator (a run of the
+decompressed block, or a small file kept in the table) a read gives exactly what
+``atlasfs export`` writes; a block that changed since its locators were recorded, or a
+stored table whose locators lie, is detected and read through the block, never served
+as wrong bytes; forged locator columns are refused when the table is loaded."""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import shutil
+import tarfile
+import threading
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from atlasfs import AtlasDataset, AtlasWriter, cli
+from atlasfs.blocktree import BlockTree
+from atlasfs.filetable import INLINE, INLINE_AVERAGE, NO_LOCATOR, FileTable, Limits, Locators, TableError
+from atlasfs.sources.atlas import spans
+from atlasfs.tablestore import TableStore, table_file_name
+from fusemount import atlasfs, mounted
+from helpers import REFERENCE, reference_names
+
+Exported = dict[str, dict[str, bytes]]
+
+
+def _export(dataset: Path, out: Path) -> Exported:
+    """``atlasfs export``'s bytes: shard name -> member path -> bytes."""
+    assert cli.main(["export", str(dataset), str(out)]) == 0
+    exported: Exported = {}
+    for tar in sorted(out.glob("*.tar")):
+        with tarfile.open(tar) as t:
+            exported[tar.name[:-len(".tar")]] = {m.name: t.extractfile(m).read()  # type: ignore[union-attr]
+                                                for m in t.getmembers() if m.isfile()}
+    return exported
+
+
+def _tree(dataset: Path, tables: Path, cache_bytes: int = 64 << 20) -> BlockTree:
+    return BlockTree(AtlasDataset(dataset, cache_bytes=0, mmap_index=False, tolerate_broken_shards=True),
+                     cache_bytes=cache_bytes, store=TableStore(str(dataset), index_dir=str(tables)))
+
+
+def _index(dataset: Path, tables: Path) -> None:
+    """Build and store every shard's table, every size known (what ``atlasfs index`` does)."""
+    tree = _tree(dataset, tables)
+    for s in range(len(tree.shards)):
+        tree.table(s, sizes=True)
+    tree.source.close()
+
+
+def _cold(tree: BlockTree, s: int) -> None:
+    """Make the next read a random reader's first into a block that is not cached."""
+    tree.cache.clear()
+    spans.PAYLOADS.clear()
+    tree._last_block[s] = (-10, 1)
+
+
+def _read_every_file(tree: BlockTree, exported: Exported, located: bool) -> None:
+    """Read every exported file through ``tree`` (``located``: each read the first into a
+    block nobody decoded; else through the decoded block) and compare."""
+    for s, shard in enumerate(tree.shards):
+        for name, data in exported[shard.name].items():
+            entry = tree.lookup(f"/{shard.name}/{name}")
+            assert entry.size == len(data), name
+            if located:
+                _cold(tree, s)
+            else:
+                assert entry.ref is not None
+                tree.decoded_block(s, entry.ref.block)
+            assert tree.read(entry, 0, entry.size + 10) == data, f"{shard.name}/{name}"
+
+
+def _write(root: Path, examples: list[Any], strategy: int, block_size: int = 2, shard_size: int = 0) -> Path:
+    with AtlasWriter(root, shard_size=shard_size or len(examples), block_size=block_size,
+                     compression_strategy=strategy) as writer:
+        writer.add_examples(examples)
+    return root
+
+
+def _examples(seed: int, n: int = 24) -> list[dict[str, Any]]:
+    """Examples whose pickles have one layout whatever the seed (only run bytes differ),
+    with every kind of file: raw bytes, text, an array, small ints and JSON."""
+    rng = np.random.default_rng(seed)
+    return [{"jpg": rng.bytes(2000 + 10 * i), "txt": "".join(rng.choice(list("abc"), 300 + i)),
+             "npy": rng.random(50 + i), "cls": i, "json": {"id": i, "tag": "abc"[i % 3]}} for i in range(n)]
+
+
+# ---------------------------------------------------------------- the reference fixtures
+
+
+@pytest.mark.parametrize("name", reference_names())
+def test_every_reference_fixture_reads_the_same_through_both_paths(name: str, tmp_path: Path) -> None:
+    dataset = Path(shutil.copytree(REFERENCE / name / "dataset", tmp_path / "dataset"))
+    exported = _export(dataset, tmp_path / "export")
+    _index(dataset, tmp_path / "tables")
+    tree = _tree(dataset, tmp_path / "tables")  # tables loaded from the store, locators and all
+    _read_every_file(tree, exported, located=True)
+    located = tree.located_reads
+    _read_every_file(tree, exported, located=False)
+    assert tree.located_fallbacks == 0
+    files = sum(map(len, exported.values()))
+    if files:
+        assert tree.located_reads == located > 0  # the block path served the second pass
+
+
+def test_the_fixtures_have_every_kind_of_locator(tmp_path: Path) -> None:
+    kinds = set()
+    for name in reference_names():
+        tables = tmp_path / name
+        _index(REFERENCE / name / "dataset", tables)
+        tree = _tree(REFERENCE / name / "dataset", tables)
+        for s in range(len(tree.shards)):
+            table = tree.table(s)
+            for i in range(len(table)):
+                locator = table.locator(i)
+                if locator is not None:
+                    kinds.add("inline" if locator.inline else "npy" if locator.prefix else "run")
+    assert kinds == {"inline", "npy", "run"}
+
+
+# ---------------------------------------------------------------- data that changed, tables that lie
+
+
+def _lying_store(old: Path, new: Path, tables: Path) -> None:
+    """Store the tables of dataset ``old`` as those of ``new`` (same names and sizes, other
+    bytes): what a shard rewritten in place with its size and mtime kept would leave."""
+    old_tree = _tree(old, tables / "old")
+    new_tree = _tree(new, tables / "new")
+    os.makedirs(tables / "new", exist_ok=True)
+    for s, shard in enumerate(new_tree.shards):
+        table = old_tree.table(s, sizes=True)
+        assert table.locators is not None
+        table.save(os.path.join(tables / "new", table_file_name(shard.name)), new_tree._table_key(s))
+
+
+@pytest.mark.parametrize("strategy", [0, 1, 2, 3])
+def test_a_changed_block_is_detected_and_read_through_it(tmp_path: Path, strategy: int,
+                                                         caplog: pytest.LogCaptureFixture) -> None:
+    old = _write(tmp_path / "old", _examples(1), strategy, shard_size=12)
+    new = _write(tmp_path / "new", _examples(2), strategy, shard_size=12)
+    _lying_store(old, new, tmp_path / "tables")
+    exported = _export(new, tmp_path / "export")
+    tree = _tree(new, tmp_path / "tables" / "new")
+    assert all(tree.table(s).locators is not None for s in range(len(tree.shards)))  # the lying table is used
+    with caplog.at_level(logging.WARNING, logger="atlasfs"):
+        _read_every_file(tree, exported, located=True)
+    assert tree.located_fallbacks > 0
+    warned = [r for r in caplog.records if "read through the block from now on" in r.getMessage()]
+    blocks = sum(shard.num_blocks for shard in tree.shards)
+    assert 0 < len(warned) <= blocks  # once per block at most
+    # Only the files whose bytes are the same in both (cls, json: same values) may still be
+    # served from the table; every other read was the block's.
+    assert tree.located_reads <= sum(len(files) for files in exported.values()) * 2 // 5
+
+
+def test_a_byte_changed_in_place_is_never_served_stale_through_a_mount(tmp_path: Path) -> None:
+    """Strategy 0, a byte of an image flipped in data.bin with its size and mtime kept: the
+    stored table still matches the shard's signature, the mount must serve the new bytes."""
+    dataset = _write(tmp_path / "ds", _examples(3), 0, shard_size=12)
+    assert atlasfs("index", str(dataset)).returncode == 0
+    data_bin = dataset / "0" / "data.bin" if (dataset / "0").is_dir() else next(dataset.glob("*/data.bin"))
+    stat = os.stat(data_bin)
+    blob = bytearray(data_bin.read_bytes())
+    jpg = _examples(3)[5]["jpg"]
+    at = bytes(blob).find(jpg)
+    assert at > 0
+    blob[at + 100] ^= 0xFF
+    data_bin.write_bytes(bytes(blob))
+    os.utime(data_bin, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    exported = _export(dataset, tmp_path / "export")  # the bytes the dataset holds now
+    names = [(shard, name) for shard, files in exported.items() for name in files]
+    random.Random(1).shuffle(names)
+    with mounted(dataset) as mnt:
+        for shard, name in names:
+            assert (mnt / shard / name).read_bytes() == exported[shard][name], name
+
+
+def _stored_table(tmp_path: Path) -> tuple[Path, dict[str, Any], Limits, FileTable]:
+    dataset = _write(tmp_path / "ds", _examples(4), 2, shard_size=24)
+    _index(dataset, tmp_path / "tables")
+    tree = _tree(dataset, tmp_path / "tables")
+    table = tree.table(0)
+    path = tmp_path / "tables" / table_file_name(tree.shards[0].name)
+    assert path.exists() and table.locators is not None
+    return path, tree._table_key(0), Limits(tree.shards[0].num_blocks, tree.shards[0].block_size), table
+
+
+def _forged(table: FileTable, **changes: Any) -> FileTable:
+    locators = table.locators
+    assert locators is not None
+    columns = {name: getattr(locators, name).copy() for name in ("offset", "check", "prefix")}
+    fields = {"prefixes": list(locators.prefixes), "inline": locators.inline}
+    for name, change in changes.items():
+        if name in columns:
+            change(columns[name])
+        else:
+            fields[name] = change(fields[name])
+    forged = FileTable(table._names, table._offsets, {name: getattr(table, name) for name in
+                                                      ("kind", "size", "block", "pos", "file", "by_path")})
+    forged.state = table.state
+    forged.locators = Locators(columns["offset"], columns["check"], columns["prefix"], fields["prefixes"],
+                               fields["inline"])
+    return forged
+
+
+def test_a_table_with_locators_round_trips_and_one_without_stays_valid(tmp_path: Path) -> None:
+    path, key, limits, table = _stored_table(tmp_path)
+    loaded = FileTable.load(str(path), key, limits)
+    assert loaded is not None and loaded.locators is not None
+    assert [loaded.locator(i) for i in range(len(table))] == [table.locator(i) for i in range(len(table))]
+    assert {loc.inline for loc in map(table.locator, range(len(table))) if loc is not None} == {True, False}
+    plain = _forged(table)
+    plain.locators = None
+    plain.save(str(path), key)
+    loaded = FileTable.load(str(path), key, limits)
+    assert loaded is not None and loaded.locators is None
+
+
+def test_forged_locator_columns_are_refused(tmp_path: Path) -> None:
+    path, key, limits, table = _stored_table(tmp_path)
+    assert table.locators is not None
+    inline_rows = np.flatnonzero(table.locators.prefix == INLINE)
+    run_rows = np.flatnonzero((table.locators.offset != NO_LOCATOR) & (table.locators.prefix != INLINE))
+    unlocated = np.flatnonzero(table.locators.offset == NO_LOCATOR)
+    forgeries = {
+        "a prefix number past the prefixes": dict(prefix=lambda a: a.__setitem__(run_rows[0], 999)),
+        "an inline file past the inline bytes": dict(offset=lambda a: a.__setitem__(inline_rows[0], 10**6)),
+        "a prefix without a locator": dict(prefix=lambda a: a.__setitem__(unlocated[0], 1)) if len(unlocated) else
+        dict(inline=lambda b: b + b"x" * (INLINE_AVERAGE * len(table))),
+        "more inline bytes than the bound": dict(inline=lambda b: b + b"x" * (INLINE_AVERAGE * len(table))),
+        "a prefix bigger than its file": dict(prefixes=lambda p: [b"\x93NUMPY" + b"h" * 10**5] + p[1:]),
+    }
+    assert table.locators.prefixes  # the .npy files' headers: the last forgery needs one
+    for what, changes in forgeries.items():
+        _forged(table, **changes).save(str(path), key)
+        with pytest.raises(TableError):
+            FileTable.load(str(path), key, limits)
+    # A truncated file, and a header announcing locators that are not there.
+    _forged(table).save(str(path), key)
+    data = path.read_bytes()
+    path.write_bytes(data[:-3])
+    with pytest.raises(TableError):
+        FileTable.load(str(path), key, limits)
+
+
+def test_locators_that_lie_within_bounds_cost_a_fallback_not_wrong_bytes(tmp_path: Path) -> None:
+    path, key, limits, table = _stored_table(tmp_path)
+    assert table.locators is not None
+    runs = (table.locators.offset != NO_LOCATOR) & (table.locators.prefix != INLINE)
+
+    def shift(offsets: np.ndarray) -> None:
+        offsets[runs] = offsets[runs] + 1
+
+    _forged(table, check=lambda c: c.__setitem__(slice(None), c ^ 0x5A5A5A5A), offset=shift).save(str(path), key)
+    dataset = tmp_path / "ds"
+    exported = _export(dataset, tmp_path / "export")
+    tree = _tree(dataset, tmp_path / "tables")
+    _read_every_file(tree, exported, located=True)
+    assert tree.located_reads == 0 and tree.located_fallbacks > 0
+
+
+# ---------------------------------------------------------------- threads, and a real mount
+
+
+def test_threads_reading_random_files_cold_get_exactly_the_exported_bytes(tmp_path: Path) -> None:
+    dataset = _write(tmp_path / "ds", _examples(5, 96), 2, block_size=4, shard_size=48)
+    exported = _export(dataset, tmp_path / "export")
+    _index(dataset, tmp_path / "tables")
+    tree = _tree(dataset, tmp_path / "tables", cache_bytes=64 << 10)  # a few blocks: most reads are cold
+    files = [(shard, name) for shard, names in exported.items() for name in names]
+    errors: list[str] = []
+
+    def reader(seed: int) -> None:
+        rng = random.Random(seed)
+        for _ in range(400):
+            shard, name = rng.choice(files)
+            try:
+                entry = tree.lookup(f"/{shard}/{name}")
+                if rng.random() < 0.3:
+                    spans.PAYLOADS.clear()
+                got = tree.read(entry, 0, entry.size)
+            except Exception as exc:  # reported below
+                errors.append(f"{shard}/{name}: {exc!r}")
+                continue
+            if got != exported[shard][name]:
+                errors.append(f"{shard}/{name}: wrong bytes")
+
+    threads = [threading.Thread(target=reader, args=(seed,)) for seed in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+    assert tree.located_reads > 100 and tree.located_fallbacks == 0
+
+
+def test_a_mount_serves_the_exported_bytes_to_random_readers(tmp_path: Path) -> None:
+    dataset = Path(shutil.copytree(REFERENCE / "s2_shared_dict" / "dataset", tmp_path / "s2"))
+    exported = _export(dataset, tmp_path / "export")
+    assert atlasfs("index", str(dataset)).returncode == 0  # tables with locators, beside the dataset
+    files = [(shard, name) for shard, names in exported.items() for name in names]
+    errors: list[str] = []
+    with mounted(dataset) as mnt:
+        def reader(seed: int) -> None:
+            rng = random.Random(seed)
+            for _ in range(150):
+                shard, name = rng.choice(files)
+                with open(mnt / shard / name, "rb", buffering=0) as f:
+                    got = f.read()
+                if got != exported[shard][name]:
+                    errors.append(f"{shard}/{name}")
+
+        threads = [threading.Thread(target=reader, args=(seed,)) for seed in range(6)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    assert errors == []
+
+
+def test_a_block_known_to_fail_fails_every_file_located_or_not(tmp_path: Path) -> None:
+    from atlasfs.errors import AtlasFormatError
+    dataset = _write(tmp_path / "ds", _examples(6), 2, shard_size=24)
+    _index(dataset, tmp_path / "tables")
+    tree = _tree(dataset, tmp_path / "tables")
+    shard = tree.shards[0]
+
+    def broken(block: int) -> Any:
+        raise AtlasFormatError(f"{shard.data_path} block {block}: damaged")
+
+    shard.decode_block = broken  # type: ignore[method-assign]
+    table = tree.table(0)
+    in_block_0 = [f"/{shard.name}/{table.row(i).path}" for i in range(len(table)) if table.block.item(i) == 0]
+    tree.locate = False
+    with pytest.raises(OSError):  # decoded, it fails: the block is known to fail from now on
+        tree.read(tree.lookup(in_block_0[0]), 0, 10)
+    tree.locate = True
+    for path in in_block_0:
+        _cold(tree, 0)
+        with pytest.raises(OSError):
+            tree.read(tree.lookup(path), 0, 1 << 20)
+    assert tree.located_reads == 0
