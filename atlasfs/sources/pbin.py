@@ -36,7 +36,6 @@ import functools
 import io
 import json
 import os
-import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,6 +43,7 @@ import numpy as np
 
 from .. import safepickle
 from ..errors import AtlasFormatError
+from ..storage import LOCAL
 from ..naming import NO_KEY, index_key_width
 from .source import Source, SourceShard
 
@@ -126,7 +126,7 @@ def _check(pairs: list[tuple[int, int]], data_bytes: int, width: int) -> tuple[n
 class PbinFile:
     """One ``.pbin`` file: its header, its documents' places, and reads of their tokens.
 
-    Thread-safe: reads are positioned (``os.pread``). ``starts`` and ``lengths`` hold
+    Thread-safe: reads are positioned (``pread``). ``starts`` and ``lengths`` hold
     every document's place (0, 0 for a bad one); ``problems`` says, by document number,
     why a bad one cannot be read (one line naming the file and document).
     """
@@ -149,8 +149,6 @@ class PbinFile:
         self.dtype = _WIDTHS[width]
         self.starts, self.lengths, problems = _check(pairs, self.data_bytes, width)
         self.problems = {n: f"{path} document {n}: {p}" for n, p in problems.items()}
-        self._fd: int | None = None
-        self._fd_lock = threading.Lock()
 
     def _read_index(self, head: bytes, trust: bool) -> tuple[list[tuple[int, int]], int, int]:
         """``(pairs, header bytes, token width)``: the 12-byte form if its index parses, else the 8-byte one."""
@@ -193,34 +191,23 @@ class PbinFile:
     def __len__(self) -> int:
         return len(self.starts)
 
-    def _descriptor(self) -> int:
-        with self._fd_lock:
-            if self._fd is None:
-                try:
-                    self._fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-                except OSError as exc:
-                    raise PbinError(f"{self.path}: cannot open ({exc.strerror})") from None
-            return self._fd
-
     def read_tokens(self, first: int, count: int) -> list[np.ndarray | PbinError]:
         """The tokens of documents ``first`` to ``first + count`` (one read for all), each a
         1-D array, or the error of a document that cannot be read."""
-        return _read_documents(self.path, self._descriptor, self.header_bytes, self.dtype,
+        return _read_documents(self.path, self.header_bytes, self.dtype,
                                self.starts, self.lengths, self.problems, first, count)
 
     def close(self) -> None:
-        """Close the file descriptor (reopened on the next read)."""
-        with self._fd_lock:
-            if self._fd is not None:
-                os.close(self._fd)
-                self._fd = None
+        """Close the file's descriptor (reopened on the next read)."""
+        LOCAL.close_file(self.path)
 
 
-def _read_documents(path: str, descriptor: Any, header_bytes: int, dtype: np.dtype, starts: np.ndarray,
+def _read_documents(path: str, header_bytes: int, dtype: np.dtype, starts: np.ndarray,
                     lengths: np.ndarray, problems: dict[int, str], first: int,
                     count: int) -> list[np.ndarray | PbinError]:
     """Documents ``first`` to ``first + count`` of a file, read in one ``pread`` spanning the good
-    ones: each a read-only 1-D array over that read's bytes, or the error of a bad one."""
+    ones (on a descriptor kept per file, :data:`atlasfs.storage.LOCAL`): each a read-only 1-D
+    array over that read's bytes, or the error of a bad one."""
     last = min(first + count, len(starts))
     numbers = range(first, last)
     good = [n for n in numbers if n not in problems]
@@ -230,7 +217,7 @@ def _read_documents(path: str, descriptor: Any, header_bytes: int, dtype: np.dty
     hi = int(max(starts[n] + lengths[n] for n in good))
     offset = header_bytes + lo
     try:
-        raw = os.pread(descriptor(), hi - lo, offset)
+        raw = LOCAL.pread(path, offset, hi - lo)
     except OSError as exc:
         raise PbinError(f"{path}: read of documents {first}..{last - 1} failed ({exc.strerror})") from None
     if len(raw) != hi - lo:
@@ -293,8 +280,6 @@ class PbinShard(SourceShard):
         self._starts = np.zeros(0, dtype=np.int64)
         self._lengths = np.zeros(0, dtype=np.int64)
         self._problems: dict[int, str] = {}
-        self._fd: int | None = None
-        self._fd_lock = threading.Lock()
 
     # -- the pass over the file
 
@@ -364,21 +349,12 @@ class PbinShard(SourceShard):
         first = block * self.block_size
         return int(self._lengths[first:first + self.block_size].sum())
 
-    def _descriptor(self) -> int:
-        with self._fd_lock:
-            if self._fd is None:
-                try:
-                    self._fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-                except OSError as exc:
-                    raise PbinError(f"{self.path}: cannot open ({exc.strerror})") from None
-            return self._fd
-
     def decode_block(self, block: int) -> tuple[list[Any], int]:
         """The block's documents as samples ``{"npy": tokens}`` (keyed by their index);
         :class:`PbinError` naming the file and document if one is bad."""
         first = block * self.block_size
         count = self.block_length(block)
-        arrays = _read_documents(self.path, self._descriptor, self._header_bytes, self._dtype, self._starts,
+        arrays = _read_documents(self.path, self._header_bytes, self._dtype, self._starts,
                                  self._lengths, self._problems, first, count)
         samples: list[Any] = []
         for array in arrays:
@@ -412,10 +388,7 @@ class PbinShard(SourceShard):
         return [self._problems[n] for n in sorted(self._problems)]
 
     def close(self) -> None:
-        with self._fd_lock:
-            if self._fd is not None:
-                os.close(self._fd)
-                self._fd = None
+        LOCAL.close_file(self.path)
 
 
 class PbinSource(Source):
