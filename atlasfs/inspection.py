@@ -136,20 +136,25 @@ def verify(root: str, *, trust_pickle: bool = False,
             report.warnings.append(
                 f"{os.path.join(root, 'meta.json')}: shard_sizes {list(dataset.meta.shard_sizes)} differ from the "
                 f"shards' stored_examples {sizes} (informational only; the shards' values are used)")
-        if on_total is not None:
-            on_total(sum(s.num_blocks for s in shards))
-        for shard in shards:
-            report.shards += 1
-            for b in range(shard.num_blocks):
-                try:
-                    examples, _ = shard.decode_block(b)
-                    report.examples += len(examples)
-                except AtlasFormatError as exc:
-                    report.problems.append(str(exc))
-                report.blocks += 1
-                if on_block is not None:
-                    on_block()
+        _decode_all(report, shards, on_total, on_block)
     return report
+
+
+def _decode_all(report: VerifyReport, shards: list[Any], on_total: Callable[[int], None] | None,
+                on_block: Callable[[], None] | None) -> None:
+    """Decode every block of ``shards`` into ``report``: what was checked and each failure."""
+    if on_total is not None:
+        on_total(sum(shard.num_blocks for shard in shards))
+    for shard in shards:
+        report.shards += 1
+        for b in range(shard.num_blocks):
+            try:
+                report.examples += len(shard.decode_block(b)[0])
+            except AtlasFormatError as exc:
+                report.problems.append(str(exc))
+            report.blocks += 1
+            if on_block is not None:
+                on_block()
 
 
 def _prepared(shard: SourceShard) -> SourceShard:
@@ -209,18 +214,7 @@ def verify_source(opener: Callable[[], Source], *, on_block: Callable[[], None] 
                 continue
             report.problems.extend(shard.problems())
         report.problems.extend(source.problems())
-        if on_total is not None:
-            on_total(sum(shard.num_blocks for shard in ready))
-        for shard in ready:
-            report.shards += 1
-            for b in range(shard.num_blocks):
-                try:
-                    report.examples += len(shard.decode_block(b)[0])
-                except AtlasFormatError as exc:
-                    report.problems.append(str(exc))
-                report.blocks += 1
-                if on_block is not None:
-                    on_block()
+        _decode_all(report, ready, on_total, on_block)
     return report
 
 
