@@ -320,6 +320,7 @@ class FuseAdapter:
             return 0
         if offset < 2 and filler(buf, b"..", ref, 2, 0):
             return 0
+        filled = None  # (is_dir, mtime) of the entry st holds in full: the next such one sets 3 fields
         for i in range(max(offset - 2, 0), len(children)):
             entry = None
             if plus:
@@ -333,9 +334,18 @@ class FuseAdapter:
                 st.st_mode = DIR_MODE if is_dir else FILE_MODE
                 st.st_ino = ino
                 fill_flags = 0
+                filled = None
             else:
                 name = children[i][0]
-                self._fill(st, entry)
+                # The files of a folder share all but inode number and size: a fifth of a big
+                # folder's listing went to setting the same ctypes fields again.
+                if filled is not None and filled[0] == entry.is_dir and filled[1] == entry.mtime:
+                    st.st_ino = entry.ino
+                    st.st_size = entry.size
+                    st.st_blocks = -(-entry.size // 512)
+                else:
+                    self._fill(st, entry)
+                    filled = (entry.is_dir, entry.mtime)
                 fill_flags = FUSE_FILL_DIR_PLUS
             if filler(buf, name.encode("utf-8"), ref, i + 3, fill_flags):
                 return 0
