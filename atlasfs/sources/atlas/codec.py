@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import zstandard
@@ -178,12 +178,17 @@ class BlockCodec:
                 chunks.append(chunk)
         return b"".join(chunks)
 
-    def decode(self, raw: bytes, expected_len: int, where: str) -> tuple[list[Any], int]:
-        """Decode a block to its examples; returns ``(examples, decompressed size)``."""
+    def decode(self, raw: bytes, expected_len: int, where: str,
+               keep: Callable[[bytes], None] | None = None) -> tuple[list[Any], int]:
+        """Decode a block to its examples; returns ``(examples, decompressed size)``. ``keep``,
+        if given, is handed the decompressed pickle of a block that decoded well (the file
+        table's build searches it next: spans.py)."""
         payload = self.decompress(raw, where)
         examples = safepickle.loads(payload, trust=self.trust_pickle, where=where)
         if type(examples) is not list:
             raise AtlasFormatError(f"{where}: block is a {type(examples).__name__}, not a list of examples")
         if len(examples) != expected_len:
             raise AtlasFormatError(f"{where}: block holds {len(examples)} examples, expected {expected_len}")
+        if keep is not None:
+            keep(payload)
         return examples, len(payload)

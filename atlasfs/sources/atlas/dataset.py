@@ -333,7 +333,8 @@ class Shard(LocatedReads, SourceShard):  # LocatedReads: files read without thei
     def decode_block(self, block: int) -> tuple[list[Any], int]:
         """Read and decode ``block``, bypassing the cache: ``(examples, decoded bytes)``."""
         raw = self.read_raw(block)
-        return self.codec.decode(raw, self.block_length(block), f"{self.data_path} block {block}")
+        return self.codec.decode(raw, self.block_length(block), f"{self.data_path} block {block}",
+                                 self.payload_keeper(block))  # LocatedReads: file_spans searches it next
 
     def block(self, block: int) -> list[Any]:
         """The examples of ``block``, through the dataset's block cache."""

@@ -280,32 +280,31 @@ def find_spans(payload: bytes, fields: Sequence[Sequence[tuple[str, Any]]]) -> l
 
 # ---------------------------------------------------------------- small files, inline
 
-#: Scalars whose encodings are always short (an int's digits, a float's repr).
-_SCALARS = frozenset((int, float, bool, type(None)))
-
-
 def _maybe_small(value: Any, budget: int = INLINE_MAX) -> bool:
     """Whether ``value`` may encode in about ``budget`` bytes, judged without encoding it:
     a container of more scalars or longer strings than that cannot (each takes a byte
     at least). Saves encoding every big ``json`` list at table build only to drop it."""
     stack = [value]
+    pop, extend = stack.pop, stack.extend
     while stack:
-        item = stack.pop()
+        item = pop()
         kind = type(item)
-        if kind in _SCALARS or isinstance(item, np.generic):
-            budget -= 1
-        elif kind is str or kind is bytes:
+        if kind is str or kind is bytes:
             budget -= len(item) + 1
         elif kind is dict:
             budget -= 2 * len(item) + 1
-            stack.extend(item.keys())
-            stack.extend(item.values())
+            if budget < 0:
+                return False
+            extend(item.keys())
+            extend(item.values())
         elif kind is list or kind is tuple:
             budget -= len(item) + 1
-            stack.extend(item)
+            if budget < 0:
+                return False
+            extend(item)
         elif kind is np.ndarray:
             budget -= item.nbytes + 100  # its .npy header alone is ~128 bytes
-        else:
+        else:  # a scalar (an int's digits, a float's repr: short) or anything else
             budget -= 1
         if budget < 0:
             return False
@@ -588,13 +587,44 @@ class LocatedReads:
     ``read_raw``, ``read_range``, ``check_unchanged``, ``index``, ``codec`` and
     ``block_where``."""
 
-    def file_spans(self, block: int, fields: list[list[tuple[str, Any]]]) -> list[list[Locator | None]] | None:
-        """The block's stored bytes are read and decompressed again (the tree has only
-        the unpickled examples) and searched; nothing is unpickled."""
+    def _payload_key(self, block: int) -> tuple[Any, ...]:
         shard: Any = self
-        raw = shard.read_raw(block)
-        payload = shard.codec.decompress(raw, shard.block_where(block))
-        return file_locators(payload, fields, block_fingerprint(raw, shard.codec.strategy))
+        return (shard.data_path, shard.index_path, block, int(shard.index[block]), int(shard.index[block + 1]))
+
+    def payload_keeper(self, block: int) -> Callable[[bytes], None] | None:
+        """What keeps a compressed block's decompressed pickle once decoded (in
+        :data:`PAYLOADS`): :meth:`file_spans`, which the tree asks next when it builds a
+        table, then searches it without decompressing the block again."""
+        shard: Any = self
+        if shard.codec.strategy == CompressionStrategy.NO_COMPRESSION:
+            return None  # its stored bytes are its pickle: read again in place
+        return functools.partial(PAYLOADS.put, self._payload_key(block))
+
+    def file_spans(self, block: int, fields: list[list[tuple[str, Any]]]) -> list[list[Locator | None]] | None:
+        """The block's decompressed pickle (kept by its decode, or read and decompressed
+        again) is searched; nothing is unpickled."""
+        shard: Any = self
+        where = shard.block_where(block)
+        codec = shard.codec
+        if codec.strategy == CompressionStrategy.NO_COMPRESSION:
+            raw = shard.read_raw(block)
+            return file_locators(raw, fields, block_fingerprint(raw, codec.strategy))
+        shard.check_unchanged()
+        length = int(shard.index[block + 1]) - int(shard.index[block])
+        head = shard.read_range(block, 0, 18)
+        content_size = codec.check_header(head, where)
+        payload = PAYLOADS.get(self._payload_key(block))
+        raw = None
+        if payload is None or len(payload) != content_size:  # not kept whole: decompressed again
+            raw = shard.read_raw(block)
+            payload = codec.decompress(raw, where)
+        if zstandard.get_frame_parameters(head).has_checksum and length >= 4:
+            fingerprint: int | None = int.from_bytes(shard.read_range(block, length - 4, 4), "little")
+        elif length <= FINGERPRINT_READ_MAX:
+            fingerprint = _crc32(raw if raw is not None else shard.read_raw(block))
+        else:
+            fingerprint = None
+        return file_locators(payload, fields, fingerprint)
 
     def read_span(self, block: int, locator: Locator, size: int) -> bytes:
         """A pread of the run (strategy 0), the frame decompressed up to the run's end
