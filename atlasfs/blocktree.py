@@ -96,6 +96,8 @@ DECODERS = 2
 #: The freed memory is given back to the system once blocks costing half the cache bound,
 #: and at least this much, have been evicted since the last time (and at most twice a second).
 TRIM_AFTER_MIN = 4 << 20
+#: Problems of a shard's pass over its files logged one by one (a file of bad lines would flood the log).
+LOGGED_PROBLEMS = 10
 #: Suffix of the entries standing for examples of a block that cannot be decoded.
 UNREADABLE_SUFFIX = "unreadable"
 #: Bytes of recently located files kept for the read requests that follow the first (a
@@ -954,8 +956,12 @@ class BlockTree(Tree):
                 raise self._fail(s, -1, str(exc)) from None
             except Exception as exc:  # a source's bug or an unforeseen file still only fails its folder
                 raise self._fail(s, -1, f"{shard.path}: cannot be read ({exc!r})") from None
-            for problem in shard.problems():
+            problems = shard.problems()
+            for problem in problems[:LOGGED_PROBLEMS]:
                 log.warning("%s", problem)
+            if len(problems) > LOGGED_PROBLEMS:
+                log.warning("%s: %d more problems (atlasfs verify lists them all)", shard.path,
+                            len(problems) - LOGGED_PROBLEMS)
             table, complete = self._build_table(s)
             table.state = state
             if not complete:  # a table with unreadable blocks is rebuilt next time

@@ -228,3 +228,14 @@ def test_a_failing_pass_fails_its_folder_alone_and_a_bad_block_its_files_alone(n
     assert caught.value.errno == errno.EIO
     assert tree.read(tree.lookup("/b/k2.txt"), 0, 10) == b"two"
     assert _tree_names(tree, "/cc/de/part-1") == ["p.txt"]
+
+
+def test_a_pass_s_problems_are_logged_ten_at_most_then_counted(
+        nested: Path, caplog: pytest.LogCaptureFixture) -> None:
+    source = LinesSource(nested, ["a.txt"])
+    source.shards[0].problems = lambda: [f"a.txt line {n}: not a sample" for n in range(25)]  # type: ignore
+    with caplog.at_level(logging.WARNING, logger="atlasfs"):
+        BlockTree(source).names("/a")
+    messages = [r.getMessage() for r in caplog.records]
+    assert [m for m in messages if "not a sample" in m] == [f"a.txt line {n}: not a sample" for n in range(10)]
+    assert any(m.endswith("15 more problems (atlasfs verify lists them all)") for m in messages)
