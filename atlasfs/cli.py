@@ -16,7 +16,7 @@ from .sizes import format_size, parse_size
 from .sources.atlas.dataset import AtlasDataset
 from .sources.factory import FORMATS, SourceOptions, detect, open_source
 from .sources.source import Source
-from .storage import StorageOptions, is_url, redact, set_default_options
+from .storage import StorageOptions, set_default_options
 
 log = logging.getLogger("atlasfs")
 
@@ -174,24 +174,25 @@ def cmd_export(args: argparse.Namespace) -> int:
 def cmd_index(args: argparse.Namespace) -> int:
     from .blocktree import BlockTree
     from .tablestore import TableStore
-    if is_url(args.dataset) and args.index_dir is None:
-        raise UsageError(f"{redact(args.dataset)}: atlasfs does not write file tables into a bucket yet; "
-                         "build them into a local folder with --index-dir DIR and mount with --index-dir DIR")
     with _source(args) as dataset:
-        store = TableStore(dataset.root, index_dir=args.index_dir, beside=True)
-        try:
-            os.makedirs(store.save_folder, exist_ok=True)
-        except OSError as exc:
-            raise UsageError(f"{store.save_folder}: cannot create it ({exc.strerror}); "
-                             "choose a writable folder with --index-dir DIR") from None
-        if not os.access(store.save_folder, os.W_OK):
-            raise UsageError(f"{store.save_folder}: not writable; choose a writable folder with --index-dir DIR")
+        store = TableStore(dataset.root, index_dir=args.index_dir, beside=True, storage=dataset.storage)
+        if args.index_dir is not None or not dataset.storage.remote:  # a bucket says so at the first write
+            try:
+                os.makedirs(store.save_folder, exist_ok=True)
+            except OSError as exc:
+                raise UsageError(f"{store.save_folder}: cannot create it ({exc.strerror}); "
+                                 "choose a writable folder with --index-dir DIR") from None
+            if not os.access(store.save_folder, os.W_OK):
+                raise UsageError(f"{store.save_folder}: not writable; choose a writable folder with --index-dir DIR")
         tree = BlockTree(dataset, cache_bytes=0, store=store)
         progress = Progress("index", len(dataset.shards), "shards")
         for s in range(len(dataset.shards)):
             tree.table(s, sizes=True)
             progress.advance()
         progress.close()
+        if store.failures:
+            raise UsageError(f"{store.save_folder}: {store.failures} of {len(dataset.shards)} file tables "
+                             "could not be stored (see above)")
         print(f"file tables of {len(dataset.shards)} shards are up to date in {store.save_folder}")
     return 0
 

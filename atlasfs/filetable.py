@@ -313,29 +313,29 @@ class FileTable:
 
     # -- storage
 
-    def save(self, path: str, key: dict[str, Any]) -> None:
-        """Write the table to ``path`` atomically, tagged with ``key`` (what it was built from)."""
+    def to_bytes(self, key: dict[str, Any]) -> bytes:
+        """The table as stored, tagged with ``key`` (what it was built from)."""
         fields: dict[str, Any] = {"key": key, "entries": len(self), "names": len(self._names),
                                   "state": len(self.state)}
         locators = self.locators
         if locators is not None:
             fields["locators"] = {"prefixes": [len(p) for p in locators.prefixes], "inline": len(locators.inline)}
         header = json.dumps(fields).encode()
-        folder = os.path.dirname(path)
-        fd, tmp = tempfile.mkstemp(prefix=".table-", dir=folder)
+        parts = [_MAGIC + len(header).to_bytes(4, "little") + header, self._offsets.tobytes()]
+        parts += [getattr(self, name).astype(dtype, copy=False).tobytes() for name, dtype in _COLUMNS]
+        parts += [self._names, self.state]
+        if locators is not None:
+            parts += [getattr(locators, column).astype(dtype, copy=False).tobytes()
+                      for column, dtype in _LOCATOR_COLUMNS]
+            parts += [b"".join(locators.prefixes), locators.inline]
+        return b"".join(parts)
+
+    def save(self, path: str, key: dict[str, Any]) -> None:
+        """Write the table to the local file ``path`` atomically (:meth:`to_bytes`)."""
+        fd, tmp = tempfile.mkstemp(prefix=".table-", dir=os.path.dirname(path))
         try:
             with os.fdopen(fd, "wb") as f:
-                f.write(_MAGIC + len(header).to_bytes(4, "little") + header)
-                f.write(self._offsets.tobytes())
-                for name, dtype in _COLUMNS:
-                    f.write(getattr(self, name).astype(dtype, copy=False).tobytes())
-                f.write(self._names)
-                f.write(self.state)
-                if locators is not None:
-                    for column, dtype in _LOCATOR_COLUMNS:
-                        f.write(getattr(locators, column).astype(dtype, copy=False).tobytes())
-                    f.write(b"".join(locators.prefixes))
-                    f.write(locators.inline)
+                f.write(self.to_bytes(key))
             os.replace(tmp, path)
         except BaseException:
             if os.path.exists(tmp):
@@ -344,11 +344,8 @@ class FileTable:
 
     @classmethod
     def load(cls, path: str, key: dict[str, Any], limits: "Limits | LimitsOf") -> "FileTable | None":
-        """The table stored at ``path``, or None if there is no such file; raises
-        :class:`TableError` saying why if it was not built from ``key`` or is not well formed.
-
-        ``limits`` may be a function of the stored state that returns them (it takes the
-        state back into the shard's source first, raising ``ValueError`` if it does not fit)."""
+        """The table stored in the local file ``path``, or None if there is no such file
+        (:meth:`from_bytes`)."""
         try:
             with open(path, "rb") as f:
                 data = f.read()
@@ -356,6 +353,15 @@ class FileTable:
             return None
         except OSError as exc:
             raise TableError(f"cannot be read ({exc.strerror})") from None
+        return cls.from_bytes(data, key, limits)
+
+    @classmethod
+    def from_bytes(cls, data: bytes, key: dict[str, Any], limits: "Limits | LimitsOf") -> "FileTable":
+        """The table ``data`` holds; raises :class:`TableError` saying why if it was not built
+        from ``key`` or is not well formed.
+
+        ``limits`` may be a function of the stored state that returns them (it takes the
+        state back into the shard's source first, raising ``ValueError`` if it does not fit)."""
         try:
             return cls._parse(data, key, limits)
         except (ValueError, KeyError, TypeError, UnicodeDecodeError) as exc:

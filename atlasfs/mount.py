@@ -335,7 +335,7 @@ def open_tree(dataset_path: str, options: MountOptions) -> Tree:
         source = open_source(dataset_path, options.format, options.source_options())
     except AtlasFormatError as exc:
         raise MountError(str(exc)) from None
-    store = TableStore(dataset_path, index_dir=options.index_dir)
+    store = TableStore(source.root, index_dir=options.index_dir, storage=source.storage)
     tree = BlockTree(source, cache_bytes=options.cache_bytes, store=store)
     if options.view == "files":
         return tree

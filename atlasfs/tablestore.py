@@ -7,7 +7,8 @@ shared read-only by many users); and the user's cache,
 ``$XDG_CACHE_HOME/atlasfs/tables/<dataset id>/`` (default ``~/.cache``), where
 the dataset id is a hash of the dataset's resolved path. It saves new tables
 to ``--index-dir`` if given, else to the user's cache; ``atlasfs index`` saves
-beside the dataset instead.
+beside the dataset instead (for a dataset in a bucket, through its store: the
+only writes atlasfs ever makes to a bucket).
 
 A table is used only if it was built from exactly the same shard files
 (sizes and mtimes) and naming rules; a stale, foreign or corrupt one is
@@ -30,7 +31,7 @@ from typing import Any
 
 from .filetable import FileTable, Limits, LimitsOf, TableError
 from .sizes import parse_size
-from .storage import is_url, redact
+from .storage import LOCAL, Storage, is_url, redact
 
 log = logging.getLogger("atlasfs")
 #: The folder ``atlasfs index`` writes inside a dataset (hidden, so never taken for a shard).
@@ -84,56 +85,77 @@ class TableStore:
     (``atlasfs index``).
     """
 
-    def __init__(self, dataset_root: str, index_dir: str | None = None, beside: bool = False) -> None:
+    def __init__(self, dataset_root: str, index_dir: str | None = None, beside: bool = False,
+                 storage: Storage = LOCAL) -> None:
         self.dataset_root = _dataset_id(dataset_root)
         self.cache_folder = cache_folder(dataset_root)
-        # A dataset that is one file (a .pbin) keeps its tables in the folder holding it.
-        holder = self.dataset_root if os.path.isdir(self.dataset_root) else os.path.dirname(self.dataset_root)
-        beside_folder: str | None = os.path.join(holder, BESIDE_DATASET)
-        if is_url(dataset_root):
-            # A bucket is never written by a mount, and tables are not read from it either
-            # (yet): the local cache or --index-dir hold them (docs/storage.md).
-            beside_folder = None
-            beside = False
+        if storage.remote:
+            # A bucket: tables beside the dataset are read and written through its store
+            # (written only by `atlasfs index`); the cache and --index-dir are local.
+            beside_folder = f"{dataset_root.rstrip('/')}/{BESIDE_DATASET}"
+        else:
+            # A dataset that is one file (a .pbin) keeps its tables in the folder holding it.
+            holder = self.dataset_root if os.path.isdir(self.dataset_root) else os.path.dirname(self.dataset_root)
+            beside_folder = os.path.join(holder, BESIDE_DATASET)
+        self._beside = beside_folder
+        self._storage = storage
         if index_dir is not None:
             self.save_folder = os.path.abspath(index_dir)
         else:
             self.save_folder = beside_folder if beside else self.cache_folder
         self.folders = list(dict.fromkeys(
             [f for f in (index_dir and self.save_folder, beside_folder, self.cache_folder) if f]))
+        if beside:  # `atlasfs index`: a table found elsewhere (the cache) would not be stored where asked
+            self.folders = [self.save_folder]
         self._cache_bytes: int | None = None  # the cache's size as last counted, kept up to date by saves
+        #: Tables that could not be stored (each logged).
+        self.failures = 0
+
+    def _store_of(self, folder: str) -> Storage:
+        """Local folders are read with the OS; the folder beside a dataset in a bucket, through its store."""
+        return self._storage if folder == self._beside else LOCAL
+
+    def _path(self, folder: str, shard: str) -> str:
+        name = table_file_name(shard)
+        return f"{folder}/{name}" if self._store_of(folder).remote else os.path.join(folder, name)
 
     def load(self, shard: str, key: dict[str, Any], limits: Limits | LimitsOf) -> FileTable | None:
         """The stored table of ``shard`` built from ``key``, from the first place holding a valid one
-        (``limits``: see :meth:`FileTable.load`)."""
+        (``limits``: see :meth:`FileTable.from_bytes`)."""
         for folder in self.folders:
-            path = os.path.join(folder, table_file_name(shard))
+            path = self._path(folder, shard)
+            store = self._store_of(folder)
             try:
-                table = FileTable.load(path, key, limits)
-            except TableError as exc:
-                log.info("ignoring the stored file table %s: it %s; building it again", path, exc)
+                if not store.isfile(path):
+                    continue
+                table = FileTable.from_bytes(store.read(path), key, limits)
+            except (TableError, OSError) as exc:
+                why = str(exc) if isinstance(exc, TableError) else f"cannot be read ({exc.strerror or exc})"
+                log.info("ignoring the stored file table %s: it %s; building it again", store.describe(path), why)
                 continue
-            if table is not None:
-                if folder == self.cache_folder:
-                    _touch(path)  # eviction goes by last use
-                return table
+            if folder == self.cache_folder:
+                _touch(path)  # eviction goes by last use
+            return table
         return None
 
     def save(self, shard: str, key: dict[str, Any], table: FileTable) -> str | None:
         """Store ``table``; returns where, or None if it could not be written (logged)."""
         folder = self.save_folder
-        path = os.path.join(folder, table_file_name(shard))
+        path = self._path(folder, shard)
+        store = self._store_of(folder)
         try:
-            os.makedirs(folder, exist_ok=True)
             if folder == self.cache_folder:
+                os.makedirs(folder, exist_ok=True)
                 _write_source(folder, self.dataset_root)
-            table.save(path, key)
+            store.write(path, table.to_bytes(key))
         except OSError as exc:
-            log.warning("cannot store the file table of shard %s in %s: %s", shard, folder, exc.strerror or exc)
+            log.warning("cannot store the file table of shard %s in %s: %s", shard, store.describe(folder),
+                        exc.strerror or exc)
+            self.failures += 1
             return None
         if folder == self.cache_folder:
             self._keep_cache_bound(path)
-        return path
+        return store.describe(path)
 
     def _keep_cache_bound(self, just_saved: str) -> None:
         size = os.path.getsize(just_saved)

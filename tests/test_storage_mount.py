@@ -132,3 +132,34 @@ def test_a_second_mount_with_the_disk_cache_gets_nothing_but_the_listing(server:
     assert first == second and first_gets > 1
     assert second_gets == 1, "only the listing: meta.json, index.npy, dictionary and blocks from the disk cache"
     assert 0 < sum(f.stat().st_size for f in cache.rglob("*") if f.is_file()) <= 64 << 20
+
+
+def test_index_stores_tables_in_the_bucket_and_a_mount_lists_from_them(server: S3Server, tmp_path: Path):
+    url = f"s3://{BUCKET}/indexed"
+    local = upload_copy(server, REFERENCE / "s2_twelve_shards" / "dataset", url)
+    before = server.keys(url)
+    result = atlasfs("index", url, "--endpoint-url", server.endpoint,
+                     env={**os.environ, "XDG_CACHE_HOME": str(tmp_path / "index-cache")})
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().endswith(f"up to date in {url}/.atlasfs-tables")
+    added = {key for key in server.keys(url) if key not in before}
+    shards = sorted(n for n in os.listdir(local) if n.isdigit())
+    assert added == {f"{BUCKET}/indexed/.atlasfs-tables/{shard}.table" for shard in shards}, added
+    indexed = server.keys(url)
+    assert not (tmp_path / "index-cache").exists() or not list((tmp_path / "index-cache").rglob("*.table"))
+
+    # A fresh user: the mount finds the bucket's tables, so it stores none of its own and
+    # fetches no block to list: the listing, the root meta, and per shard its meta, index and table.
+    cache = tmp_path / "mount-cache"
+    export = tmp_path / "export"
+    assert atlasfs("export", str(local), str(export)).returncode == 0
+    with Forwarder(server.port) as fw, mounted(url, "--endpoint-url", fw.endpoint,
+                                               env={"XDG_CACHE_HOME": str(cache)}) as mnt:
+        for shard in shards:
+            listed = sorted(str(p.relative_to(mnt / shard)) for p in (mnt / shard).rglob("*") if p.is_file())
+            assert listed == sorted(_tar_members(export / f"{shard}.tar")), shard
+        assert fw.gets <= 2 + 3 * len(shards), f"{fw.gets} GETs: blocks were fetched to list"
+        some = sorted(_tar_members(export / "04.tar"))[0]
+        assert (mnt / "04" / some).read_bytes() == _tar_members(export / "04.tar")[some]
+    assert not list(cache.rglob("*.table")), "the mount used the bucket's tables"
+    assert server.keys(url) == indexed, "the mount wrote nothing into the bucket"

@@ -37,6 +37,7 @@ from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 from ..errors import AtlasFormatError
+from ..storage import LOCAL, Storage
 
 
 class SpanMismatch(AtlasFormatError):
@@ -208,11 +209,15 @@ class Source(ABC):
         root: the dataset's folder or file.
         shards: its shards in sample order. Names are unique; a name that is also a
             folder of others' names (``a`` beside ``a/b``) is left out by the tree.
+        storage: where its files are read from.
     """
 
     kind: str
     root: str
     shards: Sequence[SourceShard]
+    #: Where its files are read from: the local disk, or an object store (docs/storage.md).
+    #: Tables ``atlasfs index`` stores beside the dataset go through it too.
+    storage: Storage = LOCAL
 
     @property
     def mtime(self) -> float:

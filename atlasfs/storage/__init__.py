@@ -21,6 +21,7 @@ from __future__ import annotations
 import errno
 import os
 import re
+import tempfile
 import urllib.parse
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
@@ -157,6 +158,11 @@ class Storage(ABC):
         coalesces neighbouring ranges into fewer requests."""
         return [self.pread(path, offset, size) for offset, size in ranges]
 
+    def write(self, path: str, data: bytes) -> None:
+        """Store ``data`` as the file ``path``, whole or not at all. Only ``atlasfs index``
+        writes, and only file tables beside a dataset; mounts never do."""
+        raise PermissionError(errno.EROFS, f"{self.describe(path)}: the store is read-only")
+
     def close_file(self, path: str) -> None:
         """Forget what is kept open or buffered for ``path`` (reopened on the next read)."""
 
@@ -210,6 +216,19 @@ class LocalStorage(Storage):
 
     def pread(self, path: str, offset: int, size: int) -> bytes:
         return os.pread(self._descriptor(path), size, offset)
+
+    def write(self, path: str, data: bytes) -> None:
+        folder = os.path.dirname(path)
+        os.makedirs(folder, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".write-", dir=folder)  # renamed into place: whole or nothing
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            os.replace(tmp, path)
+        except BaseException:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+            raise
 
     def close_file(self, path: str) -> None:
         with self._lock:

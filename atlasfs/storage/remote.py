@@ -657,6 +657,20 @@ class RemoteStorage(Storage):
             parts.append(data[max(offset, base) - base:min(end, base + size) - base])
         return parts[0] if len(parts) == 1 else b"".join(parts)
 
+    def write(self, path: str, data: bytes) -> None:
+        """One PUT (an object store replaces an object whole); the listing is taken again
+        on the next look, so that it shows the new object."""
+        rel = self._rel(path)
+        fs = self._fs()
+        fs_path = self._fs_path(rel)
+
+        async def put() -> None:
+            await fs._pipe_file(fs_path, data)
+
+        self._run(put, self._display(rel))
+        with self._list_lock:
+            self._listed = False
+
     def close_file(self, path: str) -> None:
         try:
             rel = self._rel(path)
