@@ -76,6 +76,15 @@ def test_index_tables_beside_the_dataset_and_index_dirs_are_read(tmp_path: Path,
     assert _listing_and_decodes(other, TableStore(str(other), index_dir=str(index)))[1] == 0
 
 
+def test_index_after_a_mount_stores_beside_the_dataset_although_the_cache_holds_the_tables(
+        tmp_path: Path, cache: Path) -> None:
+    dataset = _dataset(tmp_path / "ds")
+    _listing_and_decodes(dataset, TableStore(str(dataset)))  # a mount filled the user's cache
+    result = atlasfs("index", str(dataset), env={**os.environ, "XDG_CACHE_HOME": str(cache.parent.parent)})
+    assert result.returncode == 0, result.stderr
+    assert sorted(p.name for p in (dataset / BESIDE_DATASET).iterdir()) == ["0.table", "1.table", "2.table"]
+
+
 def test_the_cache_is_bounded_least_recently_used_first(tmp_path: Path, cache: Path,
                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     first = _dataset(tmp_path / "a")
