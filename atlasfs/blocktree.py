@@ -506,7 +506,7 @@ class BlockTree(Tree):
         if kind == UNREADABLE:
             raise _eio(self._failure(s, table.block.item(i)))
         if kind == FILE:
-            if table.size.item(i) == UNKNOWN_SIZE:
+            if table.size.item(i) == UNKNOWN_SIZE and not self._size_located(s, table, i):
                 self._fill_sizes(s, table, [i])
             entry = _new_entry((False, table.size.item(i), self._shard_entries[s].mtime, _shard_ino(s) + 1 + i,
                                 _new_ref((s, table.block.item(i), table.pos.item(i), table.file.item(i)))))
@@ -901,6 +901,28 @@ class BlockTree(Tree):
         for block in blocks:
             self._size_block(s, table, block)
 
+    def _size_located(self, s: int, table: FileTable, i: int) -> bool:
+        """Fill in the size of table row ``i`` from its locator, without decoding its block;
+        False if it has none. (The locator's size was checked against the file's encoding
+        when the table was built; a stored one that lies fails its read's check.)"""
+        locator = table.locator(i)
+        if locator is None:
+            return False
+        with self._table_locks[s]:
+            unsized = self._unsized.get(s)
+            if table.size.item(i) != UNKNOWN_SIZE:
+                return True
+            table.size[i] = locator.size
+            if unsized is None:
+                return True
+            unsized.left -= 1
+            if unsized.left:
+                return True
+            del self._unsized[s]
+        if unsized.key is not None:
+            self._store(s, unsized.key, table)
+        return True
+
     def _size_block(self, s: int, table: FileTable, block: int) -> None:
         unsized = self._unsized.get(s)
         if unsized is None:  # sized meanwhile by another thread
@@ -1021,11 +1043,12 @@ class BlockTree(Tree):
                 for j, (suffix, value) in enumerate(fields):
                     size = len(value) if type(value) is bytes else UNKNOWN_SIZE
                     locator = locators[j] if locators is not None else None
-                    if locator is not None:  # it knows the size of the file's bytes (checked by the source)
-                        if size == UNKNOWN_SIZE:
-                            size = locator.size
-                        elif size != locator.size:
-                            locator = None
+                    if locator is not None and size not in (UNKNOWN_SIZE, locator.size):
+                        locator = None
+                    # A locator knows its file's size, but the table learns it only at the file's
+                    # lookup (_size_located): a table whose sizes are all known hands out every
+                    # file's attributes with its listings, and the kernel and libfuse keep an
+                    # entry for each (~250 bytes a file, docs/performance.md "Memory").
                     rows.append((f"{key}.{suffix}", FILE, size, block, pos, j, locator))
         return FileTable.build(rows), complete
 

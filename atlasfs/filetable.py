@@ -57,7 +57,7 @@ _COLUMNS = (("kind", np.uint8), ("size", np.uint64), ("block", np.uint32), ("pos
 #: :class:`~atlasfs.sources.source.Locator` (or None).
 Rows = list[tuple[Any, ...]]
 #: (attribute of :class:`Locators`, stored dtype) of the optional locator columns, in file order.
-_LOCATOR_COLUMNS = (("offset", np.uint32), ("check", np.uint32), ("prefix", np.uint16))
+_LOCATOR_COLUMNS = (("offset", np.uint32), ("length", np.uint32), ("check", np.uint32), ("prefix", np.uint16))
 #: A row's locator offset when it has none.
 NO_LOCATOR = 0xFFFFFFFF
 #: A row's prefix number when its locator is inline (its offset is then in :attr:`Locators.inline`).
@@ -121,15 +121,20 @@ def _tree_order(rows: Rows) -> Rows:
 
 class Locators:
     """The locators of a table's rows as columns: ``offset`` (uint32, :data:`NO_LOCATOR`
-    for none; for an inline one, where its bytes start in ``inline``), ``check`` (uint32),
-    ``prefix`` (uint16: 0 none, else 1 + its index in ``prefixes``, or :data:`INLINE`).
-    A run's length is not stored: it is the file's size less its prefix."""
+    for none; for an inline one, where its bytes start in ``inline``), ``length`` (uint32:
+    the run's, or the inline file's), ``check`` (uint32), ``prefix`` (uint16: 0 none, else
+    1 + its index in ``prefixes``, or :data:`INLINE`). The length is stored although the
+    file's size often tells it: a table names files before it knows their sizes, and a
+    locator then gives a file's size at its lookup without decoding its block (a table
+    whose sizes are all known lists with attributes: the kernel, and libfuse, then keep
+    an entry for every file listed)."""
 
-    __slots__ = ("check", "inline", "offset", "prefix", "prefixes")
+    __slots__ = ("check", "inline", "length", "offset", "prefix", "prefixes")
 
-    def __init__(self, offset: np.ndarray, check: np.ndarray, prefix: np.ndarray, prefixes: list[bytes],
-                 inline: bytes) -> None:
+    def __init__(self, offset: np.ndarray, length: np.ndarray, check: np.ndarray, prefix: np.ndarray,
+                 prefixes: list[bytes], inline: bytes) -> None:
         self.offset = offset
+        self.length = length
         self.check = check
         self.prefix = prefix
         self.prefixes = prefixes
@@ -144,6 +149,7 @@ class Locators:
         if not any(loc is not None for loc in locators):
             return None
         offset = np.full(n, NO_LOCATOR, dtype=np.uint32)
+        length = np.zeros(n, dtype=np.uint32)
         check = np.zeros(n, dtype=np.uint32)
         prefix = np.zeros(n, dtype=np.uint16)
         numbers: dict[bytes, int] = {}
@@ -158,10 +164,11 @@ class Locators:
                 if loc.length or len(data) > INLINE_MAX or len(inline) + len(data) > inline_bound:
                     continue
                 offset[i] = len(inline)
+                length[i] = len(data)
                 prefix[i] = INLINE
                 inline += data
             else:
-                if not 0 <= loc.offset < NO_LOCATOR:
+                if not 0 <= loc.offset < NO_LOCATOR or not 0 <= loc.length < NO_LOCATOR:
                     continue
                 if loc.prefix:
                     number = numbers.get(loc.prefix)
@@ -172,38 +179,42 @@ class Locators:
                         number = numbers[loc.prefix] = len(numbers) + 1
                     prefix[i] = number
                 offset[i] = loc.offset
+                length[i] = loc.length
             check[i] = loc.check & 0xFFFFFFFF
-        return cls(offset, check, prefix, list(numbers), bytes(inline))
+        return cls(offset, length, check, prefix, list(numbers), bytes(inline))
 
     def nbytes(self) -> int:
         """Memory the columns and their bytes take."""
-        return (self.offset.nbytes + self.check.nbytes + self.prefix.nbytes + len(self.inline)
+        return (self.offset.nbytes + self.length.nbytes + self.check.nbytes + self.prefix.nbytes + len(self.inline)
                 + sum(map(len, self.prefixes)))
 
     def problem(self, kinds: np.ndarray, sizes: np.ndarray) -> str | None:
         """Why stored columns are unsafe to use (they come from an untrusted file), or None."""
         n = len(kinds)
-        if not len(self.offset) == len(self.check) == len(self.prefix) == n:
+        if not len(self.offset) == len(self.length) == len(self.check) == len(self.prefix) == n:
             return "locator columns of another length than the table"
         if len(self.prefixes) > MAX_PREFIXES or sum(map(len, self.prefixes)) > MAX_PREFIX_BYTES:
             return "too many locator prefixes"
         if len(self.inline) > INLINE_AVERAGE * n:
             return "more inline bytes than a table keeps"
         located = self.offset != NO_LOCATOR
-        if bool(np.any(located & (kinds != FILE))) or bool(np.any(located & (sizes == UNKNOWN_SIZE))):
-            return "a locator of an entry that is no file of known size"
-        if bool(np.any(~located & (self.prefix != 0))):
-            return "a locator prefix without a locator"
+        if bool(np.any(located & (kinds != FILE))):
+            return "a locator of an entry that is no file"
+        if bool(np.any(~located & ((self.prefix != 0) | (self.length != 0)))):
+            return "a locator prefix or length without a locator"
         inline = located & (self.prefix == INLINE)
         runs = located & ~inline
         if bool(np.any(self.prefix[runs] > len(self.prefixes))):
             return "a locator prefix out of range"
-        ends = self.offset[inline].astype(np.uint64) + sizes[inline]
-        if bool(np.any(sizes[inline] > INLINE_MAX)) or bool(np.any(ends > len(self.inline))):
+        ends = self.offset[inline].astype(np.uint64) + self.length[inline]
+        if bool(np.any(self.length[inline] > INLINE_MAX)) or bool(np.any(ends > len(self.inline))):
             return "an inline file outside the table's inline bytes"
-        lengths = np.array([0] + [len(p) for p in self.prefixes], dtype=np.uint64)
-        if bool(np.any(sizes[runs] < lengths[self.prefix[runs]])):
-            return "a file smaller than its locator's prefix"
+        prefix_lengths = np.array([0] + [len(p) for p in self.prefixes], dtype=np.uint64)
+        located_sizes = np.where(inline, self.length.astype(np.uint64),
+                                 prefix_lengths[np.where(runs, self.prefix, 0)] + self.length)
+        known = located & (sizes != UNKNOWN_SIZE)
+        if bool(np.any(located_sizes[known] != sizes[known])):
+            return "a locator of another size than its file"
         return None
 
 
@@ -232,7 +243,7 @@ class FileTable:
         """A table from ``(path, kind, size, block, pos, file[, locator])`` rows of files in
         example order (``size`` may be :data:`UNKNOWN_SIZE`); folders implied by paths are
         added. Paths must be unique (the naming layer guarantees it). A row's locator, if
-        any, must be of a file whose size is known and equal to the locator's."""
+        any, must be of a file whose size is unknown or the locator's."""
         ordered = _tree_order(rows)
         paths = [row[0].encode("utf-8") for row in ordered]
         lengths = np.fromiter(map(len, paths), dtype=np.uint64, count=len(paths))
@@ -244,7 +255,8 @@ class FileTable:
         table = cls(b"".join(paths), offsets, columns)
         if any(len(row) > 6 and row[6] is not None for row in rows):
             table.locators = Locators.build([
-                row[6] if len(row) > 6 and row[6] is not None and row[1] == FILE and row[2] == row[6].size else None
+                row[6] if len(row) > 6 and row[6] is not None and row[1] == FILE
+                and row[2] in (row[6].size, UNKNOWN_SIZE) else None
                 for row in ordered])
         return table
 
@@ -257,11 +269,10 @@ class FileTable:
         if offset == NO_LOCATOR:
             return None
         number = locators.prefix.item(i)
-        size = self.size.item(i)
+        length = locators.length.item(i)
         if number == INLINE:
-            return Locator(0, 0, locators.check.item(i), locators.inline[offset:offset + size], True)
-        prefix = locators.prefixes[number - 1] if number else b""
-        return Locator(offset, size - len(prefix), locators.check.item(i), prefix)
+            return Locator(0, 0, locators.check.item(i), locators.inline[offset:offset + length], True)
+        return Locator(offset, length, locators.check.item(i), locators.prefixes[number - 1] if number else b"")
 
     def _path(self, i: int) -> bytes:
         return self._names[int(self._offsets[i]):int(self._offsets[i + 1])]

@@ -64,8 +64,10 @@ FIXED_OVERHEAD = 100 * MiB
 #: What the daemon keeps per file of the shards it has looked into (docs/performance.md,
 #: "Memory"): the table's columns (31 bytes; 39 for a table loaded from the store, which
 #: keeps its names twice), the lookup index (12) and, while sizes are being learnt, the
-#: table's rows by block (4); plus the file's path, twice (:data:`PATH_COPIES`).
-TABLE_BYTES_PER_FILE = 64
+#: table's rows by block (4); plus the file's path, twice (:data:`PATH_COPIES`). Since issue
+#: #18 a table built from decoded blocks also keeps its files' locators: 14 bytes a file of
+#: columns and at most 64 a file of small files' bytes (atlasfs.filetable.INLINE_AVERAGE).
+TABLE_BYTES_PER_FILE = 64 + 14 + 64
 PATH_COPIES = 2
 #: How often the readers' phase samples the daemon's RSS.
 SAMPLE_SECONDS = 0.02

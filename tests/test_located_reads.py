@@ -193,7 +193,7 @@ def _stored_table(tmp_path: Path) -> tuple[Path, dict[str, Any], Limits, FileTab
 def _forged(table: FileTable, **changes: Any) -> FileTable:
     locators = table.locators
     assert locators is not None
-    columns = {name: getattr(locators, name).copy() for name in ("offset", "check", "prefix")}
+    columns = {name: getattr(locators, name).copy() for name in ("offset", "length", "check", "prefix")}
     fields = {"prefixes": list(locators.prefixes), "inline": locators.inline}
     for name, change in changes.items():
         if name in columns:
@@ -203,8 +203,8 @@ def _forged(table: FileTable, **changes: Any) -> FileTable:
     forged = FileTable(table._names, table._offsets, {name: getattr(table, name) for name in
                                                       ("kind", "size", "block", "pos", "file", "by_path")})
     forged.state = table.state
-    forged.locators = Locators(columns["offset"], columns["check"], columns["prefix"], fields["prefixes"],
-                               fields["inline"])
+    forged.locators = Locators(columns["offset"], columns["length"], columns["check"], columns["prefix"],
+                               fields["prefixes"], fields["inline"])
     return forged
 
 
@@ -234,6 +234,9 @@ def test_forged_locator_columns_are_refused(tmp_path: Path) -> None:
         dict(inline=lambda b: b + b"x" * (INLINE_AVERAGE * len(table))),
         "more inline bytes than the bound": dict(inline=lambda b: b + b"x" * (INLINE_AVERAGE * len(table))),
         "a prefix bigger than its file": dict(prefixes=lambda p: [b"\x93NUMPY" + b"h" * 10**5] + p[1:]),
+        "a run longer than its file": dict(length=lambda a: a.__setitem__(run_rows[0], a[run_rows[0]] + 1)),
+        "a length without a locator": dict(length=lambda a: a.__setitem__(unlocated[0], 5)) if len(unlocated) else
+        dict(length=lambda a: a.__setitem__(inline_rows[0], 10**6)),
     }
     assert table.locators.prefixes  # the .npy files' headers: the last forgery needs one
     for what, changes in forgeries.items():
@@ -345,3 +348,23 @@ def test_a_block_known_to_fail_fails_every_file_located_or_not(tmp_path: Path) -
         with pytest.raises(OSError):
             tree.read(tree.lookup(path), 0, 1 << 20)
     assert tree.located_reads == 0
+
+
+def test_a_table_not_yet_sized_sizes_located_files_at_lookup_without_decoding(tmp_path: Path) -> None:
+    """A first mount's table knows the sizes of raw bytes only (so that its listings hand
+    out no attributes it would have to size); a located file's lookup takes its size from
+    its locator, and its read decodes nothing."""
+    from atlasfs.filetable import UNKNOWN_SIZE
+    dataset = _write(tmp_path / "ds", _examples(7), 2, shard_size=24)
+    exported = _export(dataset, tmp_path / "export")
+    _tree(dataset, tmp_path / "tables").table(0)  # built by naming, and stored
+    tree = _tree(dataset, tmp_path / "tables")
+    assert bool(np.any(tree.table(0).size == UNKNOWN_SIZE))
+    names = list(exported["0"].items())
+    random.Random(2).shuffle(names)
+    for name, data in names:
+        _cold(tree, 0)
+        entry = tree.lookup(f"/0/{name}")
+        assert tree.read(entry, 0, entry.size) == data
+    assert tree.cache.misses == 0 and tree.located_reads == len(names)
+    assert not bool(np.any(tree.table(0).size == UNKNOWN_SIZE))
