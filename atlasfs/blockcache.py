@@ -87,6 +87,23 @@ class BlockCache(Generic[V]):
             self._bytes -= old_cost
             self.evicted_bytes += old_cost
 
+    def peek(self, key: Hashable) -> V | None:
+        """The value cached for ``key`` (made the most recently used), or None; loads nothing."""
+        with self._lock:
+            item = self._items.get(key)
+            if item is None:
+                return None
+            self._items.move_to_end(key)
+            return item[0]
+
+    def put(self, key: Hashable, value: V, cost: int) -> None:
+        """Cache ``value`` for ``key`` at ``cost``, in place of what was there."""
+        with self._lock:
+            old = self._items.pop(key, None)
+            if old is not None:
+                self._bytes -= old[1]
+            self._insert(key, value, cost)
+
     def charge(self, key: Hashable, extra: int) -> None:
         """Add ``extra`` bytes to the cost of ``key`` (a cached value that grew), evicting
         the least recently used items (``key`` too, if it alone is over the bound)."""

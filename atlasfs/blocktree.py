@@ -275,6 +275,24 @@ class _Unsized:
         return self._order[self._bounds.item(block):self._bounds.item(block + 1)].astype(np.intp)
 
 
+class _Scratch:
+    """A block's :class:`~atlasfs.sources.source.Scratch`: a value kept in the tree's block
+    cache under ``(shard, block, "scratch")``, charged its length (so that located reads'
+    scratch and decoded blocks share the one bound)."""
+
+    __slots__ = ("_cache", "_key")
+
+    def __init__(self, cache: BlockCache[Any], key: tuple[int, int, str]) -> None:
+        self._cache = cache
+        self._key = key
+
+    def get(self) -> bytes | None:
+        return self._cache.peek(self._key)
+
+    def put(self, value: bytes) -> None:
+        self._cache.put(self._key, value, len(value) + 100)
+
+
 class FileRef(NamedTuple):
     """Where a file's bytes come from: shard position, block, example in block, file of example."""
 
@@ -681,7 +699,9 @@ class BlockTree(Tree):
         self._reading(s, block)
         shard = self.shards[s]
         try:
-            data = shard.read_span(block, locator, entry.size)
+            data = shard.read_span(block, locator, entry.size, _Scratch(self.cache, (s, block, "scratch")))
+            if data is None:  # the source would rather have the block decoded
+                return None
             if len(data) != entry.size:
                 raise SpanMismatch(f"{shard.block_where(block)}: a located read gave {len(data)} bytes "
                                    f"for a file of {entry.size}")

@@ -47,7 +47,7 @@ FILE, DIR, UNREADABLE = 0, 1, 2
 #: The size of a file whose bytes have not been encoded yet: a table can name
 #: files before it knows how big they are (a listing needs no sizes).
 UNKNOWN_SIZE = 2**64 - 1
-_MAGIC = b"ATLFSTB4"  # 4: optional locator columns
+_MAGIC = b"ATLFSTB5"  # 4: optional locator columns; 5: with their lengths
 _HEADER_MAX = 1 << 20
 #: (name, dtype) of the per-entry arrays, in file order. ``by_path``: entry numbers sorted by path bytes.
 _COLUMNS = (("kind", np.uint8), ("size", np.uint64), ("block", np.uint32), ("pos", np.uint32),

@@ -258,3 +258,17 @@ def test_charge_grows_an_item_and_evicts_the_least_recently_used() -> None:
     cache.charge("a", 1000)  # over the bound alone: a goes, and c with it (older)
     assert cache.current_bytes <= 100 and cache.get("a", loader("a", 1)) == "value-a"
     assert loader.calls == ["a", "b", "c", "a"]
+
+
+def test_peek_and_put_keep_the_bound_and_replace_in_place() -> None:
+    cache: BlockCache[bytes] = BlockCache(100)
+    assert cache.peek("a") is None
+    cache.put("a", b"x", 40)
+    cache.put("b", b"y", 40)
+    assert cache.peek("a") == b"x"  # now the most recently used
+    cache.put("b", b"z", 50)  # replaces b: 90 in all
+    assert cache.current_bytes == 90 and cache.peek("b") == b"z"
+    cache.put("c", b"w", 30)  # over the bound: a (least recently used) goes
+    assert cache.peek("a") is None and cache.current_bytes == 80
+    cache.put("d", b"big", 101)  # more than the bound: not kept
+    assert cache.peek("d") is None and "d" not in cache and "c" in cache

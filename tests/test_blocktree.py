@@ -244,7 +244,7 @@ def test_a_reader_going_in_order_gets_the_next_blocks_read_ahead(tmp_path: Path)
         tree.read(entry, 0, entry.size)
     assert tree.readahead is not None
     wait_until(tree.readahead.idle)
-    cached = {key: block for key, (block, _) in tree.cache._items.items()}
+    cached = {key: block for key, (block, _) in tree.cache._items.items() if len(key) == 2}  # not scratch
     # block 0: a reader's first read in a shard is read through its locator (it may be random)
     assert set(cached) == {(0, 1), (0, 2), (0, 3)}
     assert all(e is not None for e in cached[(0, 2)].encoded + cached[(0, 3)].encoded)

@@ -57,6 +57,7 @@ def _cold(tree: BlockTree, s: int) -> None:
     """Make the next read a random reader's first into a block that is not cached."""
     tree.cache.clear()
     spans.PAYLOADS.clear()
+    spans.JUST_DECODED.clear()
     tree._last_block[s] = (-10, 1)
 
 
@@ -286,6 +287,7 @@ def test_threads_reading_random_files_cold_get_exactly_the_exported_bytes(tmp_pa
                 entry = tree.lookup(f"/{shard}/{name}")
                 if rng.random() < 0.3:
                     spans.PAYLOADS.clear()
+                    spans.JUST_DECODED.clear()
                 got = tree.read(entry, 0, entry.size)
             except Exception as exc:  # reported below
                 errors.append(f"{shard}/{name}: {exc!r}")

@@ -34,7 +34,7 @@ from __future__ import annotations
 import os
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 from ..errors import AtlasFormatError
 from ..storage import LOCAL, Storage
@@ -80,6 +80,19 @@ def file_signature(path: str) -> list[int] | None:
     except OSError:
         return None
     return [st.st_size, st.st_mtime_ns]
+
+
+class Scratch(Protocol):
+    """A place the tree keeps one value per block for its source's located reads, within
+    the tree's cache bound (evicted like a decoded block): what a source decoded of a block
+    for one read, kept for the next (an Atlas shard keeps the block's decompressed first
+    bytes there)."""
+
+    def get(self) -> bytes | None:
+        """What was put for this block, if it is still kept."""
+
+    def put(self, value: bytes) -> None:
+        """Keep ``value`` for this block (in place of what was there), charged its length."""
 
 
 class SourceShard(ABC):
@@ -174,11 +187,14 @@ class SourceShard(ABC):
         size of the file's bytes as :func:`~atlasfs.naming.encode_as` makes them."""
         return None
 
-    def read_span(self, block: int, locator: Locator, size: int) -> bytes:
+    def read_span(self, block: int, locator: Locator, size: int, scratch: Scratch | None = None) -> bytes | None:
         """The ``size`` bytes of the file ``locator`` (from :meth:`file_spans`, or a
-        stored table: untrusted) points at in ``block``. Raises :class:`SpanMismatch`
-        if what is there is not what was recorded, :class:`AtlasFormatError` if it
-        cannot be read; the tree then reads the file through its block."""
+        stored table: untrusted) points at in ``block``; ``scratch``, the block's place in
+        the tree's cache for what this method decoded of it for an earlier read. None: the
+        block is better decoded (this read would cost about as much). Raises
+        :class:`SpanMismatch` if what is there is not what was recorded,
+        :class:`AtlasFormatError` if it cannot be read; the tree then reads the file
+        through its block."""
         raise SpanMismatch(f"{self.block_where(block)}: this source reads no file without its block")
 
     # -- what its stored file table depends on

@@ -183,7 +183,11 @@ class BlockCodec:
         """Decode a block to its examples; returns ``(examples, decompressed size)``. ``keep``,
         if given, is handed the decompressed pickle of a block that decoded well (the file
         table's build searches it next: spans.py)."""
-        payload = self.decompress(raw, where)
+        return self.decode_payload(self.decompress(raw, where), expected_len, where, keep)
+
+    def decode_payload(self, payload: bytes, expected_len: int, where: str,
+                       keep: Callable[[bytes], None] | None = None) -> tuple[list[Any], int]:
+        """:meth:`decode` of a block already decompressed (``payload``: its pickle)."""
         examples = safepickle.loads(payload, trust=self.trust_pickle, where=where)
         if type(examples) is not list:
             raise AtlasFormatError(f"{where}: block is a {type(examples).__name__}, not a list of examples")

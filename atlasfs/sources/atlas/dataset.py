@@ -332,8 +332,12 @@ class Shard(LocatedReads, SourceShard):  # LocatedReads: files read without thei
 
     def decode_block(self, block: int) -> tuple[list[Any], int]:
         """Read and decode ``block``, bypassing the cache: ``(examples, decoded bytes)``."""
+        where = f"{self.data_path} block {block}"
+        kept = self.kept_payload(block)  # LocatedReads: decompressed by a read of one of its files
+        if kept is not None:
+            return self.codec.decode_payload(kept, self.block_length(block), where)
         raw = self.read_raw(block)
-        return self.codec.decode(raw, self.block_length(block), f"{self.data_path} block {block}",
+        return self.codec.decode(raw, self.block_length(block), where,
                                  self.payload_keeper(block))  # LocatedReads: file_spans searches it next
 
     def block(self, block: int) -> list[Any]:

@@ -535,8 +535,9 @@ class PayloadCache:
     first out; one for the process, like the zstd contexts' pool. What it holds is checked
     like anything else a span is read from, so a stale entry can only cost a fallback."""
 
-    def __init__(self, max_bytes: int) -> None:
+    def __init__(self, max_bytes: int, max_items: int = 1 << 30) -> None:
         self.max_bytes = max_bytes
+        self.max_items = max_items
         self._items: OrderedDict[Hashable, bytes] = OrderedDict()
         self._bytes = 0
         self._lock = threading.Lock()
@@ -561,7 +562,7 @@ class PayloadCache:
             self._items[key] = payload
             self._items.move_to_end(key)
             self._bytes += len(payload)
-            while self._bytes > self.max_bytes:
+            while self._bytes > self.max_bytes or len(self._items) > self.max_items:
                 _, evicted = self._items.popitem(last=False)
                 self._bytes -= len(evicted)
 
@@ -572,8 +573,16 @@ class PayloadCache:
 
 
 #: What :data:`PAYLOADS` keeps: part of the daemon's stated fixed overhead (docs/performance.md).
+#: The mount's located reads keep what they decompress in the tree's cache instead (a
+#: :class:`~atlasfs.sources.source.Scratch`); this holds the pickles decodes made for the
+#: table builds that follow them, and serves library use.
 PAYLOAD_KEEP_BYTES = 16 << 20
 PAYLOADS = PayloadCache(PAYLOAD_KEEP_BYTES)
+#: The pickles of the last blocks decoded, for the table build that searches them right after
+#: (:meth:`LocatedReads.file_spans`): as many as blocks are decoded at once
+#: (``blocktree.DECODERS``), so that decodes made to serve reads do not push
+#: :data:`PAYLOADS` out.
+JUST_DECODED = PayloadCache(64 << 20, max_items=2)
 
 
 # ---------------------------------------------------------------- the shard's side
@@ -593,12 +602,24 @@ class LocatedReads:
 
     def payload_keeper(self, block: int) -> Callable[[bytes], None] | None:
         """What keeps a compressed block's decompressed pickle once decoded (in
-        :data:`PAYLOADS`): :meth:`file_spans`, which the tree asks next when it builds a
+        :data:`JUST_DECODED`): :meth:`file_spans`, which the tree asks next when it builds a
         table, then searches it without decompressing the block again."""
         shard: Any = self
         if shard.codec.strategy == CompressionStrategy.NO_COMPRESSION:
             return None  # its stored bytes are its pickle: read again in place
-        return functools.partial(PAYLOADS.put, self._payload_key(block))
+        return functools.partial(JUST_DECODED.put, self._payload_key(block))
+
+    def kept_payload(self, block: int) -> bytes | None:
+        """The decompressed pickle of ``block`` if a located read or a decode made it a moment
+        ago (in :data:`PAYLOADS`, which holds whole blocks only), checked unchanged on disk:
+        a decode then only unpickles it."""
+        shard: Any = self
+        if shard.codec.strategy == CompressionStrategy.NO_COMPRESSION:
+            return None
+        payload = PAYLOADS.get(self._payload_key(block))
+        if payload is not None:
+            shard.check_unchanged()
+        return payload
 
     def file_spans(self, block: int, fields: list[list[tuple[str, Any]]]) -> list[list[Locator | None]] | None:
         """The block's decompressed pickle (kept by its decode, or read and decompressed
@@ -613,7 +634,7 @@ class LocatedReads:
         length = int(shard.index[block + 1]) - int(shard.index[block])
         head = shard.read_range(block, 0, 18)
         content_size = codec.check_header(head, where)
-        payload = PAYLOADS.get(self._payload_key(block))
+        payload = JUST_DECODED.get(self._payload_key(block)) or PAYLOADS.get(self._payload_key(block))
         raw = None
         if payload is None or len(payload) != content_size:  # not kept whole: decompressed again
             raw = shard.read_raw(block)
@@ -626,10 +647,11 @@ class LocatedReads:
             fingerprint = None
         return file_locators(payload, fields, fingerprint)
 
-    def read_span(self, block: int, locator: Locator, size: int) -> bytes:
-        """A pread of the run (strategy 0), the frame decompressed up to the run's end
-        with a pooled context, or for an inline file the block's fingerprint: checked
-        against the locator either way. Nothing is unpickled."""
+    def read_span(self, block: int, locator: Locator, size: int, scratch: Any = None) -> bytes | None:
+        """A pread of the run (strategy 0, or raw zstd blocks), the frame decompressed up to
+        the run's end with a pooled context, or for an inline file the block's fingerprint:
+        checked against the locator either way. Nothing is unpickled. What was decompressed
+        is kept in ``scratch`` (the tree's cache), or without one in :data:`PAYLOADS`."""
         shard: Any = self
         where = shard.block_where(block)
         if locator.size != size:
@@ -647,15 +669,29 @@ class LocatedReads:
         # A block read before: its run may already be decompressed. The first read of a
         # block decompresses it up to its run's end; a later one past that, all of it
         # (once, at zstd's full speed): at most a block and a half for any number of reads.
-        key = (shard.data_path, shard.index_path, block, start, end)
-        kept = PAYLOADS.get(key)
-        if kept is not None and locator.end <= len(kept):
-            return check_run(locator, kept[locator.offset:locator.end], where)
-        if kept is not None:
-            payload = codec.decompress(shard.read_raw(block), where)  # bounds checked as any block's
-            PAYLOADS.put(key, payload)
-            if locator.end > len(payload):
-                raise SpanMismatch(f"{where}: a span ends at {locator.end}, past the block's {len(payload)} bytes")
-            return check_run(locator, payload[locator.offset:locator.end], where)
-        with codec.context() as dctx:
-            return read_span(reader, locator, codec, where, dctx, functools.partial(PAYLOADS.put, key))
+        # A run inside a compressed block: the run alone if the zstd blocks over it are stored
+        # raw; else the block decompressed whole, once, and kept (the tree's scratch for this
+        # block, within its cache bound; and PAYLOADS, where a decode of the block for a file
+        # without a locator finds it). Decompressing only up to the run's end costs half a
+        # block on average, but random readers come back to a block: in the benchmark's
+        # cold pass (8-16 reads a block) a first partial decompression and a later whole one
+        # or a decode cost 20-30% more in all than one whole decompression.
+        key = self._payload_key(block)
+        kept = scratch.get() if scratch is not None else None
+        if kept is None:
+            kept = PAYLOADS.get(key)
+        if kept is None:
+            head = _stored(reader, 0, 18)
+            content_size = codec.check_header(head, where)
+            if content_size >= 0 and locator.end > content_size:
+                raise SpanMismatch(f"{where}: a span ends at {locator.end}, past the block's {content_size} bytes")
+            stored = _stored_run(reader, head, locator)
+            if stored is not None:
+                return check_run(locator, stored, where)
+            kept = codec.decompress(shard.read_raw(block), where)  # bounds checked as any block's
+            PAYLOADS.put(key, kept)
+            if scratch is not None:
+                scratch.put(kept)
+        if locator.end > len(kept):
+            raise SpanMismatch(f"{where}: a span ends at {locator.end}, past the block's {len(kept)} bytes")
+        return check_run(locator, kept[locator.offset:locator.end], where)
