@@ -22,7 +22,7 @@ A table may also hold, per file, a *locator* from its source
 (:class:`~atlasfs.sources.source.Locator`, :meth:`SourceShard.file_spans
 <atlasfs.sources.source.SourceShard.file_spans>`): where the file's bytes can
 be read without decoding its block, or, for small files, the bytes themselves
-(*inline*). They are optional columns (:class:`Locators`), 10 bytes a file, plus
+(*inline*). They are optional columns (:class:`Locators`), 14 bytes a file, plus
 each distinct prefix once and the inline bytes (at most :data:`INLINE_AVERAGE`
 a file of the table on average); a table without them is as valid. The source
 checks what a locator points at on every read, so a stored one that lies only

@@ -21,13 +21,18 @@ block by its fingerprint (:func:`block_fingerprint`). :func:`read_span` then
 serves a file from the block's stored bytes alone: strategy 0 needs just a
 ``pread`` of the run; a zstd frame is decompressed only as far as the end of
 the run; an inline file needs the block's fingerprint (4 bytes of its frame);
-nothing is unpickled, so no pickle code runs. Every span carries a check (CRC-32
-of its prefix and run), compared on every read, so that a block that changed
-since the span was recorded raises :class:`SpanMismatch` instead of serving
-wrong bytes.
+nothing is unpickled, so no pickle code runs. The mount's reads go through
+:class:`LocatedReads` (the shard's side), which reads runs over raw zstd blocks alone but
+decompresses any other compressed block whole at its first read and keeps it for the next:
+random readers come back to blocks, and in the benchmark's cold pass that cost 20-30% less
+in all than decompressing each time only up to a run's end (docs/performance.md).
+Every span carries a check (CRC-32 of its prefix and run), compared on every
+read, so that a block that changed since the span was recorded raises
+:class:`SpanMismatch` instead of serving wrong bytes.
 
-Pure functions and small value types: no FUSE, no tree, no cache. The shard
-(:class:`~atlasfs.sources.atlas.dataset.Shard`) calls them.
+No FUSE and no tree: functions, small value types, and two small process-wide
+caches of decompressed blocks (:data:`PAYLOADS`, :data:`JUST_DECODED`). The
+shard (:class:`~atlasfs.sources.atlas.dataset.Shard`) calls them.
 """
 
 from __future__ import annotations
