@@ -621,6 +621,8 @@ class LocatedReads:
         shard: Any = self
         if shard.codec.strategy == CompressionStrategy.NO_COMPRESSION:
             return None
+        if isinstance(shard.index, np.memmap):  # first: a mapped index.npy truncated since open would raise SIGBUS
+            shard.check_unchanged()
         payload = PAYLOADS.get(self._payload_key(block))
         if payload is not None:
             shard.check_unchanged()
