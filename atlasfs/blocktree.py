@@ -677,6 +677,9 @@ class BlockTree(Tree):
                 if offset + size >= len(kept):
                     self._forget_located(entry.ino)
                 return kept
+            return None  # its first request did not keep it: the block serves the rest
+        if size < entry.size and entry.size > LOCATED_KEEP_BYTES // 4:
+            return None  # too big to keep for its next requests: each would read it whole again
         s, block = ref.shard, ref.block
         last, run = self._last_block[s]
         # In order: the reader came from the block before this one's (or this one) and from

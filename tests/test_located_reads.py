@@ -370,3 +370,20 @@ def test_a_table_not_yet_sized_sizes_located_files_at_lookup_without_decoding(tm
         assert tree.read(entry, 0, entry.size) == data
     assert tree.cache.misses == 0 and tree.located_reads == len(names)
     assert not bool(np.any(tree.table(0).size == UNKNOWN_SIZE))
+
+
+def test_files_read_a_piece_at_a_time_come_out_whole(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A file bigger than one request: its first request locates it and keeps it for the
+    next ones, or (past the keep bound) leaves it to its block; the bytes are the same."""
+    import atlasfs.blocktree as blocktree
+    dataset = _write(tmp_path / "ds", _examples(8), 2, shard_size=24)
+    exported = _export(dataset, tmp_path / "export")
+    _index(dataset, tmp_path / "tables")
+    for keep in (blocktree.LOCATED_KEEP_BYTES, 4 * 1000):  # the jpg files (2-2.3 KB) kept, then not
+        monkeypatch.setattr(blocktree, "LOCATED_KEEP_BYTES", keep)
+        tree = _tree(dataset, tmp_path / "tables")
+        for name, data in exported["0"].items():
+            _cold(tree, 0)
+            entry = tree.lookup(f"/0/{name}")
+            assert b"".join(tree.read(entry, offset, 700) for offset in range(0, entry.size, 700)) == data
+        assert tree.located_reads > 0
