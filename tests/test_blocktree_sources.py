@@ -10,6 +10,7 @@ import errno
 import json
 import logging
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -239,3 +240,13 @@ def test_a_pass_s_problems_are_logged_ten_at_most_then_counted(
     messages = [r.getMessage() for r in caplog.records]
     assert [m for m in messages if "not a sample" in m] == [f"a.txt line {n}: not a sample" for n in range(10)]
     assert any(m.endswith("15 more problems (atlasfs verify lists them all)") for m in messages)
+
+
+def test_a_stored_table_still_serves_once_the_dataset_is_moved(nested: Path, tmp_path: Path) -> None:
+    store = TableStore(str(nested), index_dir=str(tmp_path / "tables"))
+    BlockTree(LinesSource(nested, ["cc/en/part-1.txt"]), store=store).names("/cc/en/part-1")
+    moved = Path(shutil.move(str(nested), str(tmp_path / "moved")))
+    again = LinesSource(moved, ["cc/en/part-1.txt"])
+    tree = BlockTree(again, store=TableStore(str(moved), index_dir=str(tmp_path / "tables")))
+    assert _tree_names(tree, "/cc/en/part-1")[0] == "x.txt"
+    assert again.shards[0].passes == 0, "the table stored before the move was used"

@@ -205,8 +205,13 @@ class SourceShard(ABC):
 
     def table_key(self) -> dict[str, Any]:
         """Everything a stored table of the shard was built from (JSON): its files'
-        signatures, its first index, and any option that changes its samples."""
-        return {"start": self.first_index, "files": {path: file_signature(path) for path in self.table_files()}}
+        signatures, its first index, and any option that changes its samples. Files are
+        named relative to the folder holding the shard, so that tables `atlasfs index`
+        stored beside a dataset still serve where the dataset is mounted at another path
+        (a network file system) or after it is moved."""
+        base = os.path.dirname(self.path)
+        return {"start": self.first_index,
+                "files": {os.path.relpath(path, base): file_signature(path) for path in self.table_files()}}
 
     def problems(self) -> list[str]:
         """What a pass over the shard found wrong without failing a block (lines that are
