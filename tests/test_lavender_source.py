@@ -218,7 +218,6 @@ def test_not_lavender(tmp_path: Path) -> None:
 
 # ---------------------------------------------------------------- through a real mount
 
-import errno  # noqa: E402,F401
 import json  # noqa: E402
 import os  # noqa: E402
 import subprocess  # noqa: E402

@@ -11,7 +11,8 @@ import zstandard
 
 from ... import safepickle
 from ...errors import AtlasFormatError
-from .meta import CompressionStrategy
+from ...storage import LOCAL, Storage
+from .meta import CompressionStrategy, read_file
 
 #: Default bound on one decompressed block. Real blocks are KBs to tens of MBs;
 #: a frame claiming more is treated as a decompression bomb.
@@ -57,10 +58,11 @@ _IDLE = _ContextPool(IDLE_CONTEXTS)
 
 
 class ZstdDictionary:
-    """A zstd dictionary file, read on first use and shared by every reader."""
+    """A zstd dictionary file, read (through ``storage``) on first use and shared by every reader."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, storage: Storage = LOCAL) -> None:
         self.path = path
+        self._storage = storage
         self._lock = threading.Lock()
         self._dict: zstandard.ZstdCompressionDict | None = None
 
@@ -68,11 +70,7 @@ class ZstdDictionary:
         """The loaded dictionary; raises :class:`AtlasFormatError` if unreadable."""
         with self._lock:
             if self._dict is None:
-                try:
-                    with open(self.path, "rb") as f:
-                        data = f.read()
-                except OSError as exc:
-                    raise AtlasFormatError(f"{self.path}: cannot read dictionary ({exc.strerror})") from None
+                data = read_file(self.path, self._storage, what="dictionary")
                 if not data:
                     raise AtlasFormatError(f"{self.path}: dictionary is empty")
                 self._dict = zstandard.ZstdCompressionDict(data)

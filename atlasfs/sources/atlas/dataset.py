@@ -23,7 +23,6 @@ import threading
 from typing import Any, Iterator
 
 import numpy as np
-import zstandard
 
 from ...blockcache import BlockCache
 from ...errors import AtlasFormatError
@@ -42,32 +41,6 @@ _SHARD_NAME = re.compile(r"[0-9]+")
 
 def _stat_signature(path: str, storage: Storage = LOCAL) -> tuple[int, int] | None:
     return storage.stat(path)
-
-
-class _StoredDictionary(ZstdDictionary):
-    """A zstd dictionary in an object store: read through the storage on first use."""
-
-    def __init__(self, path: str, storage: Storage) -> None:
-        super().__init__(path)
-        self._storage = storage
-
-    def get(self) -> zstandard.ZstdCompressionDict:
-        with self._lock:
-            if self._dict is None:
-                try:
-                    data = self._storage.read(self.path)
-                except StorageUnavailableError:
-                    raise
-                except OSError as exc:
-                    raise AtlasFormatError(f"{self.path}: cannot read dictionary ({exc.strerror})") from None
-                if not data:
-                    raise AtlasFormatError(f"{self.path}: dictionary is empty")
-                self._dict = zstandard.ZstdCompressionDict(data)
-            return self._dict
-
-
-def _dictionary_file(path: str, storage: Storage) -> ZstdDictionary:
-    return _StoredDictionary(path, storage) if storage.remote else ZstdDictionary(path)
 
 
 def _open_index(path: str, storage: Storage) -> io.BufferedIOBase:
@@ -178,7 +151,7 @@ class Shard(LocatedReads, SourceShard):  # LocatedReads: files read without thei
             path = os.path.join(self.path, DICT_NAME)
             if not self.storage.isfile(path):
                 raise AtlasFormatError(f"{path}: missing (shard uses compression strategy 3, per-shard dictionary)")
-            return _dictionary_file(path, self.storage)
+            return ZstdDictionary(path, self.storage)
         if strategy == CompressionStrategy.SHARED_DICTIONARY_COMPRESSION:
             if shared is None:
                 raise AtlasFormatError(
@@ -456,7 +429,7 @@ def shared_dictionary(root: str, meta: RootMeta, storage: Storage = LOCAL) -> Zs
     """
     path = os.path.join(root, DICT_NAME)
     if storage.isfile(path):
-        return _dictionary_file(path, storage)
+        return ZstdDictionary(path, storage)
     if meta.compression_strategy == CompressionStrategy.SHARED_DICTIONARY_COMPRESSION:
         raise AtlasFormatError(f"{path}: missing (meta.json says compression strategy 2, shared dictionary)")
     return None

@@ -75,18 +75,25 @@ SHARD_KEYS = ("version", "block_size", "stored_examples", "compression_strategy"
               "compression_level", "compression_dict_size")
 
 
-def read_json_object(path: str, storage: Storage = LOCAL) -> dict[str, Any]:
-    """Read ``path`` (through ``storage``) as a JSON object, or raise :class:`AtlasFormatError`.
-    A store that does not answer raises :class:`StorageUnavailableError` (transient, not
-    a fault of the file)."""
+def read_file(path: str, storage: Storage = LOCAL, limit: int | None = None, what: str = "") -> bytes:
+    """The bytes of ``path`` (its first ``limit``) through ``storage``, or
+    :class:`AtlasFormatError` naming it (``what``: what it is, for the message). A store
+    that does not answer raises :class:`StorageUnavailableError` (transient, not a fault
+    of the file)."""
     try:
-        raw = storage.read(path, MAX_META_BYTES + 1)
+        return storage.read(path, limit)
     except StorageUnavailableError:
         raise
     except FileNotFoundError:
         raise AtlasFormatError(f"{path}: missing") from None
     except OSError as exc:
-        raise AtlasFormatError(f"{path}: cannot read ({exc.strerror})") from None
+        raise AtlasFormatError(f"{path}: cannot read{what and ' ' + what} ({exc.strerror})") from None
+
+
+def read_json_object(path: str, storage: Storage = LOCAL) -> dict[str, Any]:
+    """Read ``path`` (through ``storage``) as a JSON object, or raise :class:`AtlasFormatError`
+    (:func:`read_file`)."""
+    raw = read_file(path, storage, MAX_META_BYTES + 1)
     if len(raw) > MAX_META_BYTES:
         raise AtlasFormatError(f"{path}: larger than {MAX_META_BYTES} bytes, not a meta.json")
     try:

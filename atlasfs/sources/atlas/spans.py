@@ -103,13 +103,6 @@ def inline_check(data: bytes, fingerprint: int) -> int:
     return _crc32(data, fingerprint)
 
 
-def pickle_protocol(payload: bytes) -> int | None:
-    """The protocol a pickle declares (``PROTO`` opcode), or None if it has none (0 or 1)."""
-    if len(payload) >= 2 and payload[0] == 0x80:
-        return payload[1]
-    return None
-
-
 # ---------------------------------------------------------------- finding spans
 
 
