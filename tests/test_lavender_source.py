@@ -118,9 +118,10 @@ def test_the_stored_state_restores_without_a_pass_and_the_uid_column_is_part_of_
     with pytest.raises(ValueError):  # joined by another column: not this shard's state
         LavenderSource(str(tmp_path), uid="image_url").shards[0].restore(state)
     key = shard.table_key()
-    assert key["uid"] == "uid" and set(key["files"]) == {str(tmp_path / n / "shard.00000.csv")
-                                                          for n in ("images", "captions")} | {
-        str(tmp_path / "scores" / "shard.00000.parquet")}
+    base = os.path.dirname(shard.path)  # files are named relative to the shard's folder
+    assert key["uid"] == "uid" and set(key["files"]) == {
+        os.path.relpath(tmp_path / n / f, base)
+        for n, f in (("images", "shard.00000.csv"), ("captions", "shard.00000.csv"), ("scores", "shard.00000.parquet"))}
     assert LavenderSource(str(tmp_path), uid="image_url").shards[0].table_key() != key
 
 
