@@ -7,8 +7,9 @@ import json
 import pickle
 import shutil
 import tempfile
+import threading
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -119,3 +120,13 @@ def shard_sizes(name: str) -> list[int]:
     """stored_examples of each shard of a reference fixture, in order."""
     with open(REFERENCE / name / "info.json") as f:
         return [s["meta"]["stored_examples"] for s in json.load(f)["shards"]]
+
+
+def in_threads(work: Callable[[int], object], count: int) -> None:
+    """Run ``work(0)`` ... ``work(count - 1)`` on ``count`` threads at once and wait for all
+    (the readers of the concurrency tests; each records its own failures)."""
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()

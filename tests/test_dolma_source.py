@@ -9,7 +9,6 @@ import logging
 import os
 import random
 import struct
-import threading
 from pathlib import Path
 
 import pytest
@@ -20,6 +19,7 @@ from atlasfs.sources import dolma
 from atlasfs.sources.dolma import LINES_PER_BLOCK, DolmaError, DolmaSource, looks_like, open_source
 from atlasfs.sources.factory import SourceOptions, detect
 from atlasfs.sources.source import Source, SourceShard
+from helpers import in_threads
 
 
 def write_jsonl(path: Path, rows: list[object], kind: str) -> None:
@@ -303,11 +303,7 @@ def test_reads_from_many_threads_agree_and_keep_few_handles(tmp_path: Path) -> N
         except BaseException as exc:  # noqa: BLE001 - reported below
             errors.append(exc)
 
-    threads = [threading.Thread(target=work, args=(i,)) for i in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    in_threads(work, 8)
     assert errors == []
     assert len(dolma_files._open) <= 2
     assert sum(len(v) for v in made.values()) == sum(len(v) for v in expected.values())

@@ -11,7 +11,6 @@ import os
 import random
 import shutil
 import tarfile
-import threading
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +23,7 @@ from atlasfs.filetable import INLINE, INLINE_AVERAGE, NO_LOCATOR, FileTable, Lim
 from atlasfs.sources.atlas import spans
 from atlasfs.tablestore import TableStore, table_file_name
 from fusemount import atlasfs, mounted
-from helpers import REFERENCE, reference_names
+from helpers import REFERENCE, in_threads, reference_names
 
 Exported = dict[str, dict[str, bytes]]
 
@@ -295,11 +294,7 @@ def test_threads_reading_random_files_cold_get_exactly_the_exported_bytes(tmp_pa
             if got != exported[shard][name]:
                 errors.append(f"{shard}/{name}: wrong bytes")
 
-    threads = [threading.Thread(target=reader, args=(seed,)) for seed in range(8)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    in_threads(reader, 8)
     assert errors == []
     assert tree.located_reads > 100 and tree.located_fallbacks == 0
 
@@ -320,11 +315,7 @@ def test_a_mount_serves_the_exported_bytes_to_random_readers(tmp_path: Path) -> 
                 if got != exported[shard][name]:
                     errors.append(f"{shard}/{name}")
 
-        threads = [threading.Thread(target=reader, args=(seed,)) for seed in range(6)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
+        in_threads(reader, 6)
     assert errors == []
 
 

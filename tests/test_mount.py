@@ -7,7 +7,6 @@ import os
 import random
 import subprocess
 import tarfile
-import threading
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -15,7 +14,7 @@ import pytest
 import webdataset as wds
 
 from fusemount import atlasfs, mounted
-from helpers import BYTES_ONLY, REFERENCE, contract_files, deep_equal, expected_examples, reference_names, shard_sizes
+from helpers import BYTES_ONLY, REFERENCE, contract_files, deep_equal, expected_examples, in_threads, reference_names, shard_sizes
 
 pytestmark = pytest.mark.fuse
 
@@ -202,11 +201,7 @@ def test_eight_concurrent_readers_get_correct_bytes(fixture_mount: tuple[str, Pa
                 if f.read() != files[path]:
                     errors.append(path)
 
-    threads = [threading.Thread(target=reader, args=(seed,)) for seed in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    in_threads(reader, 8)
     assert errors == []
 
 

@@ -10,7 +10,6 @@ import random
 import subprocess
 import sys
 import tarfile
-import threading
 from pathlib import Path
 
 import numpy as np
@@ -22,7 +21,7 @@ from atlasfs.blocktree import BlockTree
 from atlasfs.tablestore import TableStore
 from atlasfs.tarview import TarLayout, TarView
 from fusemount import atlasfs, mounted
-from helpers import REFERENCE, expected_examples, reference_names
+from helpers import REFERENCE, expected_examples, in_threads, reference_names
 
 
 def _dataset(path: Path, examples: int = 120, plain_keys: bool = False, jpg_bytes: int = 3000) -> Path:
@@ -143,11 +142,7 @@ def test_the_tar_view_through_a_mount(tmp_path: Path) -> None:
             finally:
                 os.close(fd)
 
-        threads = [threading.Thread(target=reader, args=(seed,)) for seed in range(8)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
+        in_threads(reader, 8)
         assert errors == []
 
 
