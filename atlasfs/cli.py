@@ -254,7 +254,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     def source(p: argparse.ArgumentParser) -> None:
         p.add_argument("dataset", help="the dataset: an Atlas folder (meta.json), a Dolma folder (documents/), "
-                                       "a folder of Lavender shardsets, or a .pbin file or folder of them")
+                                       "a folder of Lavender shardsets, a .pbin file or folder of them, or the "
+                                       "s3:// (or other fsspec) URL of an Atlas dataset")
         p.add_argument("--format", choices=tuple(FORMATS),
                        help="read the dataset as this format (default: found from its layout)")
         p.add_argument("--uid", metavar="COLUMN", help="Lavender: the column joining the shardsets (default uid)")
