@@ -43,7 +43,7 @@ import numpy as np
 
 from .. import safepickle
 from ..errors import AtlasFormatError
-from ..storage import LOCAL
+from ..storage import LocalStorage
 from ..naming import NO_KEY, index_key_width
 from .source import Source, SourceShard
 
@@ -133,6 +133,7 @@ class PbinFile:
 
     def __init__(self, path: str, *, trust_pickle: bool = False) -> None:
         self.path = path
+        self._file = LocalStorage()  # a descriptor of its own, closed by close()
         try:
             st = os.stat(path)
             with open(path, "rb") as f:
@@ -194,19 +195,19 @@ class PbinFile:
     def read_tokens(self, first: int, count: int) -> list[np.ndarray | PbinError]:
         """The tokens of documents ``first`` to ``first + count`` (one read for all), each a
         1-D array, or the error of a document that cannot be read."""
-        return _read_documents(self.path, self.header_bytes, self.dtype,
+        return _read_documents(self._file, self.path, self.header_bytes, self.dtype,
                                self.starts, self.lengths, self.problems, first, count)
 
     def close(self) -> None:
         """Close the file's descriptor (reopened on the next read)."""
-        LOCAL.close_file(self.path)
+        self._file.close_file(self.path)
 
 
-def _read_documents(path: str, header_bytes: int, dtype: np.dtype, starts: np.ndarray,
+def _read_documents(file: LocalStorage, path: str, header_bytes: int, dtype: np.dtype, starts: np.ndarray,
                     lengths: np.ndarray, problems: dict[int, str], first: int,
                     count: int) -> list[np.ndarray | PbinError]:
     """Documents ``first`` to ``first + count`` of a file, read in one ``pread`` spanning the good
-    ones (on a descriptor kept per file, :data:`atlasfs.storage.LOCAL`): each a read-only 1-D
+    ones (on ``file``'s kept descriptor): each a read-only 1-D
     array over that read's bytes, or the error of a bad one."""
     last = min(first + count, len(starts))
     numbers = range(first, last)
@@ -217,7 +218,7 @@ def _read_documents(path: str, header_bytes: int, dtype: np.dtype, starts: np.nd
     hi = int(max(starts[n] + lengths[n] for n in good))
     offset = header_bytes + lo
     try:
-        raw = LOCAL.pread(path, offset, hi - lo)
+        raw = file.pread(path, offset, hi - lo)
     except OSError as exc:
         raise PbinError(f"{path}: read of documents {first}..{last - 1} failed ({exc.strerror})") from None
     if len(raw) != hi - lo:
@@ -267,6 +268,7 @@ class PbinShard(SourceShard):
 
     def __init__(self, path: str, name: str, trust_pickle: bool) -> None:
         self.path = path
+        self._file = LocalStorage()  # a descriptor of its own, closed by close()
         self.name = name
         self.trust_pickle = trust_pickle
         self.first_index = 0  # each file numbers its documents from 0
@@ -354,7 +356,7 @@ class PbinShard(SourceShard):
         :class:`PbinError` naming the file and document if one is bad."""
         first = block * self.block_size
         count = self.block_length(block)
-        arrays = _read_documents(self.path, self._header_bytes, self._dtype, self._starts,
+        arrays = _read_documents(self._file, self.path, self._header_bytes, self._dtype, self._starts,
                                  self._lengths, self._problems, first, count)
         samples: list[Any] = []
         for array in arrays:
@@ -388,7 +390,7 @@ class PbinShard(SourceShard):
         return [self._problems[n] for n in sorted(self._problems)]
 
     def close(self) -> None:
-        LOCAL.close_file(self.path)
+        self._file.close_file(self.path)
 
 
 class PbinSource(Source):

@@ -19,7 +19,6 @@ import io
 import itertools
 import os
 import re
-import threading
 from typing import Any, Iterator
 
 import numpy as np
@@ -27,7 +26,7 @@ import numpy as np
 from ...blockcache import BlockCache
 from ...errors import AtlasFormatError
 from ...naming import index_key_width
-from ...storage import LOCAL, Storage, StorageChangedError, StorageUnavailableError, open_storage
+from ...storage import LOCAL, LocalStorage, Storage, StorageChangedError, StorageUnavailableError, open_storage
 from ..source import Source, SourceShard, file_signature
 from .codec import DEFAULT_MAX_BLOCK_BYTES, BlockCodec, ZstdDictionary
 from .meta import CompressionStrategy, RootMeta, ShardMeta, parse_root_meta, parse_shard_meta
@@ -142,8 +141,9 @@ class Shard(LocatedReads, SourceShard):  # LocatedReads: files read without thei
         self.codec = BlockCodec(self.meta.compression_strategy, self._dictionary(shared_dict),
                                 trust_pickle=trust_pickle, max_block_bytes=max_block_bytes)
         self._cache = cache
-        self._fd: int | None = None
-        self._fd_lock = threading.Lock()
+        # data.bin is read through the store, or locally on a descriptor of the shard's own
+        # (closed by close(); another reader of the same file keeps its own).
+        self._data = storage if storage.remote else LocalStorage()
 
     def _dictionary(self, shared: ZstdDictionary | None) -> ZstdDictionary | None:
         strategy = self.meta.compression_strategy
@@ -243,14 +243,18 @@ class Shard(LocatedReads, SourceShard):  # LocatedReads: files read without thei
             raise AtlasFormatError(
                 f"{changed}: changed since the dataset was opened (size or modification time); reopen it")
 
-    def _descriptor(self) -> int:
-        with self._fd_lock:
-            if self._fd is None:
-                try:
-                    self._fd = os.open(self.data_path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-                except OSError as exc:
-                    raise AtlasFormatError(f"{self.data_path}: cannot open ({exc.strerror})") from None
-            return self._fd
+    def _read_data(self, block: int, offset: int, size: int, changed: str) -> bytes:
+        """``size`` bytes at ``offset`` of ``data.bin`` for a read in ``block``; a failed read
+        is an :class:`AtlasFormatError` naming the file and block (``changed``: the message
+        when the store's object changed), a store that does not answer stays transient."""
+        try:
+            return self._data.pread(self.data_path, offset, size)
+        except StorageUnavailableError:
+            raise
+        except StorageChangedError:
+            raise AtlasFormatError(f"{self.data_path}: {changed}") from None
+        except OSError as exc:
+            raise AtlasFormatError(f"{self.data_path}: read of block {block} failed ({exc.strerror})") from None
 
     def read_raw(self, block: int) -> bytes:
         """The block's bytes as stored in ``data.bin`` (compressed or not).
@@ -261,19 +265,8 @@ class Shard(LocatedReads, SourceShard):  # LocatedReads: files read without thei
             raise IndexError(f"block {block} out of range for shard {self.name} ({self.num_blocks} blocks)")
         self.check_unchanged()  # first: a mapped index.npy truncated since open would raise SIGBUS
         start, end = int(self.index[block]), int(self.index[block + 1])
-        try:
-            if self.storage.remote:
-                raw = self.storage.pread(self.data_path, start, end - start)
-            else:
-                raw = os.pread(self._descriptor(), end - start, start)
-        except StorageUnavailableError:
-            raise
-        except StorageChangedError:
-            raise AtlasFormatError(
-                f"{self.data_path}: changed in the store since the dataset was opened (ETag differs); "
-                "remount") from None
-        except OSError as exc:
-            raise AtlasFormatError(f"{self.data_path}: read of block {block} failed ({exc.strerror})") from None
+        raw = self._read_data(block, start, end - start,
+                              "changed in the store since the dataset was opened (ETag differs); remount")
         if len(raw) != end - start:
             raise AtlasFormatError(
                 f"{self.data_path}: block {block} truncated (expected {end - start} bytes at offset {start}, "
@@ -288,17 +281,7 @@ class Shard(LocatedReads, SourceShard):  # LocatedReads: files read without thei
         size = max(0, min(size, end - start - offset))
         if offset < 0 or not size:
             return b""
-        try:
-            if self.storage.remote:
-                data = self.storage.pread(self.data_path, start + offset, size)
-            else:
-                data = os.pread(self._descriptor(), size, start + offset)
-        except StorageUnavailableError:
-            raise
-        except StorageChangedError:
-            raise AtlasFormatError(f"{self.data_path}: changed in the store since the dataset was opened") from None
-        except OSError as exc:
-            raise AtlasFormatError(f"{self.data_path}: read in block {block} failed ({exc.strerror})") from None
+        data = self._read_data(block, start + offset, size, "changed in the store since the dataset was opened")
         if len(data) != size:
             raise AtlasFormatError(f"{self.data_path}: block {block} truncated")
         return data
@@ -336,12 +319,7 @@ class Shard(LocatedReads, SourceShard):  # LocatedReads: files read without thei
 
     def close(self) -> None:
         """Close the ``data.bin`` descriptor (reopened on the next read)."""
-        if self.storage.remote:
-            self.storage.close_file(self.data_path)
-        with self._fd_lock:
-            if self._fd is not None:
-                os.close(self._fd)
-                self._fd = None
+        self._data.close_file(self.data_path)
 
     def __repr__(self) -> str:
         return f"Shard({self.path!r}, examples={len(self)}, blocks={self.num_blocks})"
