@@ -34,25 +34,27 @@ def _kind(args: argparse.Namespace) -> str:
     return args.format or detect(args.dataset)
 
 
-def _source(args: argparse.Namespace) -> Source:
-    """The dataset as a source, as a mount would open it."""
-    return open_source(args.dataset, args.format,
+def _source(args: argparse.Namespace, kind: str | None = None) -> Source:
+    """The dataset as a source, as a mount would open it (``kind``: its format, if :func:`_kind`
+    already found it)."""
+    return open_source(args.dataset, kind or args.format,
                        SourceOptions(trust_pickle=getattr(args, "trust_pickle", False), uid=args.uid))
 
 
 def cmd_info(args: argparse.Namespace) -> int:
     from .inspection import info_lines, source_info_lines
-    if _kind(args) == "atlas":
+    kind = _kind(args)
+    if kind == "atlas":
         with _open(args.dataset) as dataset:
             print("\n".join(info_lines(dataset)))
         return 0
-    with _source(args) as source:
+    with _source(args, kind) as source:
         print("\n".join(source_info_lines(source)))
     return 0
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    from .inspection import verify
+    from .inspection import VerifyReport, verify, verify_source
     progress: Progress | None = None
 
     def on_total(total: int) -> None:
@@ -60,7 +62,6 @@ def cmd_verify(args: argparse.Namespace) -> int:
         progress = Progress("verify", total, "blocks")
 
     on_block = lambda: progress.advance() if progress else None  # noqa: E731
-    from .inspection import VerifyReport, verify_source
     try:
         kind = _kind(args)
     except AtlasFormatError as exc:  # not a dataset at all: that is verify's finding, on stdout like the others
@@ -69,7 +70,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
         if kind == "atlas":
             report = verify(args.dataset, trust_pickle=args.trust_pickle, on_total=on_total, on_block=on_block)
         else:
-            report = verify_source(lambda: _source(args), on_total=on_total, on_block=on_block)
+            report = verify_source(lambda: _source(args, kind), on_total=on_total, on_block=on_block)
     if progress:
         progress.close()
     for line in report.warnings:
@@ -86,8 +87,9 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 def cmd_show(args: argparse.Namespace) -> int:
     from .inspection import describe, locate
-    if _kind(args) != "atlas":
-        with _source(args) as source:
+    kind = _kind(args)
+    if kind != "atlas":
+        with _source(args, kind) as source:
             try:
                 shard, block, pos = locate(source, args.index)
             except IndexError as exc:
