@@ -243,7 +243,9 @@ class LocalStorage(Storage):
             os.close(fd)
 
 
-#: The one local storage most callers need (descriptors are closed per file by ``close_file``).
+#: The local storage for whole-file reads, shared by the process. A reader that keeps
+#: descriptors (``pread``) owns a ``LocalStorage()`` of its own, so that its ``close_file``
+#: cannot close a descriptor another reader of the same file is using.
 LOCAL = LocalStorage()
 
 
