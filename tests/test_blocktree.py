@@ -34,7 +34,7 @@ def test_a_read_on_a_stored_table_decodes_one_block_and_encodes_one_example(tmp_
     expected = {path: first.read(entry, 0, entry.size) for path, entry in first.walk("/")}
 
     tree = BlockTree(AtlasDataset(dataset), store=TableStore(str(dataset)))
-    tree.locate = False  # the block path (reads through locators: tests/test_located_reads.py)
+    tree.located.enabled = False  # the block path (reads through locators: tests/test_located_reads.py)
     path = sorted(expected)[137]
     entry = tree.lookup("/" + path)
     assert tree.read(entry, 0, entry.size) == expected[path]
@@ -60,7 +60,7 @@ def test_encoded_files_count_against_the_bound(tmp_path: Path) -> None:
     _write(dataset, 400)
     bound = 64 << 10
     tree = BlockTree(AtlasDataset(dataset), cache_bytes=bound)
-    tree.locate = False  # every read through its block
+    tree.located.enabled = False  # every read through its block
     shard = tree.source.shards[0]
     decoded_cost = shard.decode_block(0)[1]
     order = [(path, entry) for path, entry in tree.walk("/")]
@@ -91,7 +91,7 @@ def test_a_block_that_cannot_be_decoded_fails_its_reads_with_eio_once_the_table_
         return original(block)
 
     shard.decode_block = broken  # type: ignore[method-assign]
-    tree.locate = False  # through the block (a located read checks only its own file's bytes)
+    tree.located.enabled = False  # through the block (a located read checks only its own file's bytes)
     in_block_0 = [p for p, e in files.items() if e.ref.shard == 0 and e.ref.block == 0]
     elsewhere = [p for p, e in files.items() if e.ref.shard == 0 and e.ref.block == 1]
     for path in in_block_0:
@@ -242,8 +242,8 @@ def test_a_reader_going_in_order_gets_the_next_blocks_read_ahead(tmp_path: Path)
     for block in (0, 1):  # two blocks in order: blocks 2 and 3 are decoded and encoded meanwhile
         entry = tree.lookup(by_block[block][0])
         tree.read(entry, 0, entry.size)
-    assert tree.readahead is not None
-    wait_until(tree.readahead.idle)
+    assert tree.blocks.readahead is not None
+    wait_until(tree.blocks.readahead.idle)
     cached = {key: block for key, (block, _) in tree.cache._items.items() if len(key) == 2}  # not scratch
     # block 0: a reader's first read in a shard is read through its locator (it may be random)
     assert set(cached) == {(0, 1), (0, 2), (0, 3)}
@@ -252,20 +252,20 @@ def test_a_reader_going_in_order_gets_the_next_blocks_read_ahead(tmp_path: Path)
     for path in by_block[2] + by_block[3]:
         entry = tree.lookup(path)
         tree.read(entry, 0, entry.size)
-    wait_until(tree.readahead.idle)
+    wait_until(tree.blocks.readahead.idle)
     assert (0, 4) in tree.cache._items and tree.cache.misses == misses + 2  # blocks 4 and 5, ahead
 
     random_reader = BlockTree(AtlasDataset(dataset), store=TableStore(str(dataset)))
     for block in (5, 2, 3, 1):  # not in order (one step in order is chance): nothing read ahead
         entry = random_reader.lookup(by_block[block][0])
         random_reader.read(entry, 0, entry.size)
-    assert random_reader.readahead is not None
-    wait_until(random_reader.readahead.idle)
-    assert random_reader.readahead.loaded == 0 and random_reader.cache.misses == 0  # through locators
+    assert random_reader.blocks.readahead is not None
+    wait_until(random_reader.blocks.readahead.idle)
+    assert random_reader.blocks.readahead.loaded == 0 and random_reader.cache.misses == 0  # through locators
 
 
 def test_the_folder_cache_keeps_the_recently_listed_within_its_bound(tmp_path: Path, monkeypatch) -> None:
-    import atlasfs.blocktree as blocktree
+    import atlasfs.listing as listing
 
     dataset = tmp_path / "ds"
     with AtlasWriter(dataset, shard_size=300, block_size=16) as writer:
@@ -273,15 +273,15 @@ def test_the_folder_cache_keeps_the_recently_listed_within_its_bound(tmp_path: P
             writer.add_example({"__key__": f"d{i % 3}/{i:04d}", "cls": i})
     tree = BlockTree(AtlasDataset(dataset))
     # a sub-folder's listing keeps its rows (4 bytes each) and counts one more
-    monkeypatch.setattr(blocktree, "FOLDER_CACHE_ROWS", 250)  # room for two sub-folders' listings
+    monkeypatch.setattr(listing, "FOLDER_CACHE_ROWS", 250)  # room for two sub-folders' listings
     first = tree.names("/0/d0")
     assert list(first) == [(name, e.is_dir, e.ino) for name, e in tree.listdir("/0/d0")]
-    cached = tree._folders[(0, "d0")]
+    cached = tree.folders.listings[(0, "d0")]
     tree.names("/0/d1")
     assert tree.names("/0/d0") == first  # from the cache, and now the most recently listed
     tree.names("/0/d2")  # pushes out the least recently listed: d1
-    assert set(tree._folders) == {(0, "d0"), (0, "d2")} and tree._folder_rows == 2 * 101
-    assert tree._folders[(0, "d0")] is cached
+    assert set(tree.folders.listings) == {(0, "d0"), (0, "d2")} and tree.folders.rows == 2 * 101
+    assert tree.folders.listings[(0, "d0")] is cached
     with pytest.raises(TypeError):
         first[0] = ("x", False, 1)  # type: ignore[index]  # shared, so immutable
     assert first[-1] == first[99] and first[98:200] == list(first)[98:] and first[::50] == list(first)[::50]

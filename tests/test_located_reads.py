@@ -57,7 +57,7 @@ def _cold(tree: BlockTree, s: int) -> None:
     tree.cache.clear()
     spans.PAYLOADS.clear()
     spans.JUST_DECODED.clear()
-    tree._last_block[s] = (-10, 1)
+    tree.blocks.last_block[s] = (-10, 1)
 
 
 def _read_every_file(tree: BlockTree, exported: Exported, located: bool) -> None:
@@ -71,7 +71,7 @@ def _read_every_file(tree: BlockTree, exported: Exported, located: bool) -> None
                 _cold(tree, s)
             else:
                 assert entry.ref is not None
-                tree.decoded_block(s, entry.ref.block)
+                tree.blocks.decoded(s, entry.ref.block)
             assert tree.read(entry, 0, entry.size + 10) == data, f"{shard.name}/{name}"
 
 
@@ -100,12 +100,12 @@ def test_every_reference_fixture_reads_the_same_through_both_paths(name: str, tm
     _index(dataset, tmp_path / "tables")
     tree = _tree(dataset, tmp_path / "tables")  # tables loaded from the store, locators and all
     _read_every_file(tree, exported, located=True)
-    located = tree.located_reads
+    located = tree.located.reads
     _read_every_file(tree, exported, located=False)
-    assert tree.located_fallbacks == 0
+    assert tree.located.fallbacks == 0
     files = sum(map(len, exported.values()))
     if files:
-        assert tree.located_reads == located > 0  # the block path served the second pass
+        assert tree.located.reads == located > 0  # the block path served the second pass
 
 
 def test_the_fixtures_have_every_kind_of_locator(tmp_path: Path) -> None:
@@ -135,7 +135,7 @@ def _lying_store(old: Path, new: Path, tables: Path) -> None:
     for s, shard in enumerate(new_tree.shards):
         table = old_tree.table(s, sizes=True)
         assert table.locators is not None
-        table.save(os.path.join(tables / "new", table_file_name(shard.name)), new_tree._table_key(s))
+        table.save(os.path.join(tables / "new", table_file_name(shard.name)), new_tree.tables.table_key(s))
 
 
 @pytest.mark.parametrize("strategy", [0, 1, 2, 3])
@@ -149,13 +149,13 @@ def test_a_changed_block_is_detected_and_read_through_it(tmp_path: Path, strateg
     assert all(tree.table(s).locators is not None for s in range(len(tree.shards)))  # the lying table is used
     with caplog.at_level(logging.WARNING, logger="atlasfs"):
         _read_every_file(tree, exported, located=True)
-    assert tree.located_fallbacks > 0
+    assert tree.located.fallbacks > 0
     warned = [r for r in caplog.records if "read through the block from now on" in r.getMessage()]
     blocks = sum(shard.num_blocks for shard in tree.shards)
     assert 0 < len(warned) <= blocks  # once per block at most
     # Only the files whose bytes are the same in both (cls, json: same values) may still be
     # served from the table; every other read was the block's.
-    assert tree.located_reads <= sum(len(files) for files in exported.values()) * 2 // 5
+    assert tree.located.reads <= sum(len(files) for files in exported.values()) * 2 // 5
 
 
 def test_a_byte_changed_in_place_is_never_served_stale_through_a_mount(tmp_path: Path) -> None:
@@ -187,7 +187,7 @@ def _stored_table(tmp_path: Path) -> tuple[Path, dict[str, Any], Limits, FileTab
     table = tree.table(0)
     path = tmp_path / "tables" / table_file_name(tree.shards[0].name)
     assert path.exists() and table.locators is not None
-    return path, tree._table_key(0), Limits(tree.shards[0].num_blocks, tree.shards[0].block_size), table
+    return path, tree.tables.table_key(0), Limits(tree.shards[0].num_blocks, tree.shards[0].block_size), table
 
 
 def _forged(table: FileTable, **changes: Any) -> FileTable:
@@ -264,7 +264,7 @@ def test_locators_that_lie_within_bounds_cost_a_fallback_not_wrong_bytes(tmp_pat
     exported = _export(dataset, tmp_path / "export")
     tree = _tree(dataset, tmp_path / "tables")
     _read_every_file(tree, exported, located=True)
-    assert tree.located_reads == 0 and tree.located_fallbacks > 0
+    assert tree.located.reads == 0 and tree.located.fallbacks > 0
 
 
 # ---------------------------------------------------------------- threads, and a real mount
@@ -296,7 +296,7 @@ def test_threads_reading_random_files_cold_get_exactly_the_exported_bytes(tmp_pa
 
     in_threads(reader, 8)
     assert errors == []
-    assert tree.located_reads > 100 and tree.located_fallbacks == 0
+    assert tree.located.reads > 100 and tree.located.fallbacks == 0
 
 
 def test_a_mount_serves_the_exported_bytes_to_random_readers(tmp_path: Path) -> None:
@@ -332,15 +332,15 @@ def test_a_block_known_to_fail_fails_every_file_located_or_not(tmp_path: Path) -
     shard.decode_block = broken  # type: ignore[method-assign]
     table = tree.table(0)
     in_block_0 = [f"/{shard.name}/{table.row(i).path}" for i in range(len(table)) if table.block.item(i) == 0]
-    tree.locate = False
+    tree.located.enabled = False
     with pytest.raises(OSError):  # decoded, it fails: the block is known to fail from now on
         tree.read(tree.lookup(in_block_0[0]), 0, 10)
-    tree.locate = True
+    tree.located.enabled = True
     for path in in_block_0:
         _cold(tree, 0)
         with pytest.raises(OSError):
             tree.read(tree.lookup(path), 0, 1 << 20)
-    assert tree.located_reads == 0
+    assert tree.located.reads == 0
 
 
 def test_a_table_not_yet_sized_sizes_located_files_at_lookup_without_decoding(tmp_path: Path) -> None:
@@ -359,22 +359,22 @@ def test_a_table_not_yet_sized_sizes_located_files_at_lookup_without_decoding(tm
         _cold(tree, 0)
         entry = tree.lookup(f"/0/{name}")
         assert tree.read(entry, 0, entry.size) == data
-    assert tree.cache.misses == 0 and tree.located_reads == len(names)
+    assert tree.cache.misses == 0 and tree.located.reads == len(names)
     assert not bool(np.any(tree.table(0).size == UNKNOWN_SIZE))
 
 
 def test_files_read_a_piece_at_a_time_come_out_whole(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A file bigger than one request: its first request locates it and keeps it for the
     next ones, or (past the keep bound) leaves it to its block; the bytes are the same."""
-    import atlasfs.blocktree as blocktree
+    import atlasfs.located as located
     dataset = _write(tmp_path / "ds", _examples(8), 2, shard_size=24)
     exported = _export(dataset, tmp_path / "export")
     _index(dataset, tmp_path / "tables")
-    for keep in (blocktree.LOCATED_KEEP_BYTES, 4 * 1000):  # the jpg files (2-2.3 KB) kept, then not
-        monkeypatch.setattr(blocktree, "LOCATED_KEEP_BYTES", keep)
+    for keep in (located.LOCATED_KEEP_BYTES, 4 * 1000):  # the jpg files (2-2.3 KB) kept, then not
+        monkeypatch.setattr(located, "LOCATED_KEEP_BYTES", keep)
         tree = _tree(dataset, tmp_path / "tables")
         for name, data in exported["0"].items():
             _cold(tree, 0)
             entry = tree.lookup(f"/0/{name}")
             assert b"".join(tree.read(entry, offset, 700) for offset in range(0, entry.size, 700)) == data
-        assert tree.located_reads > 0
+        assert tree.located.reads > 0

@@ -19,7 +19,8 @@ import numpy as np
 import pytest
 
 from atlasfs import AtlasDataset, AtlasWriter
-from atlasfs.blocktree import BlockTree, Block
+from atlasfs.blocks import Block
+from atlasfs.blocktree import BlockTree
 from threadwait import wait_until
 
 SHARDS = 6
@@ -104,7 +105,7 @@ def test_reading_every_file_from_threads_keeps_no_decoded_block_beyond_the_cache
             worker.start()
         for worker in workers:
             worker.join()
-        assert tree.readahead is not None
+        assert tree.blocks.readahead is not None
         blocks, examples = _live()
     # read-ahead's thread ends once idle (tests/test_readahead.py counts such threads)
     wait_until(lambda: not any(t.name == "atlasfs-readahead" for t in threading.enumerate()))
@@ -122,7 +123,7 @@ def test_listings_and_lookups_keep_no_python_object_per_file(dataset: Path, monk
     tree = BlockTree(AtlasDataset(dataset), cache_bytes=96 << 10)
     shards = [f"/{shard.name}" for shard in tree.source.shards]
     for shard in shards:  # tables built, every size learnt: listings then carry entries
-        tree.table(tree._shard_by_name[shard[1:]], sizes=True)
+        tree.table(tree.placement.by_name[shard[1:]], sizes=True)
     tree.cache.clear()
     gc.collect()
     before = len(gc.get_objects())
@@ -148,7 +149,7 @@ def test_blocks_are_decoded_a_few_at_a_time(dataset: Path, monkeypatch: pytest.M
     each other): however many threads read, at most DECODERS are decoded at once."""
     import time
 
-    import atlasfs.blocktree as blocktree
+    import atlasfs.blocks as blocks
 
     tree = BlockTree(AtlasDataset(dataset), cache_bytes=0)  # nothing cached: every read decodes
     running = [0, 0]  # now, most
@@ -168,24 +169,24 @@ def test_blocks_are_decoded_a_few_at_a_time(dataset: Path, monkeypatch: pytest.M
                 running[0] -= 1
 
     monkeypatch.setattr(shard_type, "decode_block", counted)
-    workers = [threading.Thread(target=lambda k=k: [tree.decoded_block(k % SHARDS, b) for b in range(10)])
+    workers = [threading.Thread(target=lambda k=k: [tree.blocks.decoded(k % SHARDS, b) for b in range(10)])
                for k in range(8)]
     for worker in workers:
         worker.start()
     for worker in workers:
         worker.join()
-    assert running[1] == blocktree.DECODERS
+    assert running[1] == blocks.DECODERS
 
 
 def test_memory_freed_by_evictions_is_given_back(dataset: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Once blocks costing half the cache bound (at least TRIM_AFTER_MIN) have been evicted,
     the tree asks the allocator to give free pages back (atlasfs.memory.trim)."""
-    import atlasfs.blocktree as blocktree
+    import atlasfs.blocks as blocks
     from atlasfs import memory
 
     calls = []
     monkeypatch.setattr(memory, "trim", lambda force=False: calls.append(force) or True)
-    monkeypatch.setattr(blocktree, "TRIM_AFTER_MIN", 64 << 10)
+    monkeypatch.setattr(blocks, "TRIM_AFTER_MIN", 64 << 10)
     tree = BlockTree(AtlasDataset(dataset), cache_bytes=96 << 10)
     tree.names(f"/{tree.source.shards[0].name}")  # decodes every block of the shard through the cache
     evicted = tree.cache.evicted_bytes
@@ -221,7 +222,7 @@ def test_a_block_is_charged_what_its_objects_hold(tmp_path: Path) -> None:
     finally:
         tracemalloc.stop()
     del examples
-    tree.decoded_block(0, 0)
+    tree.blocks.decoded(0, 0)
     cost = tree.cache.current_bytes
     assert held > 2 * pickled  # the case this is about
     assert 0.9 * held <= cost <= 1.5 * held, (cost, held, pickled)

@@ -220,7 +220,7 @@ def test_tar_through_a_mount_that_reads_ahead_matches_export(tmp_path: Path) -> 
                                 "json": {"i": i, "v": [rng.random() for _ in range(10)]}})
     expected = tmp_path / "expected.tar"
     tree = BlockTree(AtlasDataset(dataset), cache_bytes=0)  # no cache, so no read-ahead
-    assert tree.readahead is None
+    assert tree.blocks.readahead is None
     write_shard_tar(tree, "/0", str(expected))
     for run in range(2):  # the first mount sizes files as tar looks them up; the second has tables stored
         with mounted(dataset) as mnt:  # default cache: reads ahead

@@ -68,8 +68,8 @@ def test_a_random_read_decodes_only_the_blocks_under_it(tmp_path: Path) -> None:
     dataset = _dataset(tmp_path / "ds")
     BlockTree(AtlasDataset(dataset), cache_bytes=0, store=TableStore(str(dataset))).table(0, sizes=True)
     tree = BlockTree(AtlasDataset(dataset), store=TableStore(str(dataset)))
-    tree.readahead = None  # only what the reads need (read-ahead serves readers going in order)
-    tree.locate = False  # and through blocks (a member read through its locator decodes none)
+    tree.blocks.readahead = None  # only what the reads need (read-ahead serves readers going in order)
+    tree.located.enabled = False  # and through blocks (a member read through its locator decodes none)
     view = TarView(tree)
     entry = view.lookup("/0.tar")  # its size: from the stored table, nothing decoded
     assert tree.cache.misses == 0

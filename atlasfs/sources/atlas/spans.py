@@ -578,7 +578,7 @@ PAYLOAD_KEEP_BYTES = 16 << 20
 PAYLOADS = PayloadCache(PAYLOAD_KEEP_BYTES)
 #: The pickles of the last blocks decoded, for the table build that searches them right after
 #: (:meth:`LocatedReads.file_spans`): as many as blocks are decoded at once
-#: (``blocktree.DECODERS``), so that decodes made to serve reads do not push
+#: (``blocks.DECODERS``), so that decodes made to serve reads do not push
 #: :data:`PAYLOADS` out.
 JUST_DECODED = PayloadCache(64 << 20, max_items=2)
 
