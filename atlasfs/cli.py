@@ -295,7 +295,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="bound of the block cache (decoded blocks and their files), e.g. 512M or 2G (default 256M)")
     p.add_argument("--allow-other", action="store_true", help="let other users read the mount")
     p.add_argument("--log-file", metavar="PATH",
-                   help="append the daemon's log here (default: stderr with -f, else syslog)")
+                   help="append the daemon's log here (default: stderr with -f, else syslog, else with no "
+                        "/dev/log $XDG_STATE_HOME/atlasfs/<mount point>.log, rotated at 1 MiB x 3)")
     p.add_argument("--view", choices=("files", "tars", "both"),
                    help="what to show: the files of every sample, one folder per shard (files, the default); "
                         "each shard as one seekable <shard>.tar with a wids index shards.json (tars); or both")

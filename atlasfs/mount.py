@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from .blocktree import DEFAULT_CACHE_BYTES, BlockTree
+from .daemonlog import PROBLEM_PREFIX, StartupReport, file_handler, log_in_background
 from .errors import AtlasFormatError
 from .fuse_adapter import FuseAdapter, fuse_main, libfuse3
 from . import memory
@@ -352,11 +353,19 @@ def mount(dataset_path: str, mountpoint: str, options: MountOptions) -> int:
         _log_to_file(options.log_file)
     check_mountpoint(mountpoint)
     check_fuse(options.allow_other)
-    tree = open_tree(dataset_path, options)
-    dataset_path = redact(dataset_path)  # as the mount table and the log show it: no credentials
     if options.foreground:
-        return _serve_foreground(tree, mountpoint, options, dataset_path)
-    return _serve_background(tree, mountpoint, options, dataset_path)
+        tree = open_tree(dataset_path, options)
+        return _serve_foreground(tree, mountpoint, options, redact(dataset_path))
+    # The daemon's log is routed before the dataset opens: what the opening finds is in it too.
+    report = log_in_background(mountpoint, options.log_file)
+    mounted = False
+    try:
+        tree = open_tree(dataset_path, options)
+        _serve_background(tree, mountpoint, options, redact(dataset_path), report)
+        mounted = True
+    finally:
+        report.finish(mounted)
+    return 0
 
 
 def _serve_foreground(tree: Tree, mountpoint: str, options: MountOptions, dataset_path: str) -> int:
@@ -374,15 +383,21 @@ def _serve_foreground(tree: Tree, mountpoint: str, options: MountOptions, datase
     return 0
 
 
-def _serve_background(tree: Tree, mountpoint: str, options: MountOptions, dataset_path: str) -> int:
+def _serve_background(tree: Tree, mountpoint: str, options: MountOptions, dataset_path: str,
+                      report: StartupReport) -> int:
     read_end, write_end = os.pipe()
     sys.stdout.flush()
     sys.stderr.flush()
     pid = os.fork()
     if pid:
         os.close(write_end)
+        message = ""
         with os.fdopen(read_end) as pipe:
-            message = pipe.readline().strip()
+            for line in pipe:  # the daemon's problems while it starts, then "ready" or why not
+                if not line.startswith(PROBLEM_PREFIX):
+                    message = line.strip()
+                    break
+                report.show(line[len(PROBLEM_PREFIX):].rstrip("\n"))
         if message == "ready":
             return 0
         raise MountError(message or f"{mountpoint}: the mount daemon exited before the mount was ready")
@@ -392,23 +407,22 @@ def _serve_background(tree: Tree, mountpoint: str, options: MountOptions, datase
     os.setsid()
     os.chdir("/")
     _redirect(0, os.O_RDONLY)
-    if options.log_file is None:
-        _log_to_syslog()
     code = 1
     with os.fdopen(write_end, "w") as pipe:
+        report.send_to(pipe)
+
         def ready() -> None:
             log.info("mounted %s at %s (%s)", dataset_path, mountpoint, options.describe())
-            pipe.write("ready\n")
-            pipe.flush()
+            report.stop("ready")
             _redirect(1, os.O_WRONLY)
             _redirect(2, os.O_WRONLY)
         try:
             serve(tree, mountpoint, options, dataset_path, ready)
             code = 0
         except RuntimeError:
-            pipe.write(f"{mountpoint}: libfuse could not mount (see its message above)\n")
+            report.stop(f"{mountpoint}: libfuse could not mount (see its message above)")
         except BaseException as exc:  # the parent must hear about any failure
-            pipe.write(f"{mountpoint}: {exc}\n")
+            report.stop(f"{mountpoint}: {exc}")
     os._exit(code)
 
 
@@ -418,24 +432,11 @@ def _redirect(fd: int, flags: int) -> None:
     os.close(null)
 
 
-def _log_to_syslog() -> None:
-    root = logging.getLogger("atlasfs")
-    for handler in list(root.handlers):
-        root.removeHandler(handler)
-    if os.path.exists("/dev/log"):
-        handler: logging.Handler = logging.handlers.SysLogHandler("/dev/log")
-        handler.setFormatter(logging.Formatter("atlasfs[%(process)d]: %(message)s"))
-    else:
-        handler = logging.NullHandler()
-    root.addHandler(handler)
-
-
 def _log_to_file(path: str) -> None:
     try:
-        handler = logging.FileHandler(os.path.abspath(path))
+        handler = file_handler(path)
     except OSError as exc:
         raise MountError(f"{path}: cannot open log file ({exc.strerror})") from None
-    handler.setFormatter(logging.Formatter("%(asctime)s atlasfs[%(process)d]: %(message)s"))
     logging.getLogger("atlasfs").addHandler(handler)
 
 
