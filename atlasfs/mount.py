@@ -4,7 +4,8 @@
 mount answers (exit 0) or has failed (exit 1 with the reason). With ``-f``
 it serves in the foreground and tells systemd ``READY=1`` once the mount is
 live and ``STOPPING=1`` on the way down. SIGTERM, SIGINT and SIGHUP make
-libfuse leave its loop and unmount.
+libfuse leave its loop and unmount. Where a background daemon logs, and how the
+problems found while mounting reach ``atlasfs mount``'s terminal: :mod:`atlasfs.daemonlog`.
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ import ctypes.util
 import errno
 import gc
 import logging
-import logging.handlers
 import os
 import shutil
 import subprocess
