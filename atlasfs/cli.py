@@ -303,8 +303,8 @@ def build_parser() -> argparse.ArgumentParser:
                  "user's cache, ~/.cache/atlasfs; tables written by 'atlasfs index' beside the dataset are read too)")
     trust(p)
 
-    p = command("umount", cmd_umount, "unmount an atlasfs mount")
-    p.add_argument("mountpoint")
+    p = command("umount", cmd_umount, "unmount an atlasfs mount (other file systems are refused)")
+    p.add_argument("mountpoint", help="the mount point of an atlasfs mount")
     p.add_argument("-z", "--lazy", action="store_true",
                    help="detach now even if busy or dead (the mount goes once nothing uses it)")
 

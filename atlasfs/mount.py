@@ -440,10 +440,17 @@ def _log_to_file(path: str) -> None:
 
 
 def unmount(mountpoint: str, lazy: bool = False) -> None:
-    """Unmount ``mountpoint``; :class:`MountError` says why not (busy, not mounted...)."""
+    """Unmount the atlasfs mount at ``mountpoint``; :class:`MountError` says why not (busy, not
+    mounted, not an atlasfs mount: atlasfs never unmounts another file system)."""
     mountpoint = os.path.abspath(mountpoint)
-    if mountpoint not in mounted_filesystems():
+    # The type from the mount table, never a stat: a dead mount answers ENOTCONN and must go too.
+    fstype = mounted_filesystems().get(mountpoint)
+    if fstype is None:
+        if not os.path.lexists(mountpoint):
+            raise MountError(f"{mountpoint}: does not exist")
         raise MountError(f"{mountpoint}: not mounted")
+    if fstype != "fuse.atlasfs":
+        raise MountError(f"{mountpoint}: not an atlasfs mount ({fstype}); atlasfs only unmounts its own")
     if shutil.which("fusermount3"):
         command = ["fusermount3", "-u"] + (["-z"] if lazy else []) + [mountpoint]
     else:
