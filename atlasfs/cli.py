@@ -175,12 +175,12 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 def cmd_index(args: argparse.Namespace) -> int:
     from .blocktree import BlockTree
-    from .tablestore import TableStore
+    from .tablestore import TableStore, make_shared_folder
     with _source(args) as dataset:
         store = TableStore(dataset.root, index_dir=args.index_dir, beside=True, storage=dataset.storage)
         if args.index_dir is not None or not dataset.storage.remote:  # a bucket says so at the first write
             try:
-                os.makedirs(store.save_folder, exist_ok=True)
+                make_shared_folder(store.save_folder)
             except OSError as exc:
                 raise UsageError(f"{store.save_folder}: cannot create it ({exc.strerror}); "
                                  "choose a writable folder with --index-dir DIR") from None
