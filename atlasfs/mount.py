@@ -50,6 +50,9 @@ READY_TIMEOUT = 60.0
 #: a big file would take eight round trips per MiB instead of one.
 READ_AHEAD_KB = 1024
 
+#: The FUSE device; libfuse and fusermount3 open this very path.
+FUSE_DEVICE = "/dev/fuse"
+
 #: Options mount(8) and fstab pass along that mean nothing to a FUSE daemon.
 _MOUNT_ONLY_OPTIONS = {
     "defaults", "auto", "noauto", "nofail", "_netdev", "user", "users", "nouser", "owner", "group",
@@ -231,10 +234,13 @@ def check_fuse(allow_other: bool) -> None:
     except OSError as exc:
         raise MountError(str(exc)) from None
     try:
-        os.close(os.open("/dev/fuse", os.O_RDWR))
+        os.close(os.open(FUSE_DEVICE, os.O_RDWR))
     except OSError as exc:
+        if exc.errno in (errno.EACCES, errno.EPERM):
+            raise MountError(f"{FUSE_DEVICE}: permission denied "
+                             "(make it 0666, or add the user to the group owning it)") from None
         raise MountError(
-            f"/dev/fuse: {exc.strerror} (load the fuse kernel module; in a container, pass the device in)") from None
+            f"{FUSE_DEVICE}: {exc.strerror} (load the fuse kernel module; in a container, pass the device in)") from None
     if os.geteuid() != 0:
         if shutil.which("fusermount3") is None:
             raise MountError("fusermount3 not found: install it (Debian/Ubuntu: apt-get install fuse3)")

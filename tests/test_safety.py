@@ -1,4 +1,5 @@
-"""What another user meets (issue #23): tables `atlasfs index` stores for them.
+"""What another user meets (issue #23): tables `atlasfs index` stores for them, and errors
+naming the real cause when a dataset or /dev/fuse is not theirs to open.
 
 The other user is ``nobody`` (tests/otheruser.py): a real second user, in a private
 mount namespace, with the machine left as it was.
@@ -6,6 +7,7 @@ mount namespace, with the machine left as it was.
 
 from __future__ import annotations
 
+import os
 import shlex
 import shutil
 import stat
@@ -82,3 +84,63 @@ def test_tables_atlasfs_index_stores_serve_another_users_mount(where: str) -> No
         assert not list(cache.rglob("*.table")), "nobody built tables of its own instead of reading the stored ones"
         with mounted(dataset, *extra) as mnt:  # root's view of the same dataset
             assert (out / "list").read_text() == _listing(mnt) != ""
+
+
+def test_a_dataset_another_user_may_not_read_says_permission_denied() -> None:
+    with shared_folder() as shared:
+        dataset = Path(shutil.copytree(GOOD, shared / "ds"))
+        dataset.chmod(0o700)  # root's own
+        closed = shared / "closed"
+        closed.mkdir(mode=0o700)
+        hidden = Path(shutil.copytree(GOOD, closed / "ds"))
+        out = nobody_folder(shared / "out")
+        script = """
+        "$PYTHON" -m atlasfs info "$DS" 2>"$OUT/info"; echo $? >>"$OUT/info"
+        "$PYTHON" -m atlasfs export "$DS" "$OUT/tars" 2>"$OUT/export"; echo $? >>"$OUT/export"
+        "$PYTHON" -m atlasfs info "$HIDDEN" 2>"$OUT/hidden"; echo $? >>"$OUT/hidden"
+        """
+        result = run_as_nobody(script, shared / "ns", env={"DS": str(dataset), "HIDDEN": str(hidden),
+                                                            "OUT": str(out)})
+        assert result.returncode == 0, result.stderr
+        for name in ("info", "export"):
+            message, code = (out / name).read_text().splitlines()
+            assert code == "1"
+            assert message == (f"atlasfs: {dataset}: permission denied (cannot read the folder; "
+                               "check its permissions)"), message
+        message, code = (out / "hidden").read_text().splitlines()
+        assert code == "1" and message.startswith(f"atlasfs: {hidden}: permission denied (cannot reach it"), message
+
+
+@pytest.mark.fuse
+def test_mounting_a_dataset_another_user_may_not_read_says_permission_denied() -> None:
+    require_fuse()
+    with shared_folder() as shared:
+        dataset = Path(shutil.copytree(GOOD, shared / "ds"))
+        dataset.chmod(0o700)
+        out = nobody_folder(shared / "out")
+        script = '"$PYTHON" -m atlasfs mount "$DS" "$MNT" 2>"$OUT/err"; echo $? >>"$OUT/err"'
+        env = {"DS": str(dataset), "MNT": str(nobody_folder(shared / "mnt")), "OUT": str(out)}
+        result = run_as_nobody(script, shared / "ns", fuse_mode=0o666, env=env)
+        assert result.returncode == 0, result.stderr
+        message, code = (out / "err").read_text().splitlines()
+        assert code == "1"
+        assert message == f"atlasfs: {dataset}: permission denied (cannot read the folder; check its permissions)"
+
+
+@pytest.mark.fuse
+def test_dev_fuse_another_user_may_not_open_says_permission_denied() -> None:
+    require_fuse()
+    with shared_folder() as shared:
+        dataset = Path(shutil.copytree(GOOD, shared / "ds"))
+        out = nobody_folder(shared / "out")
+        script = '"$PYTHON" -m atlasfs mount "$DS" "$MNT" 2>"$OUT/err"; echo $? >>"$OUT/err"'
+        env = {"DS": str(dataset), "MNT": str(nobody_folder(shared / "mnt")), "OUT": str(out)}
+        before = os.stat("/dev/fuse")
+        # root's own /dev/fuse (0600), in nobody's namespace only
+        result = run_as_nobody(script, shared / "ns", fuse_mode=0o600, env=env)
+        assert result.returncode == 0, result.stderr
+        message, code = (out / "err").read_text().splitlines()
+        assert code == "1"
+        assert message == "atlasfs: /dev/fuse: permission denied (make it 0666, or add the user to the group owning it)"
+        after = os.stat("/dev/fuse")
+        assert (after.st_mode, after.st_uid, after.st_gid) == (before.st_mode, before.st_uid, before.st_gid)
