@@ -95,7 +95,9 @@ def cmd_show(args: argparse.Namespace) -> int:
             except IndexError as exc:
                 raise UsageError(str(exc)) from None
             example = shard.decode_block(block)[0][pos]
-            print(f"example {args.index} (shard {shard.name}, block {block}, position {pos})")
+            total = sum(s.block_length(b) for s in source.shards for b in range(s.num_blocks))  # locate prepared them
+            index = args.index + total if args.index < 0 else args.index
+            print(f"example {index} (shard {shard.name}, block {block}, position {pos})")
             print("\n".join(describe(example)))
         return 0
     with _open(args.dataset, args.trust_pickle) as dataset:
@@ -104,7 +106,8 @@ def cmd_show(args: argparse.Namespace) -> int:
         except IndexError:
             raise UsageError(f"index {args.index} out of range: the dataset has {len(dataset)} examples") from None
         example = dataset[args.index]
-        print(f"example {args.index} (shard {dataset.shards[s].name}, block {block}, position {pos})")
+        index = args.index + len(dataset) if args.index < 0 else args.index  # as the user counts: from 0
+        print(f"example {index} (shard {dataset.shards[s].name}, block {block}, position {pos})")
         print("\n".join(describe(example)))
     return 0
 
@@ -149,6 +152,8 @@ def cmd_export(args: argparse.Namespace) -> int:
         if unknown:
             raise UsageError(f"no shard named {unknown[0]!r} in {args.dataset} (shards: {', '.join(names)})")
         tree = BlockTree(source, cache_bytes=args.cache_size)
+        if os.path.lexists(args.outdir) and not os.path.isdir(args.outdir):
+            raise UsageError(f"{args.outdir}: exists and is not a folder (OUTDIR is the folder the tars go in)")
         os.makedirs(args.outdir, exist_ok=True)
         failed = 0
         written = []
@@ -175,12 +180,12 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 def cmd_index(args: argparse.Namespace) -> int:
     from .blocktree import BlockTree
-    from .tablestore import TableStore
+    from .tablestore import TableStore, make_shared_folder
     with _source(args) as dataset:
         store = TableStore(dataset.root, index_dir=args.index_dir, beside=True, storage=dataset.storage)
         if args.index_dir is not None or not dataset.storage.remote:  # a bucket says so at the first write
             try:
-                os.makedirs(store.save_folder, exist_ok=True)
+                make_shared_folder(store.save_folder)
             except OSError as exc:
                 raise UsageError(f"{store.save_folder}: cannot create it ({exc.strerror}); "
                                  "choose a writable folder with --index-dir DIR") from None
@@ -239,10 +244,14 @@ def build_parser() -> argparse.ArgumentParser:
         description="Read, check, export and mount Atlas datasets as WebDataset-style file trees.")
     parser.add_argument("--version", action="version", version=f"atlasfs {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="log more (debug level)")
+    # -v after the command name too; SUPPRESS keeps a -v given before it from being reset
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
+                        help="log more (debug level)")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def command(name: str, func: Callable[[argparse.Namespace], int], help: str) -> argparse.ArgumentParser:
-        p = sub.add_parser(name, help=help, description=help)
+        p = sub.add_parser(name, help=help, description=help, parents=[common])
         p.set_defaults(func=func)
         return p
 
@@ -304,8 +313,8 @@ def build_parser() -> argparse.ArgumentParser:
                  "user's cache, ~/.cache/atlasfs; tables written by 'atlasfs index' beside the dataset are read too)")
     trust(p)
 
-    p = command("umount", cmd_umount, "unmount an atlasfs mount")
-    p.add_argument("mountpoint")
+    p = command("umount", cmd_umount, "unmount an atlasfs mount (other file systems are refused)")
+    p.add_argument("mountpoint", help="the mount point of an atlasfs mount")
     p.add_argument("-z", "--lazy", action="store_true",
                    help="detach now even if busy or dead (the mount goes once nothing uses it)")
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 import reprlib
 from dataclasses import dataclass, field
@@ -246,7 +247,22 @@ def describe(value: Any, indent: str = "") -> list[str]:
     return [f"{indent}{_summary(value)}"]
 
 
-_short = reprlib.Repr()
+class _InOrder(reprlib.Repr):
+    """reprlib's short repr, but a dict keeps the example's own key order (reprlib sorts keys)."""
+
+    def repr_dict(self, x: dict, level: int) -> str:
+        if not x:
+            return "{}"
+        if level <= 0:
+            return "{...}"
+        pieces = [f"{self.repr1(k, level - 1)}: {self.repr1(v, level - 1)}"
+                  for k, v in itertools.islice(x.items(), self.maxdict)]
+        if len(x) > self.maxdict:
+            pieces.append("...")
+        return "{" + ", ".join(pieces) + "}"
+
+
+_short = _InOrder()
 _short.maxstring = 80
 _short.maxother = 80
 _short.maxlist = _short.maxtuple = _short.maxdict = _short.maxset = 8

@@ -51,6 +51,9 @@ READY_TIMEOUT = 60.0
 #: a big file would take eight round trips per MiB instead of one.
 READ_AHEAD_KB = 1024
 
+#: The FUSE device; libfuse and fusermount3 open this very path.
+FUSE_DEVICE = "/dev/fuse"
+
 #: Options mount(8) and fstab pass along that mean nothing to a FUSE daemon.
 _MOUNT_ONLY_OPTIONS = {
     "defaults", "auto", "noauto", "nofail", "_netdev", "user", "users", "nouser", "owner", "group",
@@ -232,10 +235,13 @@ def check_fuse(allow_other: bool) -> None:
     except OSError as exc:
         raise MountError(str(exc)) from None
     try:
-        os.close(os.open("/dev/fuse", os.O_RDWR))
+        os.close(os.open(FUSE_DEVICE, os.O_RDWR))
     except OSError as exc:
+        if exc.errno in (errno.EACCES, errno.EPERM):
+            raise MountError(f"{FUSE_DEVICE}: permission denied "
+                             "(make it 0666, or add the user to the group owning it)") from None
         raise MountError(
-            f"/dev/fuse: {exc.strerror} (load the fuse kernel module; in a container, pass the device in)") from None
+            f"{FUSE_DEVICE}: {exc.strerror} (load the fuse kernel module; in a container, pass the device in)") from None
     if os.geteuid() != 0:
         if shutil.which("fusermount3") is None:
             raise MountError("fusermount3 not found: install it (Debian/Ubuntu: apt-get install fuse3)")
@@ -441,10 +447,17 @@ def _log_to_file(path: str) -> None:
 
 
 def unmount(mountpoint: str, lazy: bool = False) -> None:
-    """Unmount ``mountpoint``; :class:`MountError` says why not (busy, not mounted...)."""
+    """Unmount the atlasfs mount at ``mountpoint``; :class:`MountError` says why not (busy, not
+    mounted, not an atlasfs mount: atlasfs never unmounts another file system)."""
     mountpoint = os.path.abspath(mountpoint)
-    if mountpoint not in mounted_filesystems():
+    # The type from the mount table, never a stat: a dead mount answers ENOTCONN and must go too.
+    fstype = mounted_filesystems().get(mountpoint)
+    if fstype is None:
+        if not os.path.lexists(mountpoint):
+            raise MountError(f"{mountpoint}: does not exist")
         raise MountError(f"{mountpoint}: not mounted")
+    if fstype != "fuse.atlasfs":
+        raise MountError(f"{mountpoint}: not an atlasfs mount ({fstype}); atlasfs only unmounts its own")
     if shutil.which("fusermount3"):
         command = ["fusermount3", "-u"] + (["-z"] if lazy else []) + [mountpoint]
     else:
