@@ -119,10 +119,12 @@ class StartupReport(logging.Handler):
     to the ready pipe for ``atlasfs mount`` to print (:meth:`show`), until :meth:`stop`.
     """
 
-    def __init__(self, where: str | None, stream: IO[str] | None = None) -> None:
+    def __init__(self, where: str | None, stream: IO[str] | None = None, lost: str | None = None) -> None:
         super().__init__(logging.WARNING)
         #: Where the whole log goes, for the user: a file's path, "syslog", or None (nowhere).
         self.where = where
+        #: Why the log goes nowhere, said once the mount is live (a refused mount says only why).
+        self.lost = lost
         self._stream = stream if stream is not None else sys.stderr
         self._pipe: IO[str] | None = None
         self._stopped = False
@@ -177,6 +179,8 @@ class StartupReport(logging.Handler):
             print(f"atlasfs: ... and {self._more} more (see {where})", file=self._stream, flush=True)
         if mounted and self.where and self.where.startswith(state_dir() + os.sep):
             print(f"atlasfs: logging to {self.where}", file=self._stream, flush=True)
+        if mounted and self.lost:
+            print(f"atlasfs: {self.lost}", file=self._stream, flush=True)
 
 
 def log_in_background(mountpoint: str, log_file: str | None) -> StartupReport:
@@ -187,6 +191,7 @@ def log_in_background(mountpoint: str, log_file: str | None) -> StartupReport:
         if type(handler) is logging.StreamHandler and handler.stream in (sys.stderr, sys.__stderr__):
             log.removeHandler(handler)
     where: str | None
+    lost = None
     if log_file is not None:
         where = os.path.abspath(log_file)
     else:
@@ -197,10 +202,9 @@ def log_in_background(mountpoint: str, log_file: str | None) -> StartupReport:
                 handler, where = state_file_handler(mountpoint)
             except OSError as exc:
                 handler, where = None, None
-                print(f"atlasfs: cannot keep the daemon's log in {state_dir()} ({exc.strerror}); "
-                      f"give one with --log-file", file=sys.stderr, flush=True)
+                lost = f"cannot keep the daemon's log in {state_dir()} ({exc.strerror}); give one with --log-file"
         if handler is not None:
             log.addHandler(handler)
-    report = StartupReport(where)
+    report = StartupReport(where, lost=lost)
     log.addHandler(report)
     return report
