@@ -890,6 +890,12 @@ class BlockTree(Tree):
                     log.error("%s (%s with EIO)", message, what)
         return _eio(message)
 
+    def failures(self, s: int) -> list[str]:
+        """What is known to fail in shard position ``s``, one line each: the whole shard's
+        cause, or each failed block's (a block not decoded yet is not known)."""
+        with self._failed_lock:
+            return [message for (shard, _), message in sorted(self._failed.items()) if shard == s]
+
     def _mismatch(self, s: int, block: int) -> OSError:
         """The error for a block whose examples are not what the file table says (only if
         the dataset changed under us, or a stored table lies)."""

@@ -17,6 +17,7 @@ from .sources.atlas.dataset import AtlasDataset
 from .sources.factory import FORMATS, SourceOptions, detect, open_source
 from .sources.source import Source
 from .storage import StorageOptions, set_default_options
+from .tree import Unreadable
 
 log = logging.getLogger("atlasfs")
 
@@ -194,17 +195,30 @@ def cmd_index(args: argparse.Namespace) -> int:
                                  "choose a writable folder with --index-dir DIR") from None
             if not os.access(store.save_folder, os.W_OK):
                 raise UsageError(f"{store.save_folder}: not writable; choose a writable folder with --index-dir DIR")
-        tree = BlockTree(dataset, cache_bytes=0, store=store)
+        # A bad shard or block leaves its shard's table unstored (a mount builds it again and
+        # says why) and is named here once, in index's words: the tree does not log it.
+        tree = BlockTree(dataset, cache_bytes=0, store=store, log_failures=False)
         progress = Progress("index", len(dataset.shards), "shards")
-        for s in range(len(dataset.shards)):
-            tree.table(s, sizes=True)
+        failed = 0
+        for s, shard in enumerate(dataset.shards):
+            try:
+                tree.table(s, sizes=True)
+            except Unreadable:
+                pass  # its cause is in tree.failures
+            causes = tree.failures(s)
+            if causes:
+                more = f" (and {len(causes) - 1} more; atlasfs verify lists them)" if len(causes) > 1 else ""
+                print(f"atlasfs: index of shard {shard.name} failed: {causes[0]}{more}", file=sys.stderr)
+                failed += 1
             progress.advance()
         progress.close()
         if store.failures:
             raise UsageError(f"{store.save_folder}: {store.failures} of {len(dataset.shards)} file tables "
                              "could not be stored (see above)")
-        print(f"file tables of {len(dataset.shards)} shards are up to date in {store.save_folder}")
-    return 0
+        done = len(dataset.shards) - failed
+        print(f"file tables of {done} of {len(dataset.shards)} shards are up to date in {store.save_folder}" if failed
+              else f"file tables of {done} shards are up to date in {store.save_folder}")
+    return 1 if failed else 0
 
 
 def cmd_cache(args: argparse.Namespace) -> int:

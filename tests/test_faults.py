@@ -235,3 +235,22 @@ def test_the_mount_serves_every_good_shard_and_fails_only_the_bad_one(tmp_path: 
     assert "Traceback" not in text
     left_out = [line for line in text.splitlines() if f"shards.json leaves out {BAD}.tar" in line]
     assert len(left_out) == 1 and str(dataset / BAD / "data.bin") in left_out[0], text
+
+
+@pytest.mark.parametrize("fault", ("truncated", "bad_block"))
+def test_index_stores_every_good_shard_and_names_the_bad_one(tmp_path: Path, fault: str) -> None:
+    dataset = damaged(tmp_path, fault)
+    result = atlasfs("index", str(dataset))
+    assert result.returncode == 1 and "Traceback" not in result.stderr and "EIO" not in result.stderr
+    [line] = result.stderr.splitlines()
+    assert line.startswith(f"atlasfs: index of shard {BAD} failed: {dataset / BAD / 'data.bin'}"), line
+    assert result.stdout == f"file tables of 11 of 12 shards are up to date in {dataset / '.atlasfs-tables'}\n"
+    # the good shards' tables are there: a mount lists them without decoding
+    from atlasfs import AtlasDataset
+    from atlasfs.blocktree import BlockTree
+    from atlasfs.tablestore import TableStore
+    with AtlasDataset(dataset, tolerate_broken_shards=True) as source:
+        tree = BlockTree(source, store=TableStore(str(dataset)), log_failures=False)
+        for shard in GOOD:
+            assert tree.names(f"/{shard}")
+        assert tree.cache.misses == 0
