@@ -254,3 +254,28 @@ def test_index_stores_every_good_shard_and_names_the_bad_one(tmp_path: Path, fau
         for shard in GOOD:
             assert tree.names(f"/{shard}")
         assert tree.cache.misses == 0
+
+
+def test_any_format_a_file_that_cannot_be_read_fails_alone(tmp_path: Path) -> None:
+    """The same rule through the source interface: a .pbin file that is not one."""
+    from atlasfs.sources.pbin import write_pbin
+    root = tmp_path / "ds"
+    root.mkdir()
+    write_pbin(str(root / "a.pbin"), [[1, 2], [3]], token_width=2)
+    (root / "b.pbin").write_bytes(b"\x10" + bytes(30))
+    write_pbin(str(root / "c.pbin"), [[4], [5, 6], [7]], token_width=2)
+    info = atlasfs("info", str(root))
+    assert info.returncode == 1 and "Traceback" not in info.stderr
+    rows = {line.split()[0]: line for line in info.stdout.splitlines() if line[:1] in "abc" and " " in line}
+    assert rows["a"].split()[1] == "2" and rows["c"].split()[1] == "3" and str(root / "b.pbin") in rows["b:"]
+    result = atlasfs("export", str(root), str(tmp_path / "out"))
+    assert result.returncode == 1 and "EIO" not in result.stderr
+    assert f"atlasfs: export of shard b failed: {root / 'b.pbin'}" in result.stderr
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["a.tar", "c.tar", "shards.json"]
+    with mounted(root, "--view", "tars") as mnt:
+        index = json.loads((mnt / "shards.json").read_text())
+        assert index["shardlist"] == [{"url": "a.tar", "nsamples": 2}, {"url": "c.tar", "nsamples": 3}]
+        assert (mnt / "c.tar").read_bytes() == (tmp_path / "out" / "c.tar").read_bytes()
+        with pytest.raises(OSError) as raised:
+            os.stat(mnt / "b.tar")
+        assert raised.value.errno == errno.EIO
