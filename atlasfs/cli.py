@@ -201,11 +201,12 @@ def cmd_index(args: argparse.Namespace) -> int:
         progress = Progress("index", len(dataset.shards), "shards")
         failed = 0
         for s, shard in enumerate(dataset.shards):
+            causes: list[str] = []
             try:
                 tree.table(s, sizes=True)
-            except Unreadable:
-                pass  # its cause is in tree.failures
-            causes = tree.failures(s)
+            except Unreadable as exc:
+                causes = [exc.cause]
+            causes = tree.failures(s) or causes  # every failed block, also those sizing skipped
             if causes:
                 more = f" (and {len(causes) - 1} more; atlasfs verify lists them)" if len(causes) > 1 else ""
                 print(f"atlasfs: index of shard {shard.name} failed: {causes[0]}{more}", file=sys.stderr)
