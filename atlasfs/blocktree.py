@@ -37,7 +37,9 @@ A block that cannot be decoded is logged once; its examples appear as
 ``<index key>.unreadable`` entries whose lookups and reads fail with EIO,
 while everything else keeps serving. A shard that cannot even be opened
 (its ``error`` is set, or its pass over its files fails) is a folder whose
-listing fails with EIO.
+listing fails with EIO. Either raises :class:`~atlasfs.tree.Unreadable`, whose
+``cause`` lets the tar view and the commands that use the tree (``export``,
+``index``) leave that shard out and say why in their own words.
 """
 
 from __future__ import annotations
@@ -67,7 +69,7 @@ from .naming import LAYOUT_VERSION, MAX_NAME_BYTES, NO_KEY, KeyAssigner, declare
 from .readahead import ReadAhead
 from .sources.source import Source, SourceShard, SpanMismatch
 from .tablestore import TableStore
-from .tree import Entry, Tree, not_found, split_path
+from .tree import Entry, Tree, Unreadable, not_found, split_path
 
 log = logging.getLogger("atlasfs")
 
@@ -369,7 +371,7 @@ def _log_unavailable(exc: StorageUnavailableError) -> None:
 
 
 def _eio(message: str) -> OSError:
-    return OSError(errno.EIO, message)
+    return Unreadable(message)
 
 
 def _max_suffix_bytes(shard: SourceShard) -> int:
@@ -386,11 +388,16 @@ class BlockTree(Tree):
     """A :class:`Tree` over an open :class:`~atlasfs.sources.source.Source`.
 
     ``store`` keeps shard file tables between runs (None: build them every time).
+    Each shard or block that fails is logged once, in a mount's words (its files fail
+    with EIO), shards that could not be opened at once; a command that says itself
+    what each :class:`~atlasfs.tree.Unreadable` it meets means for it (``export``)
+    passes ``log_failures=False``.
     """
 
     def __init__(self, source: Source, cache_bytes: int = DEFAULT_CACHE_BYTES,
-                 store: TableStore | None = None) -> None:
+                 store: TableStore | None = None, log_failures: bool = True) -> None:
         self.source = source
+        self.log_failures = log_failures
         self.shards: list[SourceShard] = list(source.shards)
         self.cache: BlockCache[Block] = BlockCache(cache_bytes)
         self.store = store
@@ -445,6 +452,9 @@ class BlockTree(Tree):
         # Folders above shards: inode numbers below any shard's (which start at 1 << 32).
         self._above_entries = {path: Entry(True, 0, source.mtime, 2 + i)
                                for i, path in enumerate(p for p in self._above if p)}
+        for s, shard in enumerate(self.shards):  # said now: a mount's user sees it when mounting
+            if shard.error is not None:
+                self._fail(s, -1, str(shard.error))
 
     def _place_shards(self) -> None:
         """Map shard names to positions and make the folders above shards named with
@@ -875,8 +885,16 @@ class BlockTree(Tree):
         with self._failed_lock:
             if (s, block) not in self._failed:
                 self._failed[(s, block)] = message
-                log.error("%s (its files fail with EIO)", message)
+                if self.log_failures:
+                    what = f"shard {self.shards[s].name} fails" if block < 0 else "its files fail"
+                    log.error("%s (%s with EIO)", message, what)
         return _eio(message)
+
+    def failures(self, s: int) -> list[str]:
+        """What is known to fail in shard position ``s``, one line each: the whole shard's
+        cause, or each failed block's (a block not decoded yet is not known)."""
+        with self._failed_lock:
+            return [message for (shard, _), message in sorted(self._failed.items()) if shard == s]
 
     def _mismatch(self, s: int, block: int) -> OSError:
         """The error for a block whose examples are not what the file table says (only if

@@ -17,6 +17,7 @@ from .sources.atlas.dataset import AtlasDataset
 from .sources.factory import FORMATS, SourceOptions, detect, open_source
 from .sources.source import Source
 from .storage import StorageOptions, set_default_options
+from .tree import Unreadable
 
 log = logging.getLogger("atlasfs")
 
@@ -25,8 +26,8 @@ class UsageError(Exception):
     """Bad arguments, reported as one line."""
 
 
-def _open(path: str, trust_pickle: bool = False) -> AtlasDataset:
-    return AtlasDataset(path, trust_pickle=trust_pickle)
+def _open(path: str, trust_pickle: bool = False, **options: bool) -> AtlasDataset:
+    return AtlasDataset(path, trust_pickle=trust_pickle, **options)
 
 
 def _kind(args: argparse.Namespace) -> str:
@@ -44,13 +45,14 @@ def _source(args: argparse.Namespace, kind: str | None = None) -> Source:
 def cmd_info(args: argparse.Namespace) -> int:
     from .inspection import info_lines, source_info_lines
     kind = _kind(args)
-    if kind == "atlas":
-        with _open(args.dataset) as dataset:
-            print("\n".join(info_lines(dataset)))
-        return 0
-    with _source(args, kind) as source:
-        print("\n".join(source_info_lines(source)))
-    return 0
+    if kind == "atlas":  # a shard that cannot be read is one line of the summary, the others are summed up
+        with _open(args.dataset, tolerate_broken_shards=True) as dataset:
+            lines, problems = info_lines(dataset)
+    else:
+        with _source(args, kind) as source:
+            lines, problems = source_info_lines(source)
+    print("\n".join(lines))
+    return 1 if problems else 0
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
@@ -100,7 +102,8 @@ def cmd_show(args: argparse.Namespace) -> int:
             print(f"example {index} (shard {shard.name}, block {block}, position {pos})")
             print("\n".join(describe(example)))
         return 0
-    with _open(args.dataset, args.trust_pickle) as dataset:
+    # a shard that cannot be read fails only its own examples; one truncated fails its blocks past the cut
+    with _open(args.dataset, args.trust_pickle, tolerate_broken_shards=True, check_data_size=False) as dataset:
         try:
             s, block, pos = dataset.locate(args.index)
         except IndexError:
@@ -151,7 +154,9 @@ def cmd_export(args: argparse.Namespace) -> int:
         unknown = [n for n in chosen if n not in names]
         if unknown:
             raise UsageError(f"no shard named {unknown[0]!r} in {args.dataset} (shards: {', '.join(names)})")
-        tree = BlockTree(source, cache_bytes=args.cache_size)
+        # A bad shard or block fails its own tar (not written: a tar missing samples is no
+        # shard) and is named here once, in export's words: the tree does not log it.
+        tree = BlockTree(source, cache_bytes=args.cache_size, log_failures=False)
         if os.path.lexists(args.outdir) and not os.path.isdir(args.outdir):
             raise UsageError(f"{args.outdir}: exists and is not a folder (OUTDIR is the folder the tars go in)")
         os.makedirs(args.outdir, exist_ok=True)
@@ -160,13 +165,15 @@ def cmd_export(args: argparse.Namespace) -> int:
         for name in chosen:
             out = os.path.join(args.outdir, f"{name}.tar")
             os.makedirs(os.path.dirname(out), exist_ok=True)  # a shard named with slashes (Dolma)
-            total = count_files(tree, f"/{name}")
-            progress = Progress(f"export {name}.tar", total, "files")
+            progress = None
             try:
+                progress = Progress(f"export {name}.tar", count_files(tree, f"/{name}"), "files")
                 layout = write_shard_tar(tree, f"/{name}", out, progress.advance)
             except OSError as exc:
-                progress.close()
-                print(f"atlasfs: export of shard {name} failed: {exc.strerror or exc}", file=sys.stderr)
+                if progress is not None:
+                    progress.close()
+                others = "; the other shards are written" if len(chosen) > 1 else ""
+                print(f"atlasfs: export of shard {name} failed: {exc.strerror or exc}{others}", file=sys.stderr)
                 failed += 1
                 continue
             progress.close()
@@ -175,6 +182,8 @@ def cmd_export(args: argparse.Namespace) -> int:
             print(f"{out}: {samples} samples, {len(layout)} files, {format_size(layout.size)}")
         if written:
             print(f"{write_index(args.outdir, written)}: wids index of {len(written)} shards")
+        if failed:
+            print(f"atlasfs: {failed} of {len(chosen)} shards not written (named above)", file=sys.stderr)
         return 1 if failed else 0
 
 
@@ -191,17 +200,31 @@ def cmd_index(args: argparse.Namespace) -> int:
                                  "choose a writable folder with --index-dir DIR") from None
             if not os.access(store.save_folder, os.W_OK):
                 raise UsageError(f"{store.save_folder}: not writable; choose a writable folder with --index-dir DIR")
-        tree = BlockTree(dataset, cache_bytes=0, store=store)
+        # A bad shard or block leaves its shard's table unstored (a mount builds it again and
+        # says why) and is named here once, in index's words: the tree does not log it.
+        tree = BlockTree(dataset, cache_bytes=0, store=store, log_failures=False)
         progress = Progress("index", len(dataset.shards), "shards")
-        for s in range(len(dataset.shards)):
-            tree.table(s, sizes=True)
+        failed = 0
+        for s, shard in enumerate(dataset.shards):
+            causes: list[str] = []
+            try:
+                tree.table(s, sizes=True)
+            except Unreadable as exc:
+                causes = [exc.cause]
+            causes = tree.failures(s) or causes  # every failed block, also those sizing skipped
+            if causes:
+                more = f" (and {len(causes) - 1} more; atlasfs verify lists them)" if len(causes) > 1 else ""
+                print(f"atlasfs: index of shard {shard.name} failed: {causes[0]}{more}", file=sys.stderr)
+                failed += 1
             progress.advance()
         progress.close()
         if store.failures:
             raise UsageError(f"{store.save_folder}: {store.failures} of {len(dataset.shards)} file tables "
                              "could not be stored (see above)")
-        print(f"file tables of {len(dataset.shards)} shards are up to date in {store.save_folder}")
-    return 0
+        done = len(dataset.shards) - failed
+        print(f"file tables of {done} of {len(dataset.shards)} shards are up to date in {store.save_folder}" if failed
+              else f"file tables of {done} shards are up to date in {store.save_folder}")
+    return 1 if failed else 0
 
 
 def cmd_cache(args: argparse.Namespace) -> int:

@@ -9,7 +9,6 @@ or not). :class:`~.dataset.AtlasDataset` reads one and is its own
 
 from __future__ import annotations
 
-import logging
 import os
 import stat
 from typing import TYPE_CHECKING
@@ -19,8 +18,6 @@ from ...errors import AtlasFormatError
 if TYPE_CHECKING:
     from ..factory import SourceOptions
     from .dataset import AtlasDataset
-
-log = logging.getLogger("atlasfs")
 
 
 def looks_like(path: str) -> bool:
@@ -38,7 +35,8 @@ def looks_like(path: str) -> bool:
 
 def open_source(path: str, options: "SourceOptions") -> "AtlasDataset":
     """Open the dataset for serving: a shard that cannot be opened stands as a broken
-    shard (its folder fails with EIO, logged once) while the others serve."""
+    shard (its ``error`` set: the tree fails its folder and tar with EIO and says why)
+    while the others serve."""
     from .dataset import AtlasDataset
     # The tree caches encoded blocks itself; the index is read into memory because a
     # mapped index.npy truncated under us would kill the daemon (SIGBUS).
@@ -46,9 +44,6 @@ def open_source(path: str, options: "SourceOptions") -> "AtlasDataset":
                            tolerate_broken_shards=True)
     if not dataset.storage.remote:
         _break_unreadable(dataset)
-    for shard in dataset.shards:
-        if shard.error is not None:
-            log.error("%s (the folder %s fails with EIO)", shard.error, shard.name)
     return dataset
 
 
