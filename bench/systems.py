@@ -22,7 +22,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 BENCH_DIR = os.path.dirname(os.path.abspath(__file__))
 RATARMOUNT_REQUIREMENTS = os.path.join(BENCH_DIR, "requirements-ratarmount.txt")
@@ -63,7 +63,6 @@ class View:
     shard_dirs: dict[str, str]
     pid: int | None = None
     mount_seconds: float | None = None
-    notes: list[str] = field(default_factory=list)
 
     def path(self, relative: str) -> str:
         """The absolute path of ``<shard>/<file>`` (a path relative to the materialized folder)."""
@@ -158,8 +157,6 @@ class System:
     """A way of presenting a dataset's files."""
 
     name = "?"
-    #: False for tmpfs: there is no cold state to come back to.
-    has_cold_state = True
 
     def session(self, fresh_metadata: bool = False) -> contextlib.AbstractContextManager[View]:
         """A fresh mount; with ``fresh_metadata``, also without stored file tables or index."""
@@ -173,7 +170,6 @@ class Tmpfs(System):
     """The materialized folder on /dev/shm, read by the same commands: the physical limit."""
 
     name = "tmpfs"
-    has_cold_state = False
 
     def __init__(self, folder: str, shards: list[str]) -> None:
         self.folder = folder
