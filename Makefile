@@ -25,14 +25,15 @@ test: install
 	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests" >&2; exit 1; fi; exit $$rc
 
 # The benchmark suite (docs/performance.md), then the FUSE floor and the tar view in the same run:
-# about a quarter of an hour on 2 cores; installs ratarmount, the
-# peer it compares with, into bench/.venv-ratarmount (never into $(VENV)). Writes bench/results/latest.*
-# Options through BENCH_ARGS, e.g. make bench BENCH_ARGS="--smoke" or BENCH_ARGS="--repeat 5 --datasets image".
+# about a quarter of an hour on 2 cores; installs ratarmount, the peer it compares with, into
+# bench/.venv-ratarmount (never into $(VENV)). Each writes its report into bench/results
+# (latest.*, floor.*, tarview.*). BENCH_ARGS go to all three (the harness's flags, bench/harness.py:
+# --smoke, --repeat N, --out DIR, --workdir DIR), RUN_ARGS to bench/run.py alone; e.g.
+# make bench BENCH_ARGS="--smoke" or BENCH_ARGS="--repeat 5" RUN_ARGS="--datasets image".
 bench: install
-	$(BIN)/python bench/run.py $(BENCH_ARGS)
-	$(BIN)/python bench/floor.py --files 24000 --size 1024 | tee bench/results/floor.txt
-	$(BIN)/python bench/floor.py --files 4500 --size 102400 | tee -a bench/results/floor.txt
-	$(BIN)/python bench/tarview.py | tee bench/results/tarview.md
+	$(BIN)/python bench/run.py $(BENCH_ARGS) $(RUN_ARGS)
+	$(BIN)/python bench/floor.py $(BENCH_ARGS)
+	$(BIN)/python bench/tarview.py $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache

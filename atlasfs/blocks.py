@@ -9,7 +9,6 @@ read tries again.
 
 from __future__ import annotations
 
-import errno
 import logging
 import sys
 import threading
@@ -26,6 +25,7 @@ from .naming import MAX_NAME_BYTES, encode_as, example_fields
 from .readahead import ReadAhead
 from .sources.source import SourceShard
 from .storage import StorageUnavailableError
+from .tree import Unreadable
 
 log = logging.getLogger("atlasfs")
 
@@ -115,7 +115,8 @@ def _log_unavailable(exc: StorageUnavailableError) -> None:
 
 
 def eio(message: str) -> OSError:
-    return OSError(errno.EIO, message)
+    """The error of data that is bad (:class:`~atlasfs.tree.Unreadable`, EIO)."""
+    return Unreadable(message)
 
 
 def max_suffix_bytes(shard: SourceShard) -> int:
@@ -127,8 +128,9 @@ def max_suffix_bytes(shard: SourceShard) -> int:
 class Blocks:
     """The blocks of a source's shards through one cache bounded in bytes."""
 
-    def __init__(self, shards: Sequence[SourceShard], cache_bytes: int) -> None:
+    def __init__(self, shards: Sequence[SourceShard], cache_bytes: int, log_failures: bool = True) -> None:
         self.shards = shards
+        self.log_failures = log_failures
         self.cache: BlockCache[Any] = BlockCache(cache_bytes)
         self.failed: dict[tuple[int, int], str] = {}
         self._failed_lock = threading.Lock()
@@ -250,8 +252,16 @@ class Blocks:
         with self._failed_lock:
             if (s, block) not in self.failed:
                 self.failed[(s, block)] = message
-                log.error("%s (its files fail with EIO)", message)
+                if self.log_failures:
+                    what = f"shard {self.shards[s].name} fails" if block < 0 else "its files fail"
+                    log.error("%s (%s with EIO)", message, what)
         return eio(message)
+
+    def failures(self, s: int) -> list[str]:
+        """What is known to fail in shard position ``s``, one line each: the whole shard's
+        cause, or each failed block's (a block not decoded yet is not known)."""
+        with self._failed_lock:
+            return [message for (shard, _), message in sorted(self.failed.items()) if shard == s]
 
     def mismatch(self, s: int, block: int) -> OSError:
         """The error for a block whose examples are not what the file table says (only if

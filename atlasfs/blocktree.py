@@ -20,7 +20,9 @@ A block that cannot be decoded is logged once; its examples appear as
 ``<index key>.unreadable`` entries whose lookups and reads fail with EIO,
 while everything else keeps serving. A shard that cannot even be opened
 (its ``error`` is set, or its pass over its files fails) is a folder whose
-listing fails with EIO.
+listing fails with EIO. Either raises :class:`~atlasfs.tree.Unreadable`, whose
+``cause`` lets the tar view and the commands that use the tree (``export``,
+``index``) leave that shard out and say why in their own words.
 """
 
 from __future__ import annotations
@@ -53,25 +55,36 @@ class BlockTree(Tree):
     """A :class:`Tree` over an open :class:`~atlasfs.sources.source.Source`.
 
     ``store`` keeps shard file tables between runs (None: build them every time).
+    Each shard or block that fails is logged once, in a mount's words (its files fail
+    with EIO), shards that could not be opened at once; a command that says itself
+    what each :class:`~atlasfs.tree.Unreadable` it meets means for it (``export``)
+    passes ``log_failures=False``.
     """
 
     def __init__(self, source: Source, cache_bytes: int = DEFAULT_CACHE_BYTES,
-                 store: TableStore | None = None) -> None:
+                 store: TableStore | None = None, log_failures: bool = True) -> None:
         self.source = source
         self.shards: list[SourceShard] = list(source.shards)
         self.placement = ShardPlacement(self.shards, source.mtime)
-        self.blocks = Blocks(self.shards, cache_bytes)
+        self.blocks = Blocks(self.shards, cache_bytes, log_failures)
         self.tables = Tables(source.kind, self.shards, self.blocks, store)
         self.located = LocatedReads(self.blocks)
         self.folders = FolderCache()
         # Entries of recently looked-up files: the kernel looks a file up, then reads it
         # (and each read request names the file again). Emptied when full.
         self._recent: dict[str, Entry] = {}
+        for s, shard in enumerate(self.shards):  # said now: a mount's user sees it when mounting
+            if shard.error is not None:
+                self.blocks.fail(s, -1, str(shard.error))
 
     @property
     def cache(self):  # noqa: ANN201 (BlockCache[Block])
         """The block cache (decoded blocks and their files), bounded in bytes."""
         return self.blocks.cache
+
+    def failures(self, s: int) -> list[str]:
+        """What is known to fail in shard position ``s`` (see :meth:`atlasfs.blocks.Blocks.failures`)."""
+        return self.blocks.failures(s)
 
     def table(self, s: int, sizes: bool = False) -> FileTable:
         """The file table of shard position ``s`` (see :meth:`atlasfs.tables.Tables.table`)."""

@@ -17,6 +17,7 @@ from .sources.atlas.dataset import AtlasDataset
 from .sources.factory import FORMATS, SourceOptions, detect, open_source
 from .sources.source import Source
 from .storage import StorageOptions, set_default_options
+from .tree import Unreadable
 
 log = logging.getLogger("atlasfs")
 
@@ -25,8 +26,8 @@ class UsageError(Exception):
     """Bad arguments, reported as one line."""
 
 
-def _open(path: str, trust_pickle: bool = False) -> AtlasDataset:
-    return AtlasDataset(path, trust_pickle=trust_pickle)
+def _open(path: str, trust_pickle: bool = False, **options: bool) -> AtlasDataset:
+    return AtlasDataset(path, trust_pickle=trust_pickle, **options)
 
 
 def _kind(args: argparse.Namespace) -> str:
@@ -44,13 +45,14 @@ def _source(args: argparse.Namespace, kind: str | None = None) -> Source:
 def cmd_info(args: argparse.Namespace) -> int:
     from .inspection import info_lines, source_info_lines
     kind = _kind(args)
-    if kind == "atlas":
-        with _open(args.dataset) as dataset:
-            print("\n".join(info_lines(dataset)))
-        return 0
-    with _source(args, kind) as source:
-        print("\n".join(source_info_lines(source)))
-    return 0
+    if kind == "atlas":  # a shard that cannot be read is one line of the summary, the others are summed up
+        with _open(args.dataset, tolerate_broken_shards=True) as dataset:
+            lines, problems = info_lines(dataset)
+    else:
+        with _source(args, kind) as source:
+            lines, problems = source_info_lines(source)
+    print("\n".join(lines))
+    return 1 if problems else 0
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
@@ -95,16 +97,20 @@ def cmd_show(args: argparse.Namespace) -> int:
             except IndexError as exc:
                 raise UsageError(str(exc)) from None
             example = shard.decode_block(block)[0][pos]
-            print(f"example {args.index} (shard {shard.name}, block {block}, position {pos})")
+            total = sum(s.block_length(b) for s in source.shards for b in range(s.num_blocks))  # locate prepared them
+            index = args.index + total if args.index < 0 else args.index
+            print(f"example {index} (shard {shard.name}, block {block}, position {pos})")
             print("\n".join(describe(example)))
         return 0
-    with _open(args.dataset, args.trust_pickle) as dataset:
+    # a shard that cannot be read fails only its own examples; one truncated fails its blocks past the cut
+    with _open(args.dataset, args.trust_pickle, tolerate_broken_shards=True, check_data_size=False) as dataset:
         try:
             s, block, pos = dataset.locate(args.index)
         except IndexError:
             raise UsageError(f"index {args.index} out of range: the dataset has {len(dataset)} examples") from None
         example = dataset[args.index]
-        print(f"example {args.index} (shard {dataset.shards[s].name}, block {block}, position {pos})")
+        index = args.index + len(dataset) if args.index < 0 else args.index  # as the user counts: from 0
+        print(f"example {index} (shard {dataset.shards[s].name}, block {block}, position {pos})")
         print("\n".join(describe(example)))
     return 0
 
@@ -148,20 +154,26 @@ def cmd_export(args: argparse.Namespace) -> int:
         unknown = [n for n in chosen if n not in names]
         if unknown:
             raise UsageError(f"no shard named {unknown[0]!r} in {args.dataset} (shards: {', '.join(names)})")
-        tree = BlockTree(source, cache_bytes=args.cache_size)
+        # A bad shard or block fails its own tar (not written: a tar missing samples is no
+        # shard) and is named here once, in export's words: the tree does not log it.
+        tree = BlockTree(source, cache_bytes=args.cache_size, log_failures=False)
+        if os.path.lexists(args.outdir) and not os.path.isdir(args.outdir):
+            raise UsageError(f"{args.outdir}: exists and is not a folder (OUTDIR is the folder the tars go in)")
         os.makedirs(args.outdir, exist_ok=True)
         failed = 0
         written = []
         for name in chosen:
             out = os.path.join(args.outdir, f"{name}.tar")
             os.makedirs(os.path.dirname(out), exist_ok=True)  # a shard named with slashes (Dolma)
-            total = count_files(tree, f"/{name}")
-            progress = Progress(f"export {name}.tar", total, "files")
+            progress = None
             try:
+                progress = Progress(f"export {name}.tar", count_files(tree, f"/{name}"), "files")
                 layout = write_shard_tar(tree, f"/{name}", out, progress.advance)
             except OSError as exc:
-                progress.close()
-                print(f"atlasfs: export of shard {name} failed: {exc.strerror or exc}", file=sys.stderr)
+                if progress is not None:
+                    progress.close()
+                others = "; the other shards are written" if len(chosen) > 1 else ""
+                print(f"atlasfs: export of shard {name} failed: {exc.strerror or exc}{others}", file=sys.stderr)
                 failed += 1
                 continue
             progress.close()
@@ -170,33 +182,49 @@ def cmd_export(args: argparse.Namespace) -> int:
             print(f"{out}: {samples} samples, {len(layout)} files, {format_size(layout.size)}")
         if written:
             print(f"{write_index(args.outdir, written)}: wids index of {len(written)} shards")
+        if failed:
+            print(f"atlasfs: {failed} of {len(chosen)} shards not written (named above)", file=sys.stderr)
         return 1 if failed else 0
 
 
 def cmd_index(args: argparse.Namespace) -> int:
     from .blocktree import BlockTree
-    from .tablestore import TableStore
+    from .tablestore import TableStore, make_shared_folder
     with _source(args) as dataset:
         store = TableStore(dataset.root, index_dir=args.index_dir, beside=True, storage=dataset.storage)
         if args.index_dir is not None or not dataset.storage.remote:  # a bucket says so at the first write
             try:
-                os.makedirs(store.save_folder, exist_ok=True)
+                make_shared_folder(store.save_folder)
             except OSError as exc:
                 raise UsageError(f"{store.save_folder}: cannot create it ({exc.strerror}); "
                                  "choose a writable folder with --index-dir DIR") from None
             if not os.access(store.save_folder, os.W_OK):
                 raise UsageError(f"{store.save_folder}: not writable; choose a writable folder with --index-dir DIR")
-        tree = BlockTree(dataset, cache_bytes=0, store=store)
+        # A bad shard or block leaves its shard's table unstored (a mount builds it again and
+        # says why) and is named here once, in index's words: the tree does not log it.
+        tree = BlockTree(dataset, cache_bytes=0, store=store, log_failures=False)
         progress = Progress("index", len(dataset.shards), "shards")
-        for s in range(len(dataset.shards)):
-            tree.table(s, sizes=True)
+        failed = 0
+        for s, shard in enumerate(dataset.shards):
+            causes: list[str] = []
+            try:
+                tree.table(s, sizes=True)
+            except Unreadable as exc:
+                causes = [exc.cause]
+            causes = tree.failures(s) or causes  # every failed block, also those sizing skipped
+            if causes:
+                more = f" (and {len(causes) - 1} more; atlasfs verify lists them)" if len(causes) > 1 else ""
+                print(f"atlasfs: index of shard {shard.name} failed: {causes[0]}{more}", file=sys.stderr)
+                failed += 1
             progress.advance()
         progress.close()
         if store.failures:
             raise UsageError(f"{store.save_folder}: {store.failures} of {len(dataset.shards)} file tables "
                              "could not be stored (see above)")
-        print(f"file tables of {len(dataset.shards)} shards are up to date in {store.save_folder}")
-    return 0
+        done = len(dataset.shards) - failed
+        print(f"file tables of {done} of {len(dataset.shards)} shards are up to date in {store.save_folder}" if failed
+              else f"file tables of {done} shards are up to date in {store.save_folder}")
+    return 1 if failed else 0
 
 
 def cmd_cache(args: argparse.Namespace) -> int:
@@ -239,10 +267,14 @@ def build_parser() -> argparse.ArgumentParser:
         description="Read, check, export and mount Atlas datasets as WebDataset-style file trees.")
     parser.add_argument("--version", action="version", version=f"atlasfs {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="log more (debug level)")
+    # -v after the command name too; SUPPRESS keeps a -v given before it from being reset
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
+                        help="log more (debug level)")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def command(name: str, func: Callable[[argparse.Namespace], int], help: str) -> argparse.ArgumentParser:
-        p = sub.add_parser(name, help=help, description=help)
+        p = sub.add_parser(name, help=help, description=help, parents=[common])
         p.set_defaults(func=func)
         return p
 
@@ -295,7 +327,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="bound of the block cache (decoded blocks and their files), e.g. 512M or 2G (default 256M)")
     p.add_argument("--allow-other", action="store_true", help="let other users read the mount")
     p.add_argument("--log-file", metavar="PATH",
-                   help="append the daemon's log here (default: stderr with -f, else syslog)")
+                   help="append the daemon's log here (default: stderr with -f, else syslog, else with no "
+                        "/dev/log $XDG_STATE_HOME/atlasfs/<mount point>.log, rotated at 1 MiB x 3)")
     p.add_argument("--view", choices=("files", "tars", "both"),
                    help="what to show: the files of every sample, one folder per shard (files, the default); "
                         "each shard as one seekable <shard>.tar with a wids index shards.json (tars); or both")
@@ -303,8 +336,8 @@ def build_parser() -> argparse.ArgumentParser:
                  "user's cache, ~/.cache/atlasfs; tables written by 'atlasfs index' beside the dataset are read too)")
     trust(p)
 
-    p = command("umount", cmd_umount, "unmount an atlasfs mount")
-    p.add_argument("mountpoint")
+    p = command("umount", cmd_umount, "unmount an atlasfs mount (other file systems are refused)")
+    p.add_argument("mountpoint", help="the mount point of an atlasfs mount")
     p.add_argument("-z", "--lazy", action="store_true",
                    help="detach now even if busy or dead (the mount goes once nothing uses it)")
 

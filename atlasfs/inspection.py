@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 import reprlib
 from dataclasses import dataclass, field
@@ -68,38 +69,51 @@ def _decoded_size(shard: Shard) -> int | None:
     return total
 
 
-def info_lines(dataset: AtlasDataset) -> list[str]:
-    """A readable summary of ``dataset``: totals, then one line per shard.
+def info_lines(dataset: AtlasDataset) -> tuple[list[str], int]:
+    """A readable summary of ``dataset``: totals, then one line per shard; and how many
+    shards have problems.
 
     Besides what opening checks, it validates every block's frame header
     (magic, dictionary, claimed size) when there are at most
-    :data:`RATIO_MAX_BLOCKS` blocks; only ``verify`` decodes the blocks.
+    :data:`RATIO_MAX_BLOCKS` blocks; only ``verify`` decodes the blocks. A shard that
+    could not be opened (a :class:`BrokenShard`, with ``tolerate_broken_shards``) or
+    has a bad frame header is one line saying what is wrong; the totals are the others'.
     """
     on_disk = _stored_bytes(dataset)
-    stored = sum(s.data_size for s in dataset.shards)
+    check_frames = dataset.num_blocks <= RATIO_MAX_BLOCKS
+    problems = {s: str(shard.error) for s, shard in enumerate(dataset.shards) if shard.error is not None}
+    decoded: list[int | None] = [None] * len(dataset.shards)
+    for s, shard in enumerate(dataset.shards):
+        if check_frames and s not in problems:
+            try:
+                decoded[s] = _decoded_size(shard)
+            except AtlasFormatError as exc:
+                problems[s] = str(exc)
+    good = [s for s in range(len(dataset.shards)) if s not in problems]
+    stored = sum(dataset.shards[s].data_size for s in good)
     lines = [
         f"dataset      {dataset.root}",
-        f"examples     {len(dataset)}",
-        f"shards       {len(dataset.shards)}",
-        f"blocks       {dataset.num_blocks}",
+        f"examples     {sum(len(dataset.shards[s]) for s in good)}",
+        f"shards       {len(dataset.shards)}" + (f" ({len(problems)} with problems, below)" if problems else ""),
+        f"blocks       {sum(dataset.shards[s].num_blocks for s in good)}",
         f"strategy     {int(dataset.meta.compression_strategy)} ({dataset.meta.compression_strategy.name.lower()}) at the root",
         f"on disk      {on_disk} bytes ({stored} in data.bin files)",
     ]
-    decoded: list[int | None] = [None] * len(dataset.shards)
-    if dataset.num_blocks <= RATIO_MAX_BLOCKS:
-        decoded = [_decoded_size(s) for s in dataset.shards]
-        if stored and all(d is not None for d in decoded):
-            total = sum(d for d in decoded if d is not None)
-            lines.append(f"decoded      {total} bytes of pickle (compression ratio {total / stored:.2f})")
-    checked = "metadata, indexes and frame headers" if dataset.num_blocks <= RATIO_MAX_BLOCKS else "metadata and indexes"
+    if check_frames and stored and all(decoded[s] is not None for s in good):
+        total = sum(decoded[s] or 0 for s in good)
+        lines.append(f"decoded      {total} bytes of pickle (compression ratio {total / stored:.2f})")
+    checked = "metadata, indexes and frame headers" if check_frames else "metadata and indexes"
     lines.append(f"checked      {checked} (atlasfs verify decodes every block)")
     lines.append("")
     lines.append(f"{'shard':>8} {'examples':>10} {'blocks':>8} {'block_size':>10} {'strategy':>8} {'data.bin':>12} {'ratio':>6}")
-    for shard, size in zip(dataset.shards, decoded):
+    for s, (shard, size) in enumerate(zip(dataset.shards, decoded)):
+        if s in problems:
+            lines.append(f"{shard.name:>8} problem: {problems[s]}")
+            continue
         ratio = f"{size / shard.data_size:.2f}" if size is not None and shard.data_size else "-"
         lines.append(f"{shard.name:>8} {len(shard):>10} {shard.num_blocks:>8} {shard.meta.block_size:>10} "
                      f"{int(shard.meta.compression_strategy):>8} {shard.data_size:>12} {ratio:>6}")
-    return lines
+    return lines, len(problems)
 
 
 @dataclass
@@ -165,9 +179,10 @@ def _prepared(shard: SourceShard) -> SourceShard:
     return shard
 
 
-def source_info_lines(source: Source) -> list[str]:
-    """A readable summary of a source of any format: totals, then one line per shard.
-    Shards that need a pass over their files (Dolma) make it."""
+def source_info_lines(source: Source) -> tuple[list[str], int]:
+    """A readable summary of a source of any format: totals, then one line per shard
+    (a shard that cannot be read: one line saying why); and how many shards cannot be
+    read. Shards that need a pass over their files (Dolma) make it."""
     rows = []
     problems = 0
     for shard in source.shards:
@@ -191,7 +206,7 @@ def source_info_lines(source: Source) -> list[str]:
              f"{'shard':<{width}} {'samples':>10} {'blocks':>8} {'bytes':>12}"]
     for row in rows:
         lines.append(row if isinstance(row, str) else f"{row[0]:<{width}} {row[1]:>10} {row[2]:>8} {row[3]:>12}")
-    return lines
+    return lines, problems
 
 
 def verify_source(opener: Callable[[], Source], *, on_block: Callable[[], None] | None = None,
@@ -246,7 +261,22 @@ def describe(value: Any, indent: str = "") -> list[str]:
     return [f"{indent}{_summary(value)}"]
 
 
-_short = reprlib.Repr()
+class _InOrder(reprlib.Repr):
+    """reprlib's short repr, but a dict keeps the example's own key order (reprlib sorts keys)."""
+
+    def repr_dict(self, x: dict, level: int) -> str:
+        if not x:
+            return "{}"
+        if level <= 0:
+            return "{...}"
+        pieces = [f"{self.repr1(k, level - 1)}: {self.repr1(v, level - 1)}"
+                  for k, v in itertools.islice(x.items(), self.maxdict)]
+        if len(x) > self.maxdict:
+            pieces.append("...")
+        return "{" + ", ".join(pieces) + "}"
+
+
+_short = _InOrder()
 _short.maxstring = 80
 _short.maxother = 80
 _short.maxlist = _short.maxtuple = _short.maxdict = _short.maxset = 8

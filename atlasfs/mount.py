@@ -4,7 +4,8 @@
 mount answers (exit 0) or has failed (exit 1 with the reason). With ``-f``
 it serves in the foreground and tells systemd ``READY=1`` once the mount is
 live and ``STOPPING=1`` on the way down. SIGTERM, SIGINT and SIGHUP make
-libfuse leave its loop and unmount.
+libfuse leave its loop and unmount. Where a background daemon logs, and how the
+problems found while mounting reach ``atlasfs mount``'s terminal: :mod:`atlasfs.daemonlog`.
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ import ctypes.util
 import errno
 import gc
 import logging
-import logging.handlers
 import os
 import shutil
 import subprocess
@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from .blocktree import DEFAULT_CACHE_BYTES, BlockTree
+from .daemonlog import PROBLEM_PREFIX, StartupReport, file_handler, log_in_background
 from .errors import AtlasFormatError
 from .fuse_adapter import FuseAdapter, fuse_main, libfuse3
 from . import memory
@@ -49,6 +50,9 @@ READY_TIMEOUT = 60.0
 #: read-ahead and reads through the page cache come in read-ahead sized requests:
 #: a big file would take eight round trips per MiB instead of one.
 READ_AHEAD_KB = 1024
+
+#: The FUSE device; libfuse and fusermount3 open this very path.
+FUSE_DEVICE = "/dev/fuse"
 
 #: Options mount(8) and fstab pass along that mean nothing to a FUSE daemon.
 _MOUNT_ONLY_OPTIONS = {
@@ -231,10 +235,13 @@ def check_fuse(allow_other: bool) -> None:
     except OSError as exc:
         raise MountError(str(exc)) from None
     try:
-        os.close(os.open("/dev/fuse", os.O_RDWR))
+        os.close(os.open(FUSE_DEVICE, os.O_RDWR))
     except OSError as exc:
+        if exc.errno in (errno.EACCES, errno.EPERM):
+            raise MountError(f"{FUSE_DEVICE}: permission denied "
+                             "(make it 0666, or add the user to the group owning it)") from None
         raise MountError(
-            f"/dev/fuse: {exc.strerror} (load the fuse kernel module; in a container, pass the device in)") from None
+            f"{FUSE_DEVICE}: {exc.strerror} (load the fuse kernel module; in a container, pass the device in)") from None
     if os.geteuid() != 0:
         if shutil.which("fusermount3") is None:
             raise MountError("fusermount3 not found: install it (Debian/Ubuntu: apt-get install fuse3)")
@@ -352,11 +359,19 @@ def mount(dataset_path: str, mountpoint: str, options: MountOptions) -> int:
         _log_to_file(options.log_file)
     check_mountpoint(mountpoint)
     check_fuse(options.allow_other)
-    tree = open_tree(dataset_path, options)
-    dataset_path = redact(dataset_path)  # as the mount table and the log show it: no credentials
     if options.foreground:
-        return _serve_foreground(tree, mountpoint, options, dataset_path)
-    return _serve_background(tree, mountpoint, options, dataset_path)
+        tree = open_tree(dataset_path, options)
+        return _serve_foreground(tree, mountpoint, options, redact(dataset_path))
+    # The daemon's log is routed before the dataset opens: what the opening finds is in it too.
+    report = log_in_background(mountpoint, options.log_file)
+    mounted = False
+    try:
+        tree = open_tree(dataset_path, options)
+        _serve_background(tree, mountpoint, options, redact(dataset_path), report)
+        mounted = True
+    finally:
+        report.finish(mounted)
+    return 0
 
 
 def _serve_foreground(tree: Tree, mountpoint: str, options: MountOptions, dataset_path: str) -> int:
@@ -374,15 +389,21 @@ def _serve_foreground(tree: Tree, mountpoint: str, options: MountOptions, datase
     return 0
 
 
-def _serve_background(tree: Tree, mountpoint: str, options: MountOptions, dataset_path: str) -> int:
+def _serve_background(tree: Tree, mountpoint: str, options: MountOptions, dataset_path: str,
+                      report: StartupReport) -> int:
     read_end, write_end = os.pipe()
     sys.stdout.flush()
     sys.stderr.flush()
     pid = os.fork()
     if pid:
         os.close(write_end)
+        message = ""
         with os.fdopen(read_end) as pipe:
-            message = pipe.readline().strip()
+            for line in pipe:  # the daemon's problems while it starts, then "ready" or why not
+                if not line.startswith(PROBLEM_PREFIX):
+                    message = line.strip()
+                    break
+                report.show(line[len(PROBLEM_PREFIX):].rstrip("\n"))
         if message == "ready":
             return 0
         raise MountError(message or f"{mountpoint}: the mount daemon exited before the mount was ready")
@@ -392,23 +413,22 @@ def _serve_background(tree: Tree, mountpoint: str, options: MountOptions, datase
     os.setsid()
     os.chdir("/")
     _redirect(0, os.O_RDONLY)
-    if options.log_file is None:
-        _log_to_syslog()
     code = 1
     with os.fdopen(write_end, "w") as pipe:
+        report.send_to(pipe)
+
         def ready() -> None:
             log.info("mounted %s at %s (%s)", dataset_path, mountpoint, options.describe())
-            pipe.write("ready\n")
-            pipe.flush()
+            report.stop("ready")
             _redirect(1, os.O_WRONLY)
             _redirect(2, os.O_WRONLY)
         try:
             serve(tree, mountpoint, options, dataset_path, ready)
             code = 0
         except RuntimeError:
-            pipe.write(f"{mountpoint}: libfuse could not mount (see its message above)\n")
+            report.stop(f"{mountpoint}: libfuse could not mount (see its message above)")
         except BaseException as exc:  # the parent must hear about any failure
-            pipe.write(f"{mountpoint}: {exc}\n")
+            report.stop(f"{mountpoint}: {exc}")
     os._exit(code)
 
 
@@ -418,32 +438,26 @@ def _redirect(fd: int, flags: int) -> None:
     os.close(null)
 
 
-def _log_to_syslog() -> None:
-    root = logging.getLogger("atlasfs")
-    for handler in list(root.handlers):
-        root.removeHandler(handler)
-    if os.path.exists("/dev/log"):
-        handler: logging.Handler = logging.handlers.SysLogHandler("/dev/log")
-        handler.setFormatter(logging.Formatter("atlasfs[%(process)d]: %(message)s"))
-    else:
-        handler = logging.NullHandler()
-    root.addHandler(handler)
-
-
 def _log_to_file(path: str) -> None:
     try:
-        handler = logging.FileHandler(os.path.abspath(path))
+        handler = file_handler(path)
     except OSError as exc:
         raise MountError(f"{path}: cannot open log file ({exc.strerror})") from None
-    handler.setFormatter(logging.Formatter("%(asctime)s atlasfs[%(process)d]: %(message)s"))
     logging.getLogger("atlasfs").addHandler(handler)
 
 
 def unmount(mountpoint: str, lazy: bool = False) -> None:
-    """Unmount ``mountpoint``; :class:`MountError` says why not (busy, not mounted...)."""
+    """Unmount the atlasfs mount at ``mountpoint``; :class:`MountError` says why not (busy, not
+    mounted, not an atlasfs mount: atlasfs never unmounts another file system)."""
     mountpoint = os.path.abspath(mountpoint)
-    if mountpoint not in mounted_filesystems():
+    # The type from the mount table, never a stat: a dead mount answers ENOTCONN and must go too.
+    fstype = mounted_filesystems().get(mountpoint)
+    if fstype is None:
+        if not os.path.lexists(mountpoint):
+            raise MountError(f"{mountpoint}: does not exist")
         raise MountError(f"{mountpoint}: not mounted")
+    if fstype != "fuse.atlasfs":
+        raise MountError(f"{mountpoint}: not an atlasfs mount ({fstype}); atlasfs only unmounts its own")
     if shutil.which("fusermount3"):
         command = ["fusermount3", "-u"] + (["-z"] if lazy else []) + [mountpoint]
     else:

@@ -16,6 +16,12 @@ ignored with one log line and built again. Tables are written atomically
 (a temporary file, then a rename), so two mounts of one dataset at once
 each leave a whole table. The user's cache is bounded in bytes: after each
 save, the tables used least recently go until it fits.
+
+Tables stored for others (beside the dataset, or in ``--index-dir``) are
+readable by every user whatever the umask: files 0644, and the folders atlasfs
+creates for them 0755 (a folder that exists keeps its mode). They hold the
+dataset's file names and sizes, which its readers see anyway. The user's cache
+stays private (0600 files).
 """
 
 from __future__ import annotations
@@ -38,6 +44,9 @@ log = logging.getLogger("atlasfs")
 BESIDE_DATASET = ".atlasfs-tables"
 #: Default bound of the user's table cache; ``ATLASFS_TABLE_CACHE_SIZE`` sets another (e.g. ``4G``).
 DEFAULT_CACHE_BOUND = 1 << 30
+#: Permission bits of tables stored for every user of a dataset, and of the folders made for them.
+SHARED_FILE_MODE = 0o644
+SHARED_FOLDER_MODE = 0o755
 _SOURCE_FILE = "dataset.json"
 _SUFFIX = ".table"
 
@@ -107,6 +116,7 @@ class TableStore:
             [f for f in (index_dir and self.save_folder, beside_folder, self.cache_folder) if f]))
         if beside:  # `atlasfs index`: a table found elsewhere (the cache) would not be stored where asked
             self.folders = [self.save_folder]
+        self._beside_only = beside
         self._cache_bytes: int | None = None  # the cache's size as last counted, kept up to date by saves
         #: Tables that could not be stored (each logged).
         self.failures = 0
@@ -135,6 +145,8 @@ class TableStore:
                 continue
             if folder == self.cache_folder:
                 _touch(path)  # eviction goes by last use
+            elif self._beside_only and not store.remote:
+                _share(path)  # `atlasfs index` keeps it: stored 0600 by an older atlasfs, it becomes 0644
             return table
         return None
 
@@ -147,7 +159,11 @@ class TableStore:
             if folder == self.cache_folder:
                 os.makedirs(folder, exist_ok=True)
                 _write_source(folder, self.dataset_root)
-            store.write(path, table.to_bytes(key))
+                store.write(path, table.to_bytes(key))
+            else:  # for every user of the dataset: readable by all (module docstring)
+                if not store.remote:
+                    make_shared_folder(folder)
+                store.write(path, table.to_bytes(key), mode=SHARED_FILE_MODE)
         except OSError as exc:
             log.warning("cannot store the file table of shard %s in %s: %s", shard, store.describe(folder),
                         exc.strerror or exc)
@@ -166,6 +182,22 @@ class TableStore:
         bound = cache_bound()
         if self._cache_bytes > bound:
             self._cache_bytes = evict(bound, keep=just_saved)
+
+
+def make_shared_folder(folder: str) -> None:
+    """Create ``folder`` and any missing parents as :data:`SHARED_FOLDER_MODE` (whatever the
+    umask); folders that exist keep their mode."""
+    missing = []
+    path = os.path.abspath(folder)
+    while not os.path.isdir(path):
+        missing.append(path)
+        path = os.path.dirname(path)
+    for path in reversed(missing):
+        try:
+            os.mkdir(path, SHARED_FOLDER_MODE)
+        except FileExistsError:  # made meanwhile (another index run), or a file: the write says which
+            continue
+        os.chmod(path, SHARED_FOLDER_MODE)  # mkdir's mode is cut by the umask
 
 
 @dataclass(frozen=True)
@@ -248,6 +280,15 @@ def _remove_if_empty(folder: str) -> None:
             os.rmdir(folder)
     except OSError:
         pass
+
+
+def _share(path: str) -> None:
+    """Give a stored table :data:`SHARED_FILE_MODE` if it has other bits (logged if not allowed)."""
+    try:
+        if os.stat(path).st_mode & 0o7777 != SHARED_FILE_MODE:
+            os.chmod(path, SHARED_FILE_MODE)
+    except OSError as exc:
+        log.warning("%s: cannot make it readable by every user (%s)", path, exc.strerror or exc)
 
 
 def _touch(path: str) -> None:

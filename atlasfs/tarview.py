@@ -8,6 +8,12 @@ reading only the files under it. ``atlasfs export`` streams a layout into
 a file; :class:`TarView` shows each shard folder of a tree as
 ``<shard>.tar`` beside a wids index, ``shards.json``.
 
+A shard whose tar cannot be laid out (the shard cannot be opened, or a block
+cannot be decoded when its files are sized: :class:`~atlasfs.tree.Unreadable`)
+fails alone: its ``<shard>.tar`` is listed but fails with EIO, and
+``shards.json`` lists the other shards (the log says which it leaves out), so
+that wids and webdataset read every good shard.
+
 Headers are made by :class:`tarfile.TarInfo` exactly as :mod:`tarfile`
 writes them: members are mode 0444, uid and gid 0, no user or group names,
 mtime the file's (whole seconds). A header is one 512-byte block unless the
@@ -19,6 +25,7 @@ from __future__ import annotations
 
 import errno
 import json
+import logging
 import os
 import tarfile
 import threading
@@ -27,7 +34,7 @@ from typing import Callable
 
 import numpy as np
 
-from .tree import Entry, Tree, not_found, split_path
+from .tree import Entry, Tree, Unreadable, not_found, split_path
 
 BLOCK = tarfile.BLOCKSIZE
 RECORD = tarfile.RECORDSIZE
@@ -36,6 +43,8 @@ MEMBER_MODE = 0o444
 INDEX_NAME = "shards.json"
 #: Inode numbers of the view's own files start here (the base tree's stay below).
 VIEW_INO_BASE = 1 << 62
+
+log = logging.getLogger("atlasfs")
 
 
 def _header(name: str, size: int, mtime: int) -> bytes:
@@ -174,14 +183,18 @@ class TarView(Tree):
         self._layouts: dict[str, TarLayout] = {}
         self._locks: dict[str, threading.Lock] = {}
         self._lock = threading.Lock()
+        # Shards whose tars cannot be laid out, and why (bad data: it stays bad).
+        self._unreadable: dict[str, str] = {}
         self._index: bytes | None = None
+        self._index_lock = threading.Lock()
         root = base.lookup("/")
         self._root = root
         self._shards = [name for name, is_dir, _ in base.names("/") if is_dir]
         self._tar_ino = {f"{name}.tar": VIEW_INO_BASE + 1 + i for i, name in enumerate(self._shards)}
 
     def layout(self, shard: str) -> TarLayout:
-        """The layout of ``shard``'s tar, made on first use and kept."""
+        """The layout of ``shard``'s tar, made on first use and kept; raises
+        :class:`~atlasfs.tree.Unreadable` (every time, remembered) if it cannot be made."""
         layout = self._layouts.get(shard)
         if layout is None:
             with self._lock:
@@ -189,12 +202,27 @@ class TarView(Tree):
             with lock:
                 layout = self._layouts.get(shard)
                 if layout is None:
-                    layout = self._layouts[shard] = TarLayout(self.base, f"/{shard}")
+                    cause = self._unreadable.get(shard)
+                    if cause is not None:
+                        raise Unreadable(cause)
+                    try:
+                        layout = self._layouts[shard] = TarLayout(self.base, f"/{shard}")
+                    except Unreadable as exc:
+                        self._unreadable[shard] = exc.cause
+                        raise
         return layout
 
     def _index_bytes(self) -> bytes:
-        if self._index is None:
-            self._index = shard_index([(f"{s}.tar", self.layout(s).samples()) for s in self._shards])
+        """``shards.json``: every shard whose tar can be laid out (made on first use)."""
+        with self._index_lock:
+            if self._index is None:
+                listed = []
+                for s in self._shards:
+                    try:
+                        listed.append((f"{s}.tar", self.layout(s).samples()))
+                    except Unreadable as exc:
+                        log.error("%s leaves out %s.tar, which fails with EIO: %s", INDEX_NAME, s, exc.cause)
+                self._index = shard_index(listed)
         return self._index
 
     def lookup(self, path: str) -> Entry:

@@ -6,7 +6,7 @@ only ever talk to this interface, so a new source (another format, several
 datasets joined) plugs in without touching either.
 
 Errors are ``OSError`` with an errno: ENOENT for unknown paths, ENOTDIR,
-EIO for data that cannot be read.
+EIO for data that cannot be read (:class:`Unreadable` when the data itself is bad).
 """
 
 from __future__ import annotations
@@ -87,6 +87,20 @@ class Tree(ABC):
         same for a folder without sub-folders; a source whose sub-folders regroup samples
         overrides it."""
         return self.walk(path)
+
+
+class Unreadable(OSError):
+    """EIO for data that is bad (a shard that cannot be opened, a block that cannot be
+    decoded), as opposed to a read that failed for a while (a store that did not answer):
+    what fails this way keeps failing, and only the shard or block it names.
+
+    ``cause`` says what is wrong in one line naming the file, in no command's words:
+    the mount's log, ``export``, ``index`` and the tar view's ``shards.json`` each word
+    what it means for them."""
+
+    def __init__(self, cause: str) -> None:
+        super().__init__(errno.EIO, cause)
+        self.cause = cause
 
 
 def split_path(path: str) -> list[str]:

@@ -7,34 +7,31 @@ and the same files materialized on tmpfs, then times ``tar cf - -C <folder> . | 
 each (cold: a fresh mount; then warm: a second pass). What the adapter, libfuse 3 and the
 kernel cost per file, with no decoding at all, bounds what atlasfs can reach on small files.
 
-    python bench/floor.py                 # 24,000 files of 1 KiB, 3 repeats
-    python bench/floor.py --files 4500 --size 102400
+    python bench/floor.py                            # 24,000 files of 1 KiB, then 4,500 of 100 KiB; 3 repeats
+    python bench/floor.py --files 4500 --size 102400 # one case
+    python bench/floor.py --smoke                    # 300 files of 1 KiB, one repeat
+
+Report: bench/results/floor.md and floor.json (docs/performance.md, "The floor").
 """
 
 from __future__ import annotations
 
-import argparse
 import os
-import shutil
 import statistics
-import subprocess
 import sys
-import tempfile
 
-if __package__ in (None, ""):
+if __package__ in (None, ""):  # run as a script: make `bench` importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    __package__ = "bench"
 
-from atlasfs.tree import Entry, Tree  # noqa: E402
-from bench.systems import View, is_mounted, unmount  # noqa: E402
-from bench.workloads import tar_all  # noqa: E402
+from bench import harness
+from bench._atlasfs import Entry, Tree
+from bench.systems import ServedTree, Tmpfs
+from bench.workloads import tar_all
 
-_SERVE = """
-import sys
-sys.path.insert(0, {repo!r})
-from bench.floor import ConstantTree
-from atlasfs.mount import MountOptions, serve
-serve(ConstantTree({files}, {size}), {mnt!r}, MountOptions(foreground=True), "floor", lambda: print("ready", flush=True))
-"""
+#: The default cases, (files, size): small files, and files of the image set's size.
+CASES = [(24_000, 1024), (4_500, 102_400)]
+SMOKE_CASE = (300, 1024)
 
 
 class ConstantTree(Tree):
@@ -63,46 +60,54 @@ class ConstantTree(Tree):
         return self.data[offset:offset + size]
 
 
-def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--files", type=int, default=24_000)
-    p.add_argument("--size", type=int, default=1024)
-    p.add_argument("--repeat", type=int, default=3)
-    args = p.parse_args()
-    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    work = tempfile.mkdtemp(prefix="atlasfs-floor-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
-    try:
-        plain = os.path.join(work, "plain", "d")
-        os.makedirs(plain)
-        data = b"x" * args.size
-        for i in range(args.files):
-            with open(os.path.join(plain, f"{i:06d}.bin"), "wb") as f:
-                f.write(data)
-        results: dict[str, list[float]] = {"tmpfs": [], "adapter cold": [], "adapter warm": []}
-        for _ in range(args.repeat):
-            results["tmpfs"].append(tar_all(View("tmpfs", plain, {"d": plain}), ["d"]).seconds)
-            mnt = tempfile.mkdtemp(prefix="mnt-", dir=work)
-            code = _SERVE.format(repo=repo, files=args.files, size=args.size, mnt=mnt)
-            daemon = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
-            try:
-                # "ready" once the mount answers and its read-ahead is set, as atlasfs mount waits for
-                if daemon.stdout is None or daemon.stdout.readline().strip() != "ready" or not is_mounted(mnt):
-                    raise SystemExit("floor: the mount did not come up")
-                view = View("floor", mnt, {"d": os.path.join(mnt, "d")})
-                results["adapter cold"].append(tar_all(view, ["d"]).seconds)
-                results["adapter warm"].append(tar_all(view, ["d"]).seconds)
-            finally:
-                unmount(mnt, daemon)
-        base = statistics.median(results["tmpfs"])
-        print(f"tar of {args.files:,} files of {args.size:,} bytes, median of {args.repeat}:")
-        for name, samples in results.items():
-            median = statistics.median(samples)
-            print(f"  {name:13s} {args.files / median:10,.0f} files/s  {args.files * args.size / median / 1e6:8.1f} MB/s"
-                  f"  ({min(samples):.3f}-{max(samples):.3f} s)  {base / median:.3f} of tmpfs")
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+def measure(files: int, size: int, repeat: int, workdir: str) -> dict[str, list[float]]:
+    """Seconds of every tar: tmpfs, and the served tree cold (fresh mount) and warm (same mount)."""
+    folder = os.path.join(workdir, f"plain-{files}x{size}")
+    os.makedirs(os.path.join(folder, "d"), exist_ok=True)
+    data = b"x" * size
+    for i in range(files):
+        with open(os.path.join(folder, "d", f"{i:06d}.bin"), "wb") as f:
+            f.write(data)
+    tmpfs = Tmpfs(folder, ["d"])
+    floor = ServedTree("floor", "bench.floor:ConstantTree", [files, size], ["d"], workdir)
+    results: dict[str, list[float]] = {"tmpfs": [], "adapter cold": [], "adapter warm": []}
+    for _ in range(repeat):
+        with tmpfs.session() as view:
+            results["tmpfs"].append(tar_all(view, ["d"]).seconds)
+        with floor.session() as view:
+            results["adapter cold"].append(tar_all(view, ["d"]).seconds)
+            results["adapter warm"].append(tar_all(view, ["d"]).seconds)
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = harness.parser(__doc__, repeat=3)
+    p.add_argument("--files", type=int, help="one case: this many files (default: the two cases above)")
+    p.add_argument("--size", type=int, help="one case: files of this many bytes (default 1024 with --files)")
+    args = harness.parse(p, argv)
+    if args.files is not None or args.size is not None:
+        cases = [(args.files or CASES[0][0], args.size or 1024)]
+    else:
+        cases = [SMOKE_CASE] if args.smoke else CASES
+    body: list[str] = []
+    data: dict[str, dict[str, list[float]]] = {}
+    with harness.workspace("floor", args) as ws:
+        for files, size in cases:
+            harness.log(f"floor: {files:,} files of {size:,} bytes, {args.repeat} repeat(s)")
+            results = measure(files, size, args.repeat, ws.workdir)
+            data[f"{files}x{size}"] = results
+            base = statistics.median(results["tmpfs"])
+            rows = []
+            for name, samples in results.items():
+                median = statistics.median(samples)
+                rows.append([name, f"{files / median:,.0f}", f"{files * size / median / 1e6:.1f}",
+                             f"{min(samples):.3f}-{max(samples):.3f}", f"{base / median:.3f}"])
+            body += [f"tar of {files:,} files of {size:,} bytes, median of {args.repeat}:", ""]
+            body += harness.table(["tree", "files/s", "MB/s", "range (s)", "of tmpfs"], rows) + [""]
+    harness.write_report("floor", args, "the FUSE floor: a do-nothing tree through atlasfs's adapter, against tmpfs",
+                         body, harness.meta("floor.py", args), {"cases": data})
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    harness.run_main(main)

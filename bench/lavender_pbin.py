@@ -13,32 +13,31 @@ For one 100,000-row Lavender shard (two shardsets: csv, or parquet) and one .pbi
 
 Each figure is the median of ``--repeat`` runs, each on a fresh table store.
 
-Usage: python bench/lavender_pbin.py [--rows N] [--repeat N]
+    python bench/lavender_pbin.py [--rows N] [--repeat N]
+    python bench/lavender_pbin.py --smoke       # 2,000 rows, one repeat
+
+Report: bench/results/lavender_pbin.md and lavender_pbin.json.
 """
 
 from __future__ import annotations
 
-import argparse
 import csv
-import datetime
 import os
 import pickle
 import shutil
 import statistics
-import subprocess
 import sys
-import tempfile
-import time
 from typing import Callable
 
 import numpy as np
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(HERE))
+if __package__ in (None, ""):  # run as a script: make `bench` importable
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    __package__ = "bench"
 
-from atlasfs.sources.lavender import write_csv_shard  # noqa: E402
-from atlasfs.sources.pbin import write_pbin  # noqa: E402
-from bench.systems import host, is_mounted, stop_on_signals, unmount  # noqa: E402
+from bench import harness
+from bench._atlasfs import write_csv_shard, write_pbin
+from bench.systems import Atlasfs
 
 
 def make_lavender(root: str, rows: int, kind: str) -> list[str]:
@@ -80,71 +79,65 @@ def parse_pbin(path: str) -> None:
         pickle.loads(f.read())
 
 
-def timed(action: Callable[[], object]) -> float:
-    start = time.perf_counter()
-    action()
-    return time.perf_counter() - start
-
-
-def mount_and_list(dataset: str, folder: str, cache_home: str, *options: str) -> float:
-    """Mount ``dataset`` (tables stored under ``cache_home``), list ``folder`` once; seconds of the listing."""
-    mountpoint = tempfile.mkdtemp(prefix="atlasfs-bench-mnt-")
-    env = {**os.environ, "XDG_CACHE_HOME": cache_home}
-    result = subprocess.run([sys.executable, "-m", "atlasfs", "mount", dataset, mountpoint, *options],
-                            capture_output=True, text=True, env=env, timeout=300)
-    try:
-        if result.returncode != 0 or not is_mounted(mountpoint):
-            raise SystemExit(f"mount of {dataset} failed: {result.stderr.strip()}")
-        seconds = timed(lambda: os.listdir(os.path.join(mountpoint, folder)))
-        count = len(os.listdir(os.path.join(mountpoint, folder)))
-        if count == 0:
-            raise SystemExit(f"{dataset}: {folder} is empty through the mount")
+def listing(system: Atlasfs, folder: str) -> float:
+    """A fresh mount of ``system``, ``folder`` listed once: seconds of the listing."""
+    with system.session() as view:
+        path = os.path.join(view.root, folder)
+        seconds = harness.timed(lambda: os.listdir(path)).seconds
+        if not os.listdir(path):
+            raise RuntimeError(f"{system.dataset}: {folder} is empty through the mount")
         return seconds
-    finally:
-        unmount(mountpoint, None)
 
 
-def measure(name: str, dataset: str, folder: str, parse: Callable[[], None], repeat: int, work: str,
-            *options: str) -> None:
-    parses, firsts, seconds = [], [], []
+def measure(name: str, dataset: str, folder: str, parse: Callable[[], None], repeat: int,
+            work: str) -> dict[str, list[float]]:
+    """Per run, on a fresh table store: the parse, the first listing, the second mount's listing."""
+    found: dict[str, list[float]] = {"parse": [], "first": [], "second": []}
     for run in range(repeat):
-        parses.append(timed(parse))
-        cache_home = os.path.join(work, f"cache-{name}-{run}")
-        firsts.append(mount_and_list(dataset, folder, cache_home, *options))
-        seconds.append(mount_and_list(dataset, folder, cache_home, *options))
-        shutil.rmtree(cache_home, ignore_errors=True)
-    p, f, s = (statistics.median(x) for x in (parses, firsts, seconds))
-    print(f"{name:<22} {p:>9.3f} {f:>14.3f} {f / p:>7.1f}x {s:>15.3f}", flush=True)
+        found["parse"].append(harness.timed(parse).seconds)
+        state = os.path.join(work, f"state-{name}-{run}")
+        system = Atlasfs(dataset, [folder], state)
+        system.clear_metadata()
+        found["first"].append(listing(system, folder))
+        found["second"].append(listing(system, folder))
+        shutil.rmtree(state, ignore_errors=True)
+    return found
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rows", type=int, default=100_000, help="rows of the shard / documents of the file")
-    parser.add_argument("--repeat", type=int, default=3)
-    args = parser.parse_args(argv)
-    stop_on_signals()
-    commit = subprocess.run(["git", "-C", os.path.dirname(HERE), "rev-parse", "--short", "HEAD"],
-                            capture_output=True, text=True).stdout.strip() or "?"
-    print(f"# bench/lavender_pbin.py, commit {commit}, {datetime.date.today()}, {host()}")
-    print(f"# {args.rows} rows (documents), median of {args.repeat}; seconds")
-    print(f"{'dataset':<22} {'parse':>9} {'first listing':>14} {'ratio':>8} {'second listing':>15}")
-    work = tempfile.mkdtemp(prefix="atlasfs-bench-lp-")
-    try:
+    p = harness.parser(__doc__.split("\n\n")[0], repeat=3)
+    p.add_argument("--rows", type=int, help="rows of the shard / documents of the file (default 100,000; "
+                                            "--smoke 2,000)")
+    args = harness.parse(p, argv)
+    rows = args.rows or (2_000 if args.smoke else 100_000)
+    results: dict[str, dict[str, list[float]]] = {}
+    with harness.workspace("lavender-pbin", args) as ws:
+        work = ws.workdir
         for kind in ("csv", "parquet"):
             root = os.path.join(work, f"lavender-{kind}")
-            files = make_lavender(root, args.rows, kind)
-            measure(f"lavender {kind} (2 sets)", root, "shard.00000", lambda: parse_lavender(files), args.repeat,
-                    work)
+            shutil.rmtree(root, ignore_errors=True)
+            files = make_lavender(root, rows, kind)
+            harness.log(f"lavender {kind}: {args.repeat} run(s)")
+            results[f"lavender {kind} (2 sets)"] = measure(kind, root, "shard.00000", lambda: parse_lavender(files),
+                                                           args.repeat, ws.scratch)
         rng = np.random.default_rng(0)
-        docs = [rng.integers(0, 50000, size=int(n)) for n in rng.integers(1, 200, size=args.rows)]
+        docs = [rng.integers(0, 50000, size=int(n)) for n in rng.integers(1, 200, size=rows)]
         path = os.path.join(work, "pbin", "tokens.pbin")
-        os.makedirs(os.path.dirname(path))
+        os.makedirs(os.path.dirname(path), exist_ok=True)
         write_pbin(path, docs, token_width=2)
-        measure("pbin (2-byte tokens)", path, "tokens", lambda: parse_pbin(path), args.repeat, work)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+        harness.log(f"pbin: {args.repeat} run(s)")
+        results["pbin (2-byte tokens)"] = measure("pbin", path, "tokens", lambda: parse_pbin(path), args.repeat,
+                                                  ws.scratch)
+    table = []
+    for name, found in results.items():
+        parse, first, second = (statistics.median(found[k]) for k in ("parse", "first", "second"))
+        table.append([name, f"{parse:.3f}", f"{first:.3f}", f"{first / parse:.1f}x", f"{second:.3f}"])
+    body = [f"{rows} rows (documents), median of {args.repeat}; seconds", ""]
+    body += harness.table(["dataset", "parse", "first listing", "ratio", "second listing"], table)
+    harness.write_report("lavender_pbin", args, "Lavender shardsets and .pbin: a first listing against one parse",
+                         body, harness.meta("lavender_pbin.py", args, rows=rows), {"results": results})
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    harness.run_main(main)

@@ -2,7 +2,7 @@
 """The daemon's memory against its bound, on datasets far larger than its cache.
 
     python bench/memory.py             # the full run (~5 minutes on 2 cores): bench/results/memory-latest.md
-    python bench/memory.py --smoke     # seconds: small sizes (tests/test_bench_smoke.py runs it)
+    python bench/memory.py --smoke     # seconds: small sizes, bench/results/smoke/ (tests/test_bench_memory.py runs it)
 
 Two cases, each on a fresh ``atlasfs mount -f --cache-size SIZE`` with nothing stored:
 
@@ -24,7 +24,6 @@ written either way). See docs/performance.md, "Memory".
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 import random
@@ -33,7 +32,6 @@ import shutil
 import subprocess
 import sys
 import tarfile
-import tempfile
 import threading
 import time
 import zlib
@@ -48,15 +46,13 @@ if __package__ in (None, ""):  # run as a script: make `bench` importable
 import numpy as np
 
 from atlasfs import AtlasDataset, AtlasWriter
-from atlasfs.blocktree import BlockTree
-from atlasfs.sizes import parse_size
-from bench import systems
+from bench import harness, systems
+from bench._atlasfs import BlockTree, parse_size
 from bench.datagen import TextSource
+from bench.systems import rss
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-DEFAULT_OUT = os.path.join(REPO, "bench", "results")
 MiB = 1 << 20
-START = time.monotonic()
+log = harness.log
 #: Bump when a generator changes, so that kept data sets are rebuilt.
 GENERATOR_VERSION = 1
 #: What the daemon may use beyond its cache bound and its file tables (docs/performance.md, "Memory").
@@ -73,14 +69,8 @@ PATH_COPIES = 2
 SAMPLE_SECONDS = 0.02
 
 
-def log(message: str) -> None:
-    """Progress, on stderr."""
-    print(f"[{time.monotonic() - START:7.1f}s] {message}", file=sys.stderr, flush=True)
-
-
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--smoke", action="store_true", help="small sizes, seconds: checks that everything runs")
+    p = harness.parser(__doc__, repeat=None)
     p.add_argument("--cache-size", default=None, help="the mount's --cache-size (default 8M, --smoke 1M)")
     p.add_argument("--ratio", type=float, default=16.0,
                    help="the large dataset's data.bin bytes, in cache bounds (default 16)")
@@ -89,10 +79,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--listing-examples", type=int, help="examples of the listing case (default 1,000,000; "
                                                        "--smoke 20,000; 0 skips it)")
     p.add_argument("--listing-shards", type=int, help="shards of the listing case (default 100, --smoke 10)")
-    p.add_argument("--workdir", help="keep generated data here and reuse it when the sizes match "
-                                     "(default: a temporary folder on /dev/shm, removed at the end)")
-    p.add_argument("--out", default=DEFAULT_OUT, help="where memory-latest.md goes (--smoke: OUT/smoke)")
-    args = p.parse_args(argv)
+    args = harness.parse(p, argv)
     args.cache_bytes = parse_size(args.cache_size or ("1M" if args.smoke else "8M"))
     if args.seconds is None:
         args.seconds = 2.0 if args.smoke else 30.0
@@ -100,8 +87,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         args.listing_examples = 20_000 if args.smoke else 1_000_000
     if args.listing_shards is None:
         args.listing_shards = 10 if args.smoke else 100
-    if args.smoke:
-        args.out = os.path.join(args.out, "smoke")
     return args
 
 
@@ -193,16 +178,6 @@ class Reference:
 
 
 # -- the daemon's memory
-
-
-def rss(pid: int) -> tuple[int, int]:
-    """(VmRSS, VmHWM) of process ``pid`` in bytes."""
-    values = {}
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith(("VmRSS:", "VmHWM:")):
-                values[line[:5]] = int(line.split()[1]) * 1024
-    return values["VmRSS"], values["VmHWM"]
 
 
 @dataclass
@@ -341,9 +316,8 @@ def large_case(dataset: Dataset, args: argparse.Namespace, workdir: str, figures
         now, top = rss(view.pid)
         figures.append(Figure("large", "after `ls -R`", now, top, limit, files, f"{lines:,} lines"))
         log("large: tar of the whole mount, every member checked")
-        start = time.perf_counter()
-        tar_files, tar_bytes, wrong = check_tar(view.root, expected, reference)
-        seconds = time.perf_counter() - start
+        run = harness.timed(lambda: check_tar(view.root, expected, reference))
+        (tar_files, tar_bytes, wrong), seconds = run.answer, run.seconds
         now, top = rss(view.pid)
         figures.append(Figure("large", "after `tar cf - -C MNT .`", now, top, limit, files,
                               f"{tar_files:,} files, {tar_bytes / MiB:.0f} MiB in {seconds:.0f} s, {wrong} wrong bytes"))
@@ -370,9 +344,8 @@ def listing_case(dataset: Dataset, args: argparse.Namespace, workdir: str, figur
             assert view.pid is not None
             mounted, _ = rss(view.pid)
             log(f"listing: find MNT | wc -l, {step}")
-            start = time.perf_counter()
-            lines = int(_run(f"find {shlex.quote(view.root)} | wc -l"))
-            seconds = time.perf_counter() - start
+            run = harness.timed(lambda: int(_run(f"find {shlex.quote(view.root)} | wc -l")))
+            lines, seconds = run.answer, run.seconds
             now, top = rss(view.pid)
             files = lines - 1 - dataset.shards  # the mount point and the shard folders are not files
             limit = bound(args.cache_bytes, files, paths)
@@ -386,54 +359,25 @@ def listing_case(dataset: Dataset, args: argparse.Namespace, workdir: str, figur
 # -- the report
 
 
-def _git(*args: str) -> str:
-    try:
-        return subprocess.run(["git", "-C", REPO, *args], capture_output=True, check=False, text=True,
-                              timeout=10).stdout.strip()
-    except (OSError, subprocess.TimeoutExpired):
-        return ""
-
-
-def markdown(meta: dict[str, Any], datasets: list[Dataset], figures: list[Figure]) -> str:
-    lines = [
-        "# atlasfs daemon memory against its bound",
-        "",
-        f"- date: {meta['date']}",
-        f"- atlasfs: {meta['atlasfs']}",
-        f"- host: {meta['host']}",
-        f"- command: `{meta['command']}`",
-        f"- cache bound (`--cache-size`): {meta['cache_mib']:g} MiB; bound = cache bound + "
-        f"{FIXED_OVERHEAD // MiB} MiB + {TABLE_BYTES_PER_FILE} B per file seen + {PATH_COPIES}x its path",
-        "",
-        "| dataset | examples | shards | data.bin | × cache bound |",
-        "| --- | --- | --- | --- | --- |",
-    ]
-    for d in datasets:
-        lines.append(f"| {d.name} | {d.examples:,} | {d.shards} | {d.data_bytes / MiB:.1f} MiB | "
-                     f"{d.data_bytes / meta['cache_bytes']:.1f} |")
-    lines += ["", "| case | after | RSS | peak (VmHWM) | bound | within | files | notes |",
-              "| --- | --- | --- | --- | --- | --- | --- | --- |"]
-    for f in figures:
-        lines.append(f"| {f.case} | {f.step} | {f.rss / MiB:.1f} MiB | {f.peak / MiB:.1f} MiB | "
-                     f"{f.bound / MiB:.1f} MiB | {'yes' if f.within else '**NO**'} | {f.files:,} | {f.note} |")
-    lines += ["", f"Run time: {meta['seconds']:.0f} s."]
-    return "\n".join(lines) + "\n"
+def body(meta: dict[str, Any], datasets: list[Dataset], figures: list[Figure]) -> list[str]:
+    """The report's tables: the datasets, then every RSS beside its bound."""
+    lines = harness.table(["dataset", "examples", "shards", "data.bin", "× cache bound"],
+                          [[d.name, f"{d.examples:,}", str(d.shards), f"{d.data_bytes / MiB:.1f} MiB",
+                            f"{d.data_bytes / meta['cache_bytes']:.1f}"] for d in datasets])
+    lines += [""] + harness.table(
+        ["case", "after", "RSS", "peak (VmHWM)", "bound", "within", "files", "notes"],
+        [[f.case, f.step, f"{f.rss / MiB:.1f} MiB", f"{f.peak / MiB:.1f} MiB", f"{f.bound / MiB:.1f} MiB",
+          "yes" if f.within else "**NO**", f"{f.files:,}", f.note] for f in figures])
+    return lines
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    systems.stop_on_signals()
-    from atlasfs import __version__ as atlasfs_version
-
-    own_workdir = args.workdir is None
-    shm = "/dev/shm" if os.path.isdir("/dev/shm") else None
-    # (not "atlasfs-bench-": tests/test_bench_smoke.py looks for mounts left behind under such names)
-    workdir = tempfile.mkdtemp(prefix="atlasfs-memory-bench-", dir=shm) if own_workdir else os.path.abspath(args.workdir)
-    os.makedirs(workdir, exist_ok=True)
     figures: list[Figure] = []
     datasets: list[Dataset] = []
     facts: dict[str, Any] = {}
-    try:
+    with harness.workspace("memory", args) as ws:
+        workdir = ws.workdir
         # ~10.5 KiB of data.bin an example: enough examples for the ratio asked, in 8 shards
         per_example = 10_500
         examples = max(800, int(args.ratio * args.cache_bytes * 1.05 / per_example) // 8 * 8)
@@ -447,36 +391,19 @@ def main(argv: list[str] | None = None) -> int:
             listing = generate(workdir, "listing", "small", args.listing_examples, args.listing_shards, 256)
             datasets.append(listing)
             facts["listing"] = listing_case(listing, args, workdir, figures)
-    finally:
-        if own_workdir:
-            shutil.rmtree(workdir, ignore_errors=True)
 
-    dirty = _git("status", "--porcelain", "--untracked-files=no")
-    meta = {
-        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        "atlasfs": f"{atlasfs_version} (commit {_git('rev-parse', '--short', 'HEAD') or '?'}"
-                   f"{', with uncommitted changes' if dirty else ''})",
-        "host": systems.host(),
-        "command": " ".join(["python bench/memory.py", shlex.join(sys.argv[1:] if argv is None else argv)]).strip(),
-        "cache_bytes": args.cache_bytes,
-        "cache_mib": args.cache_bytes / MiB,
-        "seconds": time.monotonic() - START,
-    }
-    text = markdown(meta, datasets, figures)
-    os.makedirs(args.out, exist_ok=True)
-    out = os.path.join(args.out, "memory-latest.md")
-    with open(out + ".tmp", "w") as f:
-        f.write(text)
-    os.replace(out + ".tmp", out)
-    print(text)
-    log(f"wrote {out}")
+    notes = [f"cache bound (`--cache-size`): {args.cache_bytes / MiB:g} MiB; bound = cache bound + "
+             f"{FIXED_OVERHEAD // MiB} MiB + {TABLE_BYTES_PER_FILE} B per file seen + {PATH_COPIES}x its path"]
+    meta = harness.meta("memory.py", args, cache_bytes=args.cache_bytes, cache_mib=args.cache_bytes / MiB,
+                        notes=notes)
+    data = {"datasets": [{"name": d.name, "examples": d.examples, "shards": d.shards, "data_bytes": d.data_bytes}
+                         for d in datasets],
+            "figures": [{**vars(f), "within": f.within} for f in figures], "facts": facts}
+    harness.write_report("memory-latest", args, "atlasfs daemon memory against its bound",
+                         body(meta, datasets, figures), meta, data)
     wrong = facts["large"]["tar_wrong_bytes"] + facts["large"]["read_wrong_bytes"] + facts["large"]["read_errors"]
     return 0 if all(f.within for f in figures) and wrong == 0 else 2
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except KeyboardInterrupt:
-        log("interrupted")
-        sys.exit(130)
+    harness.run_main(main)

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-import os
 import statistics
 from dataclasses import dataclass, field
 from typing import Any
@@ -315,14 +313,10 @@ def targets_table(targets: list[Target]) -> list[str]:
 
 
 def markdown(meta: dict[str, Any], infos: dict[str, dict[str, Any]], all_results: dict[str, Results],
-             targets: list[Target]) -> str:
-    """The whole report."""
-    lines = ["# atlasfs benchmark", ""]
-    lines.append(f"Run {meta['date']} on {meta['host']}; atlasfs {meta['atlasfs']}, ratarmount: "
-                 f"{meta['ratarmount']}; {meta['repeat']} repeat(s) a figure, shown as median (min–max); "
-                 f"{meta['random_reads']:,} random reads a pass; took {meta['seconds']:.0f} s. "
-                 f"Command: `{meta['command']}`.")
-    lines.append("")
+             targets: list[Target]) -> list[str]:
+    """The report's body (the harness writes the header: date, code, host, command, notes)."""
+    lines = [f"ratarmount: {meta['ratarmount']}; {meta['repeat']} repeat(s) a figure, shown as median (min–max); "
+             f"{meta['random_reads']:,} random reads a pass.", ""]
     lines.append("MB = 10^6 bytes of file content (tar headers not counted). *Cold* = a fresh mount (new daemon: "
                  "empty block cache, no kernel cache for that mount); the backing files (Atlas `data.bin`, tars) "
                  "stay in the page cache, nothing is dropped system-wide. **tmpfs has no cold state: its cold "
@@ -330,19 +324,17 @@ def markdown(meta: dict[str, Any], infos: dict[str, dict[str, Any]], all_results
                  "ratarmount `.index.sqlite` files built ahead; *first mount ever*: both removed before mounting. "
                  "Random reads are `open().read()` in the benchmark's own process, so no fork per file.")
     lines.append("")
-    if meta.get("notes"):
-        lines += [f"- {n}" for n in meta["notes"]]
-        lines.append("")
     lines += ["## Targets", ""] + targets_table(targets) + [""]
     lines += ["## Figures", ""]
     for name, results in all_results.items():
         lines += dataset_tables(name, infos[name], results, meta.get("unavailable", {}))
-    return "\n".join(lines) + "\n"
+    return lines
 
 
-def to_json(meta: dict[str, Any], infos: dict[str, dict[str, Any]], all_results: dict[str, Results],
+def to_json(infos: dict[str, dict[str, Any]], all_results: dict[str, Results],
             targets: list[Target]) -> dict[str, Any]:
-    """The whole report as plain data; a missing figure is ``{"missing": reason}``, never 0."""
+    """The report as plain data (the harness adds its ``meta``); a missing figure is ``{"missing": reason}``,
+    never 0."""
     datasets = {}
     for name, results in all_results.items():
         figures = {}
@@ -354,17 +346,4 @@ def to_json(meta: dict[str, Any], infos: dict[str, dict[str, Any]], all_results:
             }
         datasets[name] = {"info": infos[name], "figures": figures, "answers": results.answers,
                           "mismatches": results.mismatches()}
-    return {"meta": meta, "datasets": datasets, "targets": [t.as_dict() for t in targets]}
-
-
-def write(out_dir: str, basename: str, text: str, data: dict[str, Any]) -> tuple[str, str]:
-    """Write ``<basename>.md`` and ``<basename>.json`` atomically; returns their paths."""
-    os.makedirs(out_dir, exist_ok=True)
-    paths = []
-    for ext, content in (("md", text), ("json", json.dumps(data, indent=1, sort_keys=False) + "\n")):
-        path = os.path.join(out_dir, f"{basename}.{ext}")
-        with open(path + ".tmp", "w") as f:
-            f.write(content)
-        os.replace(path + ".tmp", path)
-        paths.append(path)
-    return paths[0], paths[1]
+    return {"datasets": datasets, "targets": [t.as_dict() for t in targets]}

@@ -13,14 +13,10 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import datetime
 import os
-import shlex
 import shutil
 import subprocess
 import sys
-import tempfile
-import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -28,51 +24,33 @@ if __package__ in (None, ""):  # run as a script: make `bench` importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     __package__ = "bench"
 
-from bench import datagen, report, systems, workloads
+from bench import datagen, harness, report, systems, workloads
+from bench._atlasfs import default_cache_bytes
 from bench.report import Results
-from bench.systems import System, SystemUnavailable, View
+from bench.systems import System, View
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-DEFAULT_OUT = os.path.join(REPO, "bench", "results")
 MB = 1e6
-START = time.monotonic()
-
-
-def log(message: str) -> None:
-    """Progress, on stderr."""
-    print(f"[{time.monotonic() - START:7.1f}s] {message}", file=sys.stderr, flush=True)
+log = harness.log
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = harness.parser(__doc__, repeat=3)
     p.add_argument("--datasets", default="image,text,tiny",
                    help="comma-separated subset of image,text,tiny (default: all three)")
     for name, spec in datagen.DEFAULTS.items():
         p.add_argument(f"--{name}", type=int, metavar="N",
                        help=f"examples in the {name}-like dataset (default {spec.examples:,}; "
                             f"--smoke: {datagen.SMOKE_EXAMPLES[name]})")
-    p.add_argument("--repeat", type=int, help="runs of every figure; the median is reported (default 3, --smoke 1)")
     p.add_argument("--reads", type=int, help="random reads a pass (default 1000, --smoke 200)")
-    p.add_argument("--smoke", action="store_true", help="tiny sizes and one repeat: checks that everything runs")
-    p.add_argument("--workdir", help="keep generated data here and reuse it when the sizes match "
-                                     "(default: a temporary folder on /dev/shm, removed at the end)")
-    p.add_argument("--out", help="folder for latest.md and latest.json "
-                                 "(default bench/results, or bench/results/smoke with --smoke)")
-    p.add_argument("--ratarmount-venv", default=systems.DEFAULT_RATARMOUNT_VENV,
-                   help="virtualenv for ratarmount, created and installed from PyPI if missing "
-                        "(default bench/.venv-ratarmount)")
-    p.add_argument("--no-ratarmount", action="store_true", help="skip ratarmount (its figures are reported missing)")
-    p.add_argument("--no-install", action="store_true", help="do not install ratarmount if it is missing")
-    args = p.parse_args(argv)
+    harness.add_ratarmount_args(p)
+    args = harness.parse(p, argv)
     args.datasets = [d.strip() for d in args.datasets.split(",") if d.strip()]
     unknown = [d for d in args.datasets if d not in datagen.DEFAULTS]
     if unknown or not args.datasets:
         p.error(f"--datasets: unknown {unknown} (choose from {', '.join(datagen.DEFAULTS)})")
-    args.repeat = args.repeat or (1 if args.smoke else 3)
     args.reads = args.reads or (200 if args.smoke else 1000)
-    if args.repeat < 1 or args.reads < 1:
-        p.error("--repeat and --reads must be >= 1")
-    args.out = args.out or (os.path.join(DEFAULT_OUT, "smoke") if args.smoke else DEFAULT_OUT)
+    if args.reads < 1:
+        p.error("--reads must be >= 1")
     return args
 
 
@@ -275,87 +253,37 @@ def run_dataset(name: str, args: argparse.Namespace, workdir: str, shm: str, rat
     return info, r
 
 
-def _git(*args: str) -> str:
-    try:
-        return subprocess.run(["git", "-C", REPO, *args], capture_output=True, check=False, text=True, timeout=10).stdout.strip()
-    except (OSError, subprocess.TimeoutExpired):
-        return ""
-
-
-def _fstype(path: str) -> str:
-    """The type of the file system holding ``path`` (``tmpfs``, ``ext4``...)."""
-    result = subprocess.run(["stat", "-f", "-c", "%T", path], capture_output=True, check=False, text=True)
-    return result.stdout.strip() or "unknown"
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    systems.stop_on_signals()
-    from atlasfs import __version__ as atlasfs_version
-    from atlasfs.mount import MountOptions
-
     notes: list[str] = []
     unavailable: dict[str, str] = {}
-    ratarmount: str | None = None
-    ratarmount_version = "missing"
-    if args.no_ratarmount:
-        unavailable["ratarmount"] = "skipped (--no-ratarmount)"
-    else:
-        try:
-            ratarmount, ratarmount_version = systems.ensure_ratarmount(args.ratarmount_venv, log,
-                                                                       install=not args.no_install)
-        except SystemUnavailable as exc:
-            unavailable["ratarmount"] = str(exc)
-    if "ratarmount" in unavailable:
-        message = f"ratarmount figures are MISSING: {unavailable['ratarmount']}"
-        notes.append(message)
-        log(message)
-
-    shm_parent = "/dev/shm" if os.path.isdir("/dev/shm") else None
-    if shm_parent is None:
+    ratarmount, ratarmount_version, reason = harness.ratarmount(args)
+    if reason is not None:
+        unavailable["ratarmount"] = reason
+        notes.append(f"ratarmount figures are MISSING: {reason}")
+    if harness.SHM is None:
         notes.append("/dev/shm is missing: the 'tmpfs' copy is in the default temporary folder")
-    own_workdir = args.workdir is None
-    # By default the backing files (Atlas dataset, tars, ratarmount indexes) are on tmpfs too:
-    # the page cache of a disk may be reclaimed at any moment (a VM's proactive reclaim does it
-    # within seconds), which would make every FUSE figure partly a disk figure.
-    workdir = (tempfile.mkdtemp(prefix="atlasfs-bench-work-", dir=shm_parent) if own_workdir
-               else os.path.abspath(args.workdir))
-    os.makedirs(workdir, exist_ok=True)
-    backing = _fstype(workdir)
-    notes.append(f"backing files (Atlas dataset, WebDataset tars, ratarmount indexes) are in {workdir} ({backing})"
-                 + ("" if backing == "tmpfs" else ": the FUSE figures include reads from that file system"))
-    shm = tempfile.mkdtemp(prefix="atlasfs-bench-", dir=shm_parent)
     infos: dict[str, dict[str, Any]] = {}
     all_results: dict[str, Results] = {}
-    try:
+    # The backing files (Atlas dataset, tars, ratarmount indexes) are in the work folder, on
+    # tmpfs by default (harness.SHM says why); the extracted copies are in the scratch folder.
+    with harness.workspace("run", args) as ws:
+        backing = harness.fstype(ws.workdir)
+        notes.append(f"backing files (Atlas dataset, WebDataset tars, ratarmount indexes) are in {ws.workdir} "
+                     f"({backing})" + ("" if backing == "tmpfs" else ": the FUSE figures include reads from that "
+                                                                        "file system"))
         for name in args.datasets:
-            infos[name], all_results[name] = run_dataset(name, args, workdir, shm, ratarmount, unavailable)
-    finally:
-        shutil.rmtree(shm, ignore_errors=True)
-        if own_workdir:
-            shutil.rmtree(workdir, ignore_errors=True)
+            infos[name], all_results[name] = run_dataset(name, args, ws.workdir, ws.scratch, ratarmount, unavailable)
 
-    cache_bound = MountOptions().cache_bytes
-    dirty = _git("status", "--porcelain", "--untracked-files=no")
-    meta = {
-        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        "host": systems.host(),
-        "atlasfs": f"{atlasfs_version} (commit {_git('rev-parse', '--short', 'HEAD') or '?'}"
-                   f"{', with uncommitted changes' if dirty else ''})",
-        "ratarmount": ratarmount_version,
-        "tar": subprocess.run(["tar", "--version"], capture_output=True, check=False, text=True).stdout.splitlines()[0],
-        "repeat": args.repeat, "random_reads": args.reads, "smoke": args.smoke,
-        "cache_bound_mib": cache_bound / 2**20,
-        "command": " ".join(["python bench/run.py", shlex.join(sys.argv[1:] if argv is None else argv)]).strip(),
-        "seconds": time.monotonic() - START,
-        "notes": notes,
-        "unavailable": unavailable,
-    }
+    cache_bound = default_cache_bytes()
+    meta = harness.meta("run.py", args, ratarmount=ratarmount_version,
+                        tar=subprocess.run(["tar", "--version"], capture_output=True, check=False,
+                                           text=True).stdout.splitlines()[0],
+                        repeat=args.repeat, random_reads=args.reads, cache_bound_mib=cache_bound / 2**20,
+                        notes=notes, unavailable=unavailable)
     targets = report.evaluate_targets(all_results, cache_bound / 2**20)
-    text = report.markdown(meta, infos, all_results, targets)
-    md, js = report.write(args.out, "latest", text, report.to_json(meta, infos, all_results, targets))
-    print(text)
-    log(f"wrote {md} and {js} in {meta['seconds']:.0f} s")
+    harness.write_report("latest", args, "atlasfs benchmark", report.markdown(meta, infos, all_results, targets),
+                         meta, report.to_json(infos, all_results, targets))
     problems = [p for r in all_results.values() for p in r.mismatches()]
     missing = [f"{ds} {f.id} {s}" for ds, r in all_results.items() for f in report.FIGURES for s in f.systems
                if s not in unavailable and "median" not in r.stats(f.id, s)]
@@ -366,8 +294,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except KeyboardInterrupt:
-        print("bench: interrupted (every mount was unmounted on the way out)", file=sys.stderr)
-        sys.exit(130)
+    harness.run_main(main)

@@ -27,17 +27,14 @@ give instead of CRC-32 (it must be importable; atlasfs does not depend on it).
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import random
 import shutil
 import statistics
 import sys
-import tempfile
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any
 
 import zstandard
 
@@ -45,13 +42,13 @@ if __package__ in (None, ""):  # run as a script: make `bench` and `atlasfs` imp
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     __package__ = "bench"
 
-from atlasfs import AtlasDataset, AtlasWriter, safepickle
-from atlasfs.filetable import Locators
-from atlasfs.sources.atlas import spans
-from atlasfs.sources.atlas.dataset import Shard
-from atlasfs.naming import MAX_NAME_BYTES, encode_as, example_fields, index_key_width
-from atlasfs.sources.atlas.spans import BlockReader, Span, find_spans, new_decompressor, read_span
-from bench import datagen
+from atlasfs import AtlasDataset, AtlasWriter
+from bench import datagen, harness
+from bench._atlasfs import (MAX_NAME_BYTES, Locators, Shard, encode_as, example_fields, index_key_width, safe_loads,
+                            spans)
+
+BlockReader, Span, find_spans = spans.BlockReader, spans.Span, spans.find_spans
+new_decompressor, read_span = spans.new_decompressor, spans.read_span
 
 #: Bump when what the probe writes changes, so that kept data sets are rewritten.
 PROBE_DATA_VERSION = 1
@@ -77,7 +74,7 @@ class SetResult:
     span_path_us: list[float] = field(default_factory=list)
 
 
-def _dataset(spec: datagen.DatasetSpec, strategy: int, workdir: str, log: Any) -> str:
+def _dataset(spec: datagen.DatasetSpec, strategy: int, workdir: str) -> str:
     """The Atlas form of ``spec`` under ``strategy`` in ``workdir``, written unless kept there."""
     root = os.path.join(workdir, f"{spec.name}-s{strategy}")
     stamp = {"probe": PROBE_DATA_VERSION, "generator": datagen.GENERATOR_VERSION, "spec": asdict(spec),
@@ -88,7 +85,7 @@ def _dataset(spec: datagen.DatasetSpec, strategy: int, workdir: str, log: Any) -
             if json.load(f) == stamp:
                 return root
     shutil.rmtree(root, ignore_errors=True)
-    log(f"{spec.name}: writing {spec.examples} examples (shards of {spec.shard_size}, blocks of "
+    harness.log(f"{spec.name}: writing {spec.examples} examples (shards of {spec.shard_size}, blocks of "
         f"{spec.block_size}, strategy {strategy})")
     with AtlasWriter(root, shard_size=spec.shard_size, block_size=spec.block_size,
                      compression_strategy=strategy) as writer:
@@ -110,7 +107,7 @@ def _build(dataset: AtlasDataset, result: SetResult) -> list[tuple[int, int, int
             t0 = time.perf_counter()
             raw = shard.read_raw(block)
             payload = shard.codec.decompress(raw, where)
-            examples = safepickle.loads(payload, trust=False, where=where)
+            examples = safe_loads(payload, trust=False, where=where)
             t1 = time.perf_counter()
             fields = [example_fields(example, max_suffix)[0] for example in examples]
             t2 = time.perf_counter()
@@ -163,21 +160,20 @@ def _cold_reads(dataset: AtlasDataset, files: list[tuple[int, int, int, int, Spa
         for k, (s, block, pos, j, span) in enumerate(sample):
             shard = dataset.shards[s]
             assert span is not None
-            timed = []
+            runs = []
             # Alternate which path goes first, so that neither always finds the other's
             # data in the CPU caches.
             order = ("block", "span") if k % 2 else ("span", "block")
             for path in order:
-                t0 = time.perf_counter()
                 if path == "block":
-                    got = _block_path(shard, block, pos, j, max_suffix)
+                    run = harness.timed(lambda: _block_path(shard, block, pos, j, max_suffix))
                 else:
-                    got = _span_path(shard, fds[s], block, span, dctxs[s])
-                timed.append((path, (time.perf_counter() - t0) * 1e6, got))
-            (_, _, first), (_, _, second) = timed
+                    run = harness.timed(lambda: _span_path(shard, fds[s], block, span, dctxs[s]))
+                runs.append((path, run.seconds * 1e6, run.answer))
+            (_, _, first), (_, _, second) = runs
             if first != second:
                 raise AssertionError(f"{shard.data_path} block {block} example {pos} file {j}: paths differ")
-            for path, us, _ in timed:
+            for path, us, _ in runs:
                 (result.block_path_us if path == "block" else result.span_path_us).append(us)
     finally:
         for fd in fds.values():
@@ -213,29 +209,15 @@ def _row(r: SetResult) -> dict[str, str]:
     }
 
 
-def _print_table(rows: list[dict[str, str]]) -> None:
-    if not rows:
-        return
-    keys = list(rows[0])
-    widths = {k: max(len(k), *(len(row[k]) for row in rows)) for k in keys}
-    print(" | ".join(k.ljust(widths[k]) for k in keys))
-    print("-+-".join("-" * widths[k] for k in keys))
-    for row in rows:
-        print(" | ".join(row[k].ljust(widths[k]) for k in keys))
-
-
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = harness.parser(__doc__, repeat=None)
     p.add_argument("--datasets", default="image,text,tiny", help="comma-separated subset of image,text,tiny")
     p.add_argument("--strategies", default="2", help="comma-separated compression strategies (default 2, the bench's)")
     p.add_argument("--reads", type=int, default=300, help="cold reads sampled per data set and strategy")
-    p.add_argument("--smoke", action="store_true", help="the bench's smoke sizes: seconds")
     p.add_argument("--seed", type=int, default=18)
-    p.add_argument("--workdir", help="keep the generated data sets here and reuse them (default: a temporary folder)")
     p.add_argument("--checksum", choices=("crc32", "xxh3"), default="crc32",
                    help="the run checksum (default crc32, atlasfs's; xxh3 needs the xxhash package)")
-    p.add_argument("--json", help="also write the raw results here")
-    args = p.parse_args(argv)
+    args = harness.parse(p, argv)
     names = [n.strip() for n in args.datasets.split(",") if n.strip()]
     strategies = [int(s) for s in args.strategies.split(",") if s.strip()]
     if args.checksum == "xxh3":
@@ -245,37 +227,27 @@ def main(argv: list[str] | None = None) -> int:
             p.error("--checksum xxh3 needs the xxhash package")
         spans._crc32 = lambda data, seed=0: xxhash.xxh3_64_intdigest(data, seed=seed) & 0xFFFFFFFF
 
-    start = time.monotonic()
-
-    def log(message: str) -> None:
-        print(f"[{time.monotonic() - start:6.1f}s] {message}", file=sys.stderr, flush=True)
-
-    workdir = args.workdir or tempfile.mkdtemp(prefix="atlasfs-spans-probe-")
-    os.makedirs(workdir, exist_ok=True)
     results = []
-    try:
+    with harness.workspace("spans", args) as ws:
         for name in names:
             spec = datagen.spec_for(name, smoke=args.smoke)
             for strategy in strategies:
-                root = _dataset(spec, strategy, workdir, log)
+                root = _dataset(spec, strategy, ws.workdir)
                 with AtlasDataset(root, cache_bytes=0) as dataset:
                     result = SetResult(name, strategy, args.checksum)
-                    log(f"{name} s{strategy}: decoding, naming and finding spans in every block")
+                    harness.log(f"{name} s{strategy}: decoding, naming and finding spans in every block")
                     files = _build(dataset, result)
-                    log(f"{name} s{strategy}: {args.reads} cold reads each way")
+                    harness.log(f"{name} s{strategy}: {args.reads} cold reads each way")
                     _cold_reads(dataset, files, args.reads, args.seed, result)
                 results.append(result)
-    finally:
-        if not args.workdir:
-            shutil.rmtree(workdir, ignore_errors=True)
-    print(f"# spans probe: {', '.join(names)}; strategies {strategies}; {args.checksum}; {args.reads} cold reads each; "
-          f"{'smoke' if args.smoke else 'default'} sizes; {os.cpu_count()} CPUs")
-    _print_table([_row(r) for r in results])
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump([asdict(r) for r in results], f)
+    rows = [_row(r) for r in results]
+    notes = [f"{', '.join(names)}; strategies {strategies}; {args.checksum}; {args.reads} cold reads each; "
+             f"{'smoke' if args.smoke else 'default'} sizes"]
+    body = harness.table(list(rows[0]), [list(row.values()) for row in rows]) if rows else []
+    harness.write_report("spans_probe", args, "spans probe (issue #18)", body,
+                         harness.meta("spans_probe.py", args, notes=notes), {"results": [asdict(r) for r in results]})
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    harness.run_main(main)

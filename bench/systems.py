@@ -1,6 +1,7 @@
-"""The systems compared: atlasfs (a FUSE mount of the Atlas dataset), tmpfs (the same files
-materialized in /dev/shm: the physical limit) and ratarmount (a FUSE mount of the exported
-WebDataset tars: the peer).
+"""The systems the benchmarks compare: atlasfs (``atlasfs mount -f`` of a dataset, local or in a
+bucket), tmpfs (the same files materialized in /dev/shm: the physical limit), ratarmount (a FUSE
+mount of the exported WebDataset tars: the peer) and a served tree (any :class:`Tree` through
+atlasfs's own adapter: the floor's do-nothing tree).
 
 Each system gives :class:`View` objects through :meth:`System.session`, a context manager that
 mounts freshly (a new daemon, so nothing of an earlier mount is in memory) and always unmounts
@@ -21,7 +22,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 BENCH_DIR = os.path.dirname(os.path.abspath(__file__))
 RATARMOUNT_REQUIREMENTS = os.path.join(BENCH_DIR, "requirements-ratarmount.txt")
@@ -62,7 +63,6 @@ class View:
     shard_dirs: dict[str, str]
     pid: int | None = None
     mount_seconds: float | None = None
-    notes: list[str] = field(default_factory=list)
 
     def path(self, relative: str) -> str:
         """The absolute path of ``<shard>/<file>`` (a path relative to the materialized folder)."""
@@ -76,16 +76,22 @@ class View:
         return peak_rss(self.pid)
 
 
+def rss(pid: int) -> tuple[int, int]:
+    """(VmRSS, VmHWM) of process ``pid`` in bytes: its resident set now and at its peak."""
+    values = {}
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith(("VmRSS:", "VmHWM:")):
+                values[line[:5]] = int(line.split()[1]) * 1024
+    return values["VmRSS"], values["VmHWM"]
+
+
 def peak_rss(pid: int) -> int | None:
     """VmHWM of process ``pid`` in bytes (None if it is gone)."""
     try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
+        return rss(pid)[1]
+    except (OSError, KeyError):
         return None
-    return None
 
 
 def is_mounted(path: str) -> bool:
@@ -151,8 +157,6 @@ class System:
     """A way of presenting a dataset's files."""
 
     name = "?"
-    #: False for tmpfs: there is no cold state to come back to.
-    has_cold_state = True
 
     def session(self, fresh_metadata: bool = False) -> contextlib.AbstractContextManager[View]:
         """A fresh mount; with ``fresh_metadata``, also without stored file tables or index."""
@@ -166,7 +170,6 @@ class Tmpfs(System):
     """The materialized folder on /dev/shm, read by the same commands: the physical limit."""
 
     name = "tmpfs"
-    has_cold_state = False
 
     def __init__(self, folder: str, shards: list[str]) -> None:
         self.folder = folder
@@ -183,7 +186,7 @@ class Atlasfs(System):
     name = "atlasfs"
 
     def __init__(self, dataset: str, shards: list[str], workdir: str, extra_args: list[str] | None = None) -> None:
-        self.dataset = os.path.abspath(dataset)
+        self.dataset = dataset if "://" in dataset else os.path.abspath(dataset)
         self.shards = shards
         self.workdir = workdir
         self.extra_args = extra_args or []
@@ -197,8 +200,9 @@ class Atlasfs(System):
         return [sys.executable, "-m", "atlasfs"]
 
     def clear_metadata(self) -> None:
-        """Remove every stored file table (beside the dataset and in the user cache)."""
-        shutil.rmtree(os.path.join(self.dataset, ".atlasfs-tables"), ignore_errors=True)
+        """Remove every stored file table (beside a local dataset and in the user cache)."""
+        if "://" not in self.dataset:
+            shutil.rmtree(os.path.join(self.dataset, ".atlasfs-tables"), ignore_errors=True)
         shutil.rmtree(self.cache_home, ignore_errors=True)
 
     def prepare_metadata(self) -> None:
@@ -300,6 +304,44 @@ class Ratarmount(System):
             else:
                 raise RuntimeError(f"ratarmount: no folder for shard {shard} in {sorted(os.listdir(mountpoint))}")
         return found
+
+
+class ServedTree(System):
+    """A :class:`Tree` (``module:callable(*args)``) served in a fresh process through atlasfs's own
+    adapter and mount options (:func:`bench._atlasfs.serve_tree`): the floor's do-nothing tree.
+    The mount is ready once the adapter's ``on_ready`` ran (the mount answers and its read-ahead
+    is set, as ``atlasfs mount`` waits for)."""
+
+    def __init__(self, name: str, factory: str, args: list[int], shards: list[str], workdir: str) -> None:
+        self.name = name
+        self.factory = factory
+        self.args = args
+        self.shards = shards
+        self.workdir = workdir
+
+    @contextlib.contextmanager
+    def session(self, fresh_metadata: bool = False) -> Iterator[View]:
+        os.makedirs(os.path.join(self.workdir, "mnt"), exist_ok=True)
+        mountpoint = tempfile.mkdtemp(prefix=f"{self.name}-", dir=os.path.join(self.workdir, "mnt"))
+        log_path, ready = mountpoint + ".log", mountpoint + ".ready"
+        code = ("import sys\n"
+                f"sys.path.insert(0, {os.path.dirname(BENCH_DIR)!r})\n"
+                "from bench._atlasfs import serve_tree\n"
+                f"serve_tree({self.factory!r}, {self.args!r}, {mountpoint!r}, lambda: open({ready!r}, 'w').close())\n")
+        process = None
+        try:
+            with open(log_path, "ab") as log:
+                start = time.perf_counter()
+                process = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.DEVNULL, stdout=log,
+                                           stderr=log)
+                _wait(process, lambda: os.path.exists(ready) and is_mounted(mountpoint), self.name, log_path)
+                seconds = time.perf_counter() - start
+            yield View(self.name, mountpoint, {s: os.path.join(mountpoint, s) for s in self.shards},
+                       pid=process.pid, mount_seconds=seconds)
+        finally:
+            unmount(mountpoint, process)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(ready)
 
 
 # -- ratarmount's own virtualenv

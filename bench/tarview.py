@@ -11,122 +11,107 @@ For shard 0 of each of the benchmark's datasets (bench/datagen.py), with file ta
 * ``tmpfs cat``: ``cat`` of the exported tar copied to /dev/shm (page cache warm).
 
 and prints MB/s, the median of ``--repeat`` runs, with the issue's ratios: cold cat / export
-(target >= 0.8) and warm cat / tmpfs cat (target >= 0.7).
+(target >= 0.8) and warm cat / tmpfs cat (target >= 0.7). The mounted tar must equal the export.
 
-Usage: python bench/tarview.py [--smoke] [--repeat N] [--datasets image,text,tiny]
+    python bench/tarview.py [--smoke] [--repeat N] [--datasets image,text,tiny]
+
+Report: bench/results/tarview.md and tarview.json.
 """
 
 from __future__ import annotations
 
-import argparse
-import datetime
 import os
 import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
-import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+if __package__ in (None, ""):  # run as a script: make `bench` importable
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    __package__ = "bench"
 
-from bench import datagen  # noqa: E402
-from bench.systems import unmount, _wait  # noqa: E402
-
-
-def _cat(path: str) -> float:
-    start = time.perf_counter()
-    subprocess.run(["cat", path], stdout=subprocess.DEVNULL, check=True)
-    return time.perf_counter() - start
+from bench import datagen, harness
+from bench.systems import Atlasfs
 
 
-def _export_seconds(atlas: str, shard: str) -> tuple[float, int]:
-    """In a fresh process: open with stored tables and write the shard's tar to /dev/null."""
-    script = f"""
-import time
-from atlasfs import AtlasDataset
-from atlasfs.blocktree import BlockTree
-from atlasfs.tablestore import TableStore
-from atlasfs.tarview import TarLayout
-tree = BlockTree(AtlasDataset({atlas!r}), store=TableStore({atlas!r}))
-start = time.perf_counter()
-layout = TarLayout(tree, "/{shard}")
-with open("/dev/null", "wb") as out:
-    layout.write_to(out)
-print(time.perf_counter() - start, layout.size)
-"""
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout.split()
+def export_in_process(atlas: str, shard: str) -> None:
+    """Open ``atlas`` with its stored tables and write shard ``shard``'s tar to /dev/null; prints the
+    seconds and the tar's size. Runs in a fresh process (:func:`export_seconds`)."""
+    from atlasfs import AtlasDataset
+    from bench._atlasfs import BlockTree, TableStore, TarLayout
+
+    tree = BlockTree(AtlasDataset(atlas), store=TableStore(atlas))
+
+    def write() -> int:
+        layout = TarLayout(tree, f"/{shard}")
+        with open("/dev/null", "wb") as out:
+            layout.write_to(out)
+        return layout.size
+    run = harness.timed(write)
+    print(run.seconds, run.answer)
+
+
+def export_seconds(atlas: str, shard: str) -> tuple[float, int]:
+    """:func:`export_in_process` in a fresh process: (seconds, tar bytes)."""
+    code = "import sys\nfrom bench.tarview import export_in_process\nexport_in_process(sys.argv[1], sys.argv[2])\n"
+    out = subprocess.run([sys.executable, "-c", code, atlas, shard], capture_output=True, text=True, check=True,
+                         cwd=harness.REPO).stdout.split()
     return float(out[0]), int(out[1])
 
 
-def _mount(atlas: str, workdir: str) -> tuple[str, subprocess.Popen[bytes]]:
-    mountpoint = tempfile.mkdtemp(prefix="tarview-", dir=workdir)
-    log = open(mountpoint + ".log", "ab")
-    process = subprocess.Popen([sys.executable, "-m", "atlasfs", "mount", "-f", "--view", "tars", atlas, mountpoint],
-                               stdin=subprocess.DEVNULL, stdout=log, stderr=log)
-    _wait(process, lambda: os.path.ismount(mountpoint), "atlasfs mount -f --view tars", mountpoint + ".log")
-    return mountpoint, process
+def cat(path: str) -> float:
+    """Seconds of ``cat PATH > /dev/null``."""
+    return harness.timed(lambda: subprocess.run(["cat", path], stdout=subprocess.DEVNULL, check=True)).seconds
 
 
-def run(name: str, args: argparse.Namespace, workdir: str, shm: str) -> dict[str, float]:
-    spec = datagen.spec_for(name, smoke=args.smoke)
-    prepared = datagen.prepare(spec, workdir, lambda m: print(f"  {m}", file=sys.stderr))
+def run(name: str, workdir: str, scratch: str, repeat: int, smoke: bool) -> dict[str, float]:
+    """MB/s of every figure (medians) for shard 0 of dataset ``name``."""
+    prepared = datagen.prepare(datagen.spec_for(name, smoke=smoke), workdir, harness.log)
     shard = prepared.shards[0]
-    subprocess.run([sys.executable, "-m", "atlasfs", "index", prepared.atlas], capture_output=True, check=True)
-    tmpfs_tar = os.path.join(shm, f"{name}-{shard}.tar")
+    system = Atlasfs(prepared.atlas, prepared.shards, os.path.join(workdir, name, "tarview-state"),
+                     extra_args=["--view", "tars"])
+    system.prepare_metadata()  # atlasfs index: the tables stored beside the dataset
+    tmpfs_tar = os.path.join(scratch, f"{name}-{shard}.tar")
     shutil.copyfile(os.path.join(prepared.tars, f"{shard}.tar"), tmpfs_tar)
     figures: dict[str, list[float]] = {"export": [], "cold cat": [], "warm cat": [], "tmpfs cat": []}
     size = os.path.getsize(tmpfs_tar)
-    for _ in range(args.repeat):
-        seconds, exported = _export_seconds(prepared.atlas, shard)
-        assert exported == size, (exported, size)
+    for _ in range(repeat):
+        seconds, exported = export_seconds(prepared.atlas, shard)
+        if exported != size:
+            raise RuntimeError(f"{name}: the export's tar has {exported} bytes, the exported file {size}")
         figures["export"].append(size / seconds)
-        mountpoint, process = _mount(prepared.atlas, workdir)
-        try:
-            tar = os.path.join(mountpoint, f"{shard}.tar")
-            figures["cold cat"].append(size / _cat(tar))
-            figures["warm cat"].append(size / _cat(tar))
+        with system.session() as view:
+            tar = os.path.join(view.root, f"{shard}.tar")
+            figures["cold cat"].append(size / cat(tar))
+            figures["warm cat"].append(size / cat(tar))
             if subprocess.run(["cmp", tar, tmpfs_tar]).returncode != 0:
-                raise SystemExit(f"{name}: the mounted tar differs from the export")
-        finally:
-            unmount(mountpoint, process)
-        _cat(tmpfs_tar)
-        figures["tmpfs cat"].append(size / _cat(tmpfs_tar))
+                raise RuntimeError(f"{name}: the mounted tar differs from the export")
+        cat(tmpfs_tar)
+        figures["tmpfs cat"].append(size / cat(tmpfs_tar))
     result = {key: statistics.median(values) / 1e6 for key, values in figures.items()}
     result["tar MB"] = size / 1e6
     return result
 
 
-def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def main(argv: list[str] | None = None) -> int:
+    p = harness.parser(__doc__, repeat=3)
     p.add_argument("--datasets", default="image,text,tiny")
-    p.add_argument("--repeat", type=int, default=3)
-    p.add_argument("--smoke", action="store_true", help="tiny sizes, one repeat")
-    args = p.parse_args()
-    if args.smoke:
-        args.repeat = 1
-    shm_parent = "/dev/shm" if os.path.isdir("/dev/shm") else None
-    workdir = tempfile.mkdtemp(prefix="atlasfs-bench-tarview-", dir=shm_parent)
-    shm = tempfile.mkdtemp(prefix="atlasfs-bench-tarview-tmpfs-", dir=shm_parent)
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                            cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip() or "?"
-    date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    lines = [f"tar view, shard 0, commit {commit}, {date}, median of {args.repeat}, MB/s",
-             "| set | tar MB | export | cold cat | cold / export (>= 0.8) | warm cat | tmpfs cat | warm / tmpfs (>= 0.7) |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
-    try:
-        for name in args.datasets.split(","):
-            r = run(name, args, workdir, shm)
-            lines.append(f"| {name} | {r['tar MB']:.1f} | {r['export']:.0f} | {r['cold cat']:.0f} | "
-                         f"{r['cold cat'] / r['export']:.2f} | {r['warm cat']:.0f} | {r['tmpfs cat']:.0f} | "
-                         f"{r['warm cat'] / r['tmpfs cat']:.2f} |")
-            print(lines[-1], file=sys.stderr)
-    finally:
-        shutil.rmtree(workdir, ignore_errors=True)
-        shutil.rmtree(shm, ignore_errors=True)
-    print("\n".join(lines))
+    args = harness.parse(p, argv)
+    rows, data = [], {}
+    with harness.workspace("tarview", args) as ws:
+        for name in [d.strip() for d in args.datasets.split(",") if d.strip()]:
+            r = data[name] = run(name, ws.workdir, ws.scratch, args.repeat, args.smoke)
+            rows.append([name, f"{r['tar MB']:.1f}", f"{r['export']:.0f}", f"{r['cold cat']:.0f}",
+                         f"{r['cold cat'] / r['export']:.2f}", f"{r['warm cat']:.0f}", f"{r['tmpfs cat']:.0f}",
+                         f"{r['warm cat'] / r['tmpfs cat']:.2f}"])
+            harness.log(" | ".join(rows[-1]))
+    body = [f"Shard 0 of each set, tables stored, MB/s, median of {args.repeat}.", ""]
+    body += harness.table(["set", "tar MB", "export", "cold cat", "cold / export (>= 0.8)", "warm cat", "tmpfs cat",
+                           "warm / tmpfs (>= 0.7)"], rows)
+    harness.write_report("tarview", args, "the tar view against export and tmpfs", body,
+                         harness.meta("tarview.py", args), {"datasets": data})
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    harness.run_main(main)

@@ -20,6 +20,7 @@ import time
 import zlib
 from dataclasses import dataclass
 
+from .harness import Timed, timed
 from .systems import View
 
 
@@ -27,23 +28,14 @@ class WorkloadError(Exception):
     """A command failed or gave a wrong answer: its figure is not reported."""
 
 
-@dataclass
-class Timed:
-    """Seconds taken, and what the command answered (for checks across systems)."""
-
-    seconds: float
-    answer: int | str | None = None
-
-
 def _shell(script: str, *args: str) -> Timed:
-    start = time.perf_counter()
-    result = subprocess.run(["bash", "-c", "set -o pipefail\n" + script, "bench", *args],
-                            capture_output=True, text=True)
-    seconds = time.perf_counter() - start
+    run = timed(lambda: subprocess.run(["bash", "-c", "set -o pipefail\n" + script, "bench", *args],
+                                       capture_output=True, text=True))
+    result = run.answer
     if result.returncode != 0:
         raise WorkloadError(f"{script.strip().splitlines()[0]} ... exited {result.returncode}: "
                             f"{result.stderr.strip()[-300:]}")
-    return Timed(seconds, result.stdout.strip())
+    return Timed(run.seconds, result.stdout.strip())
 
 
 def tar_all(view: View, shards: list[str]) -> Timed:
@@ -139,36 +131,33 @@ def export_tars(dataset: str, scratch_parent: str) -> Timed:
     removed); answers the total tar bytes."""
     out = tempfile.mkdtemp(prefix="export-", dir=scratch_parent)
     try:
-        start = time.perf_counter()
-        result = subprocess.run([sys.executable, "-m", "atlasfs", "export", dataset, out],
-                                capture_output=True, text=True)
-        seconds = time.perf_counter() - start
-        if result.returncode != 0:
-            raise WorkloadError(f"atlasfs export failed: {result.stderr.strip()[-300:]}")
+        run = timed(lambda: subprocess.run([sys.executable, "-m", "atlasfs", "export", dataset, out],
+                                           capture_output=True, text=True))
+        if run.answer.returncode != 0:
+            raise WorkloadError(f"atlasfs export failed: {run.answer.stderr.strip()[-300:]}")
         total = sum(os.path.getsize(os.path.join(out, f)) for f in os.listdir(out))
-        return Timed(seconds, total)
+        return Timed(run.seconds, total)
     finally:
         shutil.rmtree(out, ignore_errors=True)
 
 
 def command_startup() -> Timed:
     """``atlasfs --version``: the Python start-up and imports that every ``atlasfs`` command pays."""
-    start = time.perf_counter()
-    result = subprocess.run([sys.executable, "-m", "atlasfs", "--version"], capture_output=True, check=False, text=True)
-    if result.returncode != 0:
-        raise WorkloadError(f"atlasfs --version failed: {result.stderr.strip()[-300:]}")
-    return Timed(time.perf_counter() - start, result.stdout.strip())
+    run = timed(lambda: subprocess.run([sys.executable, "-m", "atlasfs", "--version"], capture_output=True,
+                                       check=False, text=True))
+    if run.answer.returncode != 0:
+        raise WorkloadError(f"atlasfs --version failed: {run.answer.stderr.strip()[-300:]}")
+    return Timed(run.seconds, run.answer.stdout.strip())
 
 
 def library_loop(dataset: str) -> Timed:
     """``for example in AtlasDataset(path)``: decode every example in this process; answers the count."""
     from atlasfs import AtlasDataset
-    start = time.perf_counter()
-    count = 0
-    with AtlasDataset(dataset) as ds:
-        for _ in ds:
-            count += 1
-    return Timed(time.perf_counter() - start, count)
+
+    def loop() -> int:
+        with AtlasDataset(dataset) as ds:
+            return sum(1 for _ in ds)
+    return timed(loop)
 
 
 def decode_shard(dataset: str, shard_position: int = 0) -> Timed:
@@ -177,9 +166,4 @@ def decode_shard(dataset: str, shard_position: int = 0) -> Timed:
     from atlasfs import AtlasDataset
     with AtlasDataset(dataset, cache_bytes=0) as ds:
         shard = ds.shards[shard_position]
-        start = time.perf_counter()
-        count = 0
-        for block in range(shard.num_blocks):
-            examples, _ = shard.decode_block(block)
-            count += len(examples)
-        return Timed(time.perf_counter() - start, count)
+        return timed(lambda: sum(len(shard.decode_block(block)[0]) for block in range(shard.num_blocks)))

@@ -13,3 +13,8 @@ import tempfile
 if "XDG_CACHE_HOME" not in os.environ:
     os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="atlasfs-test-cache-")
     atexit.register(shutil.rmtree, os.environ["XDG_CACHE_HOME"], True)
+
+# Background mounts with no syslog (the usual case in tests) log to the user's state folder.
+if "XDG_STATE_HOME" not in os.environ:
+    os.environ["XDG_STATE_HOME"] = tempfile.mkdtemp(prefix="atlasfs-test-state-")
+    atexit.register(shutil.rmtree, os.environ["XDG_STATE_HOME"], True)

@@ -130,3 +130,23 @@ def in_threads(work: Callable[[int], object], count: int) -> None:
         thread.start()
     for thread in threads:
         thread.join()
+
+
+#: wids imports torch at import time; these tests give it a minimal stand-in for the two
+#: modules it imports (torch.distributed, torch.utils.data) rather than install torch.
+TORCH_STANDIN = '''
+import sys, types
+torch = types.ModuleType("torch")
+distributed = types.ModuleType("torch.distributed")
+distributed.is_initialized = lambda: False
+utils = types.ModuleType("torch.utils")
+data = types.ModuleType("torch.utils.data")
+from typing import Generic, TypeVar
+T = TypeVar("T")
+class Dataset(Generic[T]): pass
+class Sampler(Generic[T]):
+    def __init__(self, *args, **kwargs): pass
+data.Dataset, data.Sampler = Dataset, Sampler
+torch.distributed, torch.utils, utils.data = distributed, utils, data
+sys.modules.update({"torch": torch, "torch.distributed": distributed, "torch.utils": utils, "torch.utils.data": data})
+'''

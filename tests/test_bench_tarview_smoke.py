@@ -3,26 +3,20 @@ equal the exports, or it fails)."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from benchprobe import run_probe, table_rows
 from fusemount import require_fuse
-
-REPO = Path(__file__).resolve().parent.parent
 
 
 @pytest.mark.fuse
-def test_tarview_bench_smoke() -> None:
+def test_tarview_bench_smoke(tmp_path: Path) -> None:
     require_fuse()
-    result = subprocess.run([sys.executable, str(REPO / "bench" / "tarview.py"), "--smoke"], capture_output=True,
-                            text=True, timeout=600, cwd=REPO)
-    assert result.returncode == 0, result.stderr[-3000:]
-    rows = [line for line in result.stdout.splitlines() if line.startswith("| ") and "---" not in line]
-    assert [row.split("|")[1].strip() for row in rows[1:]] == ["image", "text", "tiny"], result.stdout
-    for row in rows[1:]:
-        cells = [cell.strip() for cell in row.split("|")[2:-1]]
-        assert len(cells) == 7 and all(float(cell) > 0 for cell in cells), row
-    with open("/proc/self/mountinfo") as f:
-        assert not any("tarview-" in line.split()[4] for line in f)
+    run = run_probe("tarview.py", "tarview", tmp_path, "--smoke")
+    assert run.returncode == 0, run.stderr[-3000:]
+    for name in ("image", "text", "tiny"):
+        (row,) = table_rows(run.markdown, name)
+        assert len(row) == 8 and all(float(cell) > 0 for cell in row[1:]), row
+        figures = run.data["datasets"][name]
+        assert f"{figures['cold cat'] / figures['export']:.2f}" == row[4]  # the ratio is of the same run's figures

@@ -61,10 +61,35 @@ def test_verify_reports_each_problem_and_fails(tmp_path: Path) -> None:
 def test_show_prints_one_example_readably() -> None:
     result = atlasfs("show", str(REFERENCE / "s0_wds_keyed_dicts" / "dataset"), "-1")
     assert result.returncode == 0, result.stderr
-    assert result.stdout.startswith("example -1 (shard 2, block 0, position 2)")
+    assert result.stdout.startswith("example 22 (shard 2, block 0, position 2)")  # what -1 stands for
     assert "'__key__'" in result.stdout
     result = atlasfs("show", str(SHARED_DICT), "75")
     assert result.returncode == 1 and "out of range" in result.stderr
+
+
+def test_show_keeps_the_order_of_nested_keys_and_takes_verbose_after_the_command(tmp_path: Path) -> None:
+    from atlasfs import AtlasWriter
+    with AtlasWriter(tmp_path / "ds", shard_size=4, block_size=2) as w:
+        w.add_examples({"__key__": f"k{i}", "json": {"zebra": i, "apple": {"pear": 1, "fig": 2}, "mango": 3}}
+                       for i in range(6))
+    for args in (["show", "-v", str(tmp_path / "ds"), "-1"], ["-v", "show", str(tmp_path / "ds"), "-1"],
+                 ["show", str(tmp_path / "ds"), "--", "-1"]):
+        result = atlasfs(*args)
+        assert result.returncode == 0, (args, result.stderr)
+        assert result.stdout.startswith("example 5 (shard 1, block 0, position 1)"), result.stdout
+        assert "{'zebra': 5, 'apple': {'pear': 1, 'fig': 2}, 'mango': 3}" in result.stdout, result.stdout
+    # the same for a format that is not Atlas: 1 + 12 documents
+    from atlasfs.sources.pbin import write_pbin
+    (tmp_path / "pbin").mkdir()
+    write_pbin(str(tmp_path / "pbin" / "a.pbin"), [[2, 3]], token_width=4)
+    write_pbin(str(tmp_path / "pbin" / "b.pbin"), [[1]] * 12, token_width=1)
+    result = atlasfs("show", str(tmp_path / "pbin"), "--", "-1")
+    assert result.stdout.startswith("example 12 (shard b, block 0, position 11)"), (result.stdout, result.stderr)
+    # -v takes effect after the command too: index's debug lines appear
+    quiet = atlasfs("index", str(tmp_path / "ds"), "--index-dir", str(tmp_path / "quiet"))
+    loud = atlasfs("index", str(tmp_path / "ds"), "-v", "--index-dir", str(tmp_path / "loud"))
+    assert loud.returncode == quiet.returncode == 0
+    assert "stored the file table of shard 0" not in quiet.stderr and "stored the file table of shard 0" in loud.stderr
 
 
 def test_errors_are_one_line_without_traceback(tmp_path: Path) -> None:
@@ -97,6 +122,12 @@ def test_export_writes_one_tar_per_shard(tmp_path: Path) -> None:
     assert index == {"wids_version": 1, "shardlist": [{"url": "0.tar", "nsamples": 32}, {"url": "2.tar", "nsamples": 11}]}
     result = atlasfs("export", str(SHARED_DICT), str(tmp_path / "out"), "--shards", "9")
     assert result.returncode == 1 and "no shard named '9'" in result.stderr
+    (tmp_path / "file").write_text("not a folder")
+    result = atlasfs("export", str(SHARED_DICT), str(tmp_path / "file"))
+    assert result.returncode == 1
+    assert result.stderr == f"atlasfs: {tmp_path / 'file'}: exists and is not a folder (OUTDIR is the folder " \
+                            "the tars go in)\n"
+    assert (tmp_path / "file").read_text() == "not a folder"
 
 
 def test_demo_writes_a_valid_dataset(tmp_path: Path) -> None:

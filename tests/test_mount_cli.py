@@ -67,6 +67,7 @@ def test_mount_options_take_effect(tmp_path: Path) -> None:
 
 def test_umount_reports_not_mounted_and_busy(tmp_path: Path) -> None:
     one_line_error(atlasfs("umount", str(tmp_path)), "not mounted")
+    one_line_error(atlasfs("umount", str(tmp_path / "missing")), f"{tmp_path / 'missing'}: does not exist")
     with mounted(GOOD) as mnt:
         holder = subprocess.Popen(["sleep", "30"], cwd=mnt)
         try:
@@ -79,6 +80,24 @@ def test_umount_reports_not_mounted_and_busy(tmp_path: Path) -> None:
         result = atlasfs("umount", str(mnt))
         assert result.returncode == 0, result.stderr
         assert not is_mounted(mnt)
+
+
+def test_umount_refuses_a_file_system_that_is_not_atlasfs(tmp_path: Path) -> None:
+    if os.geteuid() != 0:  # only root mounts a tmpfs; umount(8) would refuse a user anyway
+        pytest.skip("needs root to mount a tmpfs")
+    other = tmp_path / "tmpfs"
+    other.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "atlasfs-test", str(other)], check=True)
+    try:
+        (other / "precious").write_text("keep me")
+        for lazy in ([], ["-z"]):
+            one_line_error(atlasfs("umount", *lazy, str(other)),
+                           f"{other}: not an atlasfs mount (tmpfs); atlasfs only unmounts its own")
+            assert is_mounted(other) and (other / "precious").read_text() == "keep me"
+    finally:
+        subprocess.run(["umount", str(other)], check=True)
+    help_text = atlasfs("umount", "--help").stdout
+    assert "the mount point of an atlasfs mount" in help_text
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import logging
 import os
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -83,6 +85,27 @@ def test_index_after_a_mount_stores_beside_the_dataset_although_the_cache_holds_
     result = atlasfs("index", str(dataset), env={**os.environ, "XDG_CACHE_HOME": str(cache.parent.parent)})
     assert result.returncode == 0, result.stderr
     assert sorted(p.name for p in (dataset / BESIDE_DATASET).iterdir()) == ["0.table", "1.table", "2.table"]
+
+
+def test_tables_for_every_user_are_0644_and_the_users_cache_stays_private(tmp_path: Path, cache: Path) -> None:
+    dataset = _dataset(tmp_path / "ds")
+    _listing_and_decodes(dataset, TableStore(str(dataset)))  # a mount: the user's cache
+    assert {p.stat().st_mode & 0o777 for p in cache.rglob("*.table")} == {0o600}
+    env = {**os.environ, "XDG_CACHE_HOME": str(cache.parent.parent)}
+    result = subprocess.run([sys.executable, "-m", "atlasfs", "index", str(dataset)], env=env, umask=0o077,
+                            capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    beside = dataset / BESIDE_DATASET
+    assert beside.stat().st_mode & 0o777 == 0o755
+    tables = sorted(beside.iterdir())
+    assert {p.stat().st_mode & 0o777 for p in tables} == {0o644}
+    # tables an older atlasfs stored 0600 become readable when `atlasfs index` finds them up to date
+    for table in tables:
+        table.chmod(0o600)
+    before = {p: p.read_bytes() for p in tables}
+    assert atlasfs("index", str(dataset), env=env).returncode == 0
+    assert {p.stat().st_mode & 0o777 for p in tables} == {0o644}
+    assert {p: p.read_bytes() for p in tables} == before
 
 
 def test_the_cache_is_bounded_least_recently_used_first(tmp_path: Path, cache: Path,

@@ -21,7 +21,7 @@ from atlasfs.blocktree import BlockTree
 from atlasfs.tablestore import TableStore
 from atlasfs.tarview import TarLayout, TarView
 from fusemount import atlasfs, mounted
-from helpers import REFERENCE, expected_examples, in_threads, reference_names
+from helpers import REFERENCE, TORCH_STANDIN, expected_examples, in_threads, reference_names
 
 
 def _dataset(path: Path, examples: int = 120, plain_keys: bool = False, jpg_bytes: int = 3000) -> Path:
@@ -155,30 +155,10 @@ def test_view_both_shows_folders_and_tars(tmp_path: Path) -> None:
             assert archive.getnames()[:3] == [n for n in os.listdir(mnt / "0")][:3]
 
 
-#: wids imports torch at import time; these tests give it a minimal stand-in for the two
-#: modules it imports (torch.distributed, torch.utils.data) rather than install torch.
-_TORCH_STANDIN = '''
-import sys, types
-torch = types.ModuleType("torch")
-distributed = types.ModuleType("torch.distributed")
-distributed.is_initialized = lambda: False
-utils = types.ModuleType("torch.utils")
-data = types.ModuleType("torch.utils.data")
-from typing import Generic, TypeVar
-T = TypeVar("T")
-class Dataset(Generic[T]): pass
-class Sampler(Generic[T]):
-    def __init__(self, *args, **kwargs): pass
-data.Dataset, data.Sampler = Dataset, Sampler
-torch.distributed, torch.utils, utils.data = distributed, utils, data
-sys.modules.update({"torch": torch, "torch.distributed": distributed, "torch.utils": utils, "torch.utils.data": data})
-'''
-
-
 def test_wids_reads_every_sample_by_index_through_the_mount(tmp_path: Path) -> None:
     # wids reads member names from the ustar header only (docs/layout.md): keys that fit it
     dataset = _dataset(tmp_path / "ds", plain_keys=True)
-    script = _TORCH_STANDIN + f'''
+    script = TORCH_STANDIN + f'''
 import os
 import wids
 from atlasfs import wids_in_place
@@ -238,7 +218,7 @@ def test_every_reference_fixture_through_the_tar_view(tmp_path: Path, name: str)
         assert len(from_mount) == len(expected_examples(name))
         assert not any(s["__key__"].startswith("./") for s in from_mount)
         if _wids_names_ok(names) and names:
-            script = _TORCH_STANDIN + '''
+            script = TORCH_STANDIN + '''
 import wids
 from atlasfs import wids_in_place
 ds = wids.ShardListDataset(sys.argv[1], transformations=[], localname=wids_in_place(sys.argv[2]))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import stat
 from dataclasses import dataclass
 
 from ..errors import AtlasFormatError
@@ -39,14 +40,40 @@ def detect(path: str) -> str:
     """The format of the dataset at ``path``; :class:`AtlasFormatError` (one line) if none fits."""
     if is_url(path):  # a dataset in object storage: only Atlas reads through atlasfs.storage
         return "atlas"
-    if not os.path.exists(path):
-        raise AtlasFormatError(f"{path}: no such dataset (file or folder)")
+    _check_readable(path)
     for kind, (module, _) in FORMATS.items():
         if importlib.import_module(module).looks_like(path):
             return kind
     looked_for = "; ".join(what for _, what in FORMATS.values())
     raise AtlasFormatError(f"{path}: not a dataset atlasfs knows (looked for {looked_for}); "
                            "name one with --format")
+
+
+def _check_readable(path: str) -> None:
+    """:class:`AtlasFormatError` if ``path`` is missing or this user may not read it: each
+    format's look at the layout sees an unreadable folder as empty, which would say
+    "not a dataset" instead of the real cause."""
+    try:
+        is_folder = stat.S_ISDIR(os.stat(path).st_mode)
+    except (FileNotFoundError, NotADirectoryError):
+        raise AtlasFormatError(f"{path}: no such dataset (file or folder)") from None
+    except PermissionError:
+        raise AtlasFormatError(f"{path}: permission denied (cannot reach it: a folder above it may not be "
+                               "entered; check their permissions)") from None
+    except OSError as exc:
+        raise AtlasFormatError(f"{path}: {exc.strerror}") from None
+    try:
+        if is_folder:
+            os.listdir(path)
+            if not os.access(path, os.X_OK):  # listed, but its files cannot be opened
+                raise PermissionError
+        else:
+            os.close(os.open(path, os.O_RDONLY | os.O_NONBLOCK))  # NONBLOCK: a FIFO must not hang it
+    except PermissionError:
+        what = "folder" if is_folder else "file"
+        raise AtlasFormatError(f"{path}: permission denied (cannot read the {what}; check its permissions)") from None
+    except OSError:
+        pass  # anything else: the format's own checks say what is wrong
 
 
 def open_source(path: str, kind: str | None = None, options: SourceOptions | None = None) -> Source:

@@ -158,8 +158,9 @@ class Storage(ABC):
         coalesces neighbouring ranges into fewer requests."""
         return [self.pread(path, offset, size) for offset, size in ranges]
 
-    def write(self, path: str, data: bytes) -> None:
-        """Store ``data`` as the file ``path``, whole or not at all. Only ``atlasfs index``
+    def write(self, path: str, data: bytes, mode: int | None = None) -> None:
+        """Store ``data`` as the file ``path``, whole or not at all; ``mode``: its permission
+        bits, where files have them (a store's objects do not). Only ``atlasfs index``
         writes, and only file tables beside a dataset; mounts never do."""
         raise PermissionError(errno.EROFS, f"{self.describe(path)}: the store is read-only")
 
@@ -217,11 +218,13 @@ class LocalStorage(Storage):
     def pread(self, path: str, offset: int, size: int) -> bytes:
         return os.pread(self._descriptor(path), size, offset)
 
-    def write(self, path: str, data: bytes) -> None:
+    def write(self, path: str, data: bytes, mode: int | None = None) -> None:
         folder = os.path.dirname(path)
         os.makedirs(folder, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=".write-", dir=folder)  # renamed into place: whole or nothing
         try:
+            if mode is not None:  # mkstemp makes it 0600; set before the rename, so never seen otherwise
+                os.fchmod(fd, mode)
             with os.fdopen(fd, "wb") as f:
                 f.write(data)
             os.replace(tmp, path)

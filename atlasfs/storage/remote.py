@@ -657,7 +657,7 @@ class RemoteStorage(Storage):
             parts.append(data[max(offset, base) - base:min(end, base + size) - base])
         return parts[0] if len(parts) == 1 else b"".join(parts)
 
-    def write(self, path: str, data: bytes) -> None:
+    def write(self, path: str, data: bytes, mode: int | None = None) -> None:
         """One PUT (an object store replaces an object whole); the listing is taken again
         on the next look, so that it shows the new object."""
         rel = self._rel(path)

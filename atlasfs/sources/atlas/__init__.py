@@ -9,15 +9,15 @@ or not). :class:`~.dataset.AtlasDataset` reads one and is its own
 
 from __future__ import annotations
 
-import logging
 import os
+import stat
 from typing import TYPE_CHECKING
+
+from ...errors import AtlasFormatError
 
 if TYPE_CHECKING:
     from ..factory import SourceOptions
     from .dataset import AtlasDataset
-
-log = logging.getLogger("atlasfs")
 
 
 def looks_like(path: str) -> bool:
@@ -35,13 +35,36 @@ def looks_like(path: str) -> bool:
 
 def open_source(path: str, options: "SourceOptions") -> "AtlasDataset":
     """Open the dataset for serving: a shard that cannot be opened stands as a broken
-    shard (its folder fails with EIO, logged once) while the others serve."""
+    shard (its ``error`` set: the tree fails its folder and tar with EIO and says why)
+    while the others serve."""
     from .dataset import AtlasDataset
     # The tree caches encoded blocks itself; the index is read into memory because a
     # mapped index.npy truncated under us would kill the daemon (SIGBUS).
     dataset = AtlasDataset(path, cache_bytes=0, trust_pickle=options.trust_pickle, mmap_index=False,
                            tolerate_broken_shards=True)
-    for shard in dataset.shards:
-        if shard.error is not None:
-            log.error("%s (the folder %s fails with EIO)", shard.error, shard.name)
+    if not dataset.storage.remote:
+        _break_unreadable(dataset)
     return dataset
+
+
+def _break_unreadable(dataset: "AtlasDataset") -> None:
+    """Stand a broken shard for each shard whose ``data.bin`` cannot be opened for reading
+    (no permission, not a file): opening the shard only looked at its size, and the mount
+    would find out at the first listing, long after ``atlasfs mount`` returned."""
+    from .dataset import BrokenShard
+    for position, shard in enumerate(dataset.shards):
+        if shard.error is not None or not shard.data_size:
+            continue
+        try:
+            # O_NONBLOCK: a FIFO standing for data.bin must not hang the mount
+            fd = os.open(shard.data_path, os.O_RDONLY | os.O_NONBLOCK)
+        except OSError as exc:
+            problem = f"cannot be read ({exc.strerror})"
+        else:
+            problem = None if stat.S_ISREG(os.fstat(fd).st_mode) else "not a regular file"
+            os.close(fd)
+        if problem is not None:
+            broken = BrokenShard(shard.path, shard.number, AtlasFormatError(f"{shard.data_path}: {problem}"),
+                                 len(shard))
+            broken.first_index, broken.key_width = shard.first_index, shard.key_width
+            dataset.shards[position] = broken

@@ -119,7 +119,7 @@ class Shard(LocatedReads, SourceShard):  # LocatedReads: files read without thei
 
     def __init__(self, path: str, number: int, shared_dict: ZstdDictionary | None, cache: BlockCache,
                  *, trust_pickle: bool = False, max_block_bytes: int = DEFAULT_MAX_BLOCK_BYTES,
-                 mmap_index: bool = True, storage: Storage = LOCAL) -> None:
+                 mmap_index: bool = True, storage: Storage = LOCAL, check_data_size: bool = True) -> None:
         self.path = path
         self.name = os.path.basename(path)
         self.number = number
@@ -132,9 +132,10 @@ class Shard(LocatedReads, SourceShard):  # LocatedReads: files read without thei
         self._signature = self._read_signature()
         data_size = self._signature[0][0] if self._signature[0] else None
         expected = int(self.index[-1])
-        if data_size is None and expected:
+        # Unchecked, each block is checked when read (read_raw): the intact ones read.
+        if check_data_size and data_size is None and expected:
             raise AtlasFormatError(f"{self.data_path}: missing ({self.meta.stored_examples} examples in meta.json)")
-        if data_size is not None and data_size != expected:
+        if check_data_size and data_size is not None and data_size != expected:
             raise AtlasFormatError(
                 f"{self.data_path}: {data_size} bytes, but {self.index_path} ends at {expected}"
                 f" ({'truncated' if data_size < expected else 'trailing data'})")
@@ -431,6 +432,10 @@ class AtlasDataset(Source):
             in ``shards`` for each shard folder that cannot be opened, so that
             the others stay usable (the mount and ``verify`` use this). Root
             problems (meta.json, folder names, shared dictionary) still raise.
+        check_data_size: refuse a shard whose ``data.bin`` is not the size its
+            ``index.npy`` says (truncated, trailing data, missing) at open. False:
+            open it anyway; a block past a truncation fails when read, and the
+            blocks before it read (``atlasfs show`` reads any intact block).
         storage: where the files are read from (:mod:`atlasfs.storage`); None: the
             local file system, or for a URL root (``s3://bucket/prefix``) an object
             store with default options. A store that does not answer while the
@@ -440,14 +445,15 @@ class AtlasDataset(Source):
     def __init__(self, root: str | os.PathLike[str], *, cache_bytes: int = DEFAULT_CACHE_BYTES,
                  trust_pickle: bool = False, max_block_bytes: int = DEFAULT_MAX_BLOCK_BYTES,
                  mmap_index: bool = True, tolerate_broken_shards: bool = False,
-                 storage: Storage | None = None) -> None:
+                 storage: Storage | None = None, check_data_size: bool = True) -> None:
         if storage is None:
             storage, root = open_storage(root)
         self.storage = storage
         self.root = os.fspath(root).rstrip("/") if storage.remote else os.fspath(root)
         self.trust_pickle = trust_pickle
         try:
-            self._open(cache_bytes, trust_pickle, max_block_bytes, mmap_index, tolerate_broken_shards)
+            self._open(cache_bytes, trust_pickle, max_block_bytes, mmap_index, tolerate_broken_shards,
+                       check_data_size)
         except StorageUnavailableError as exc:  # at open, the mount or command is refused in one line
             raise AtlasFormatError(str(exc)) from None
         except OSError as exc:
@@ -458,7 +464,7 @@ class AtlasDataset(Source):
             raise AtlasFormatError(message if message.startswith(self.root) else f"{self.root}: {message}") from None
 
     def _open(self, cache_bytes: int, trust_pickle: bool, max_block_bytes: int, mmap_index: bool,
-              tolerate_broken_shards: bool) -> None:
+              tolerate_broken_shards: bool, check_data_size: bool) -> None:
         storage = self.storage
         if not storage.isdir(self.root):
             raise AtlasFormatError(f"{self.root}: no such dataset folder")
@@ -471,7 +477,8 @@ class AtlasDataset(Source):
             path = os.path.join(self.root, name)
             try:
                 shard = Shard(path, number, shared, self.cache, trust_pickle=trust_pickle,
-                              max_block_bytes=max_block_bytes, mmap_index=mmap_index, storage=storage)
+                              max_block_bytes=max_block_bytes, mmap_index=mmap_index, storage=storage,
+                              check_data_size=check_data_size)
             except AtlasFormatError as exc:
                 if not tolerate_broken_shards:
                     raise

@@ -1,0 +1,40 @@
+"""The atlasfs internals that ``bench/`` uses, imported here and nowhere else in ``bench/``
+(the public API, ``atlasfs.AtlasDataset`` and ``atlasfs.AtlasWriter``, is imported directly):
+when atlasfs's modules move, this is the one file of the benchmarks to change."""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+
+from atlasfs.blocktree import BlockTree
+from atlasfs.filetable import Locators
+from atlasfs.mount import MountOptions, serve
+from atlasfs.naming import MAX_NAME_BYTES, encode_as, example_fields, index_key_width
+from atlasfs.safepickle import loads as safe_loads
+from atlasfs.sizes import parse_size
+from atlasfs.sources.atlas import spans
+from atlasfs.sources.atlas.dataset import Shard
+from atlasfs.sources.dolma import DolmaSource
+from atlasfs.sources.lavender import write_csv_shard
+from atlasfs.sources.pbin import write_pbin
+from atlasfs.tablestore import TableStore
+from atlasfs.tarview import TarLayout
+from atlasfs.tree import Entry, Tree
+
+__all__ = ["BlockTree", "DolmaSource", "Entry", "Locators", "MAX_NAME_BYTES", "MountOptions", "Shard", "TableStore",
+           "TarLayout", "Tree", "default_cache_bytes", "encode_as", "example_fields", "index_key_width",
+           "parse_size", "safe_loads", "serve_tree", "spans", "write_csv_shard", "write_pbin"]
+
+
+def default_cache_bytes() -> int:
+    """The block cache bound of a mount with default options."""
+    return MountOptions().cache_bytes
+
+
+def serve_tree(factory: str, args: list[int], mountpoint: str, on_ready: Callable[[], None]) -> None:
+    """Serve the tree ``module:callable(*args)`` at ``mountpoint`` in the foreground, through
+    atlasfs's own adapter and mount options (what ``atlasfs mount`` does, minus a dataset)."""
+    module, _, name = factory.partition(":")
+    tree = getattr(importlib.import_module(module), name)(*args)
+    serve(tree, mountpoint, MountOptions(foreground=True), name, on_ready)

@@ -1,0 +1,94 @@
+"""Every probe of ``bench/`` runs end to end through the harness at its smoke sizes (a few seconds
+each): its report is written and printed, its figures are measured, its ratios are of figures of
+the same run, and it leaves no mount behind (tests/benchprobe.py). The suite (bench/run.py),
+memory.py and tarview.py have their own tests."""
+
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+
+import pytest
+from benchprobe import run_probe, table_rows
+from fusemount import require_fuse
+from s3server import unavailable
+
+
+@pytest.mark.fuse
+def test_floor_serves_its_tree_through_the_adapter_and_reports_every_line(tmp_path: Path) -> None:
+    """bench/floor.py mounts its own trivial Tree through the adapter (it broke once when the
+    Tree interface grew a method its tree shadowed)."""
+    require_fuse()
+    run = run_probe("floor.py", "floor", tmp_path, "--smoke")
+    assert run.returncode == 0, run.stderr[-3000:]
+    (case,) = run.data["cases"].values()
+    tmpfs = statistics.median(case["tmpfs"])
+    for name in ("tmpfs", "adapter cold", "adapter warm"):
+        (row,) = table_rows(run.markdown, name)
+        assert float(row[1].replace(",", "")) > 0, row  # files/s
+        assert row[4] == f"{tmpfs / statistics.median(case[name]):.3f}", row  # of tmpfs, in the same run
+
+
+@pytest.mark.fuse
+def test_cold_random_measures_atlasfs_and_reports_ratarmount_missing(tmp_path: Path) -> None:
+    """Without ratarmount (as every smoke run but the suite's) its column and the ratios are
+    "missing", never 0, and the exit code says so."""
+    require_fuse()
+    run = run_probe("cold_random.py", "cold_random", tmp_path, "--smoke", "--no-ratarmount", "--datasets", "tiny")
+    assert run.returncode == 2, run.stderr[-3000:]
+    result = run.data["results"]["tiny"]
+    assert result["wrong_passes"] == 0 and set(result["raw"]) == {"atlasfs"}
+    rows = table_rows(run.markdown, "tiny")
+    assert len(rows) == 5, run.markdown
+    for row in rows:
+        assert row[2] != "missing" and row[3] == "missing" and row[4] == "missing", row
+    assert "ratarmount figures are MISSING: skipped (--no-ratarmount)" in run.markdown
+
+
+@pytest.mark.fuse
+def test_dolma_listing_against_parse(tmp_path: Path) -> None:
+    require_fuse()
+    run = run_probe("dolma.py", "dolma", tmp_path, "--smoke")
+    assert run.returncode == 0, run.stderr[-3000:]
+    d = run.data
+    assert d["lines"] == 2000 and d["files"] >= d["lines"]
+    assert d["parse_s"] > 0 and d["first_listing_s"] > 0 and d["second_listing_s"] > 0
+    assert f"{d['first_listing_s'] / d['parse_s']:.2f}x the plain parse" in run.markdown
+    assert d["cat_bytes"] > 0 and d["daemon_read_bytes"] > 0
+
+
+@pytest.mark.fuse
+def test_lavender_pbin_listing_against_parse(tmp_path: Path) -> None:
+    require_fuse()
+    run = run_probe("lavender_pbin.py", "lavender_pbin", tmp_path, "--smoke")
+    assert run.returncode == 0, run.stderr[-3000:]
+    for name in ("lavender csv (2 sets)", "lavender parquet (2 sets)", "pbin (2-byte tokens)"):
+        found = run.data["results"][name]
+        (row,) = table_rows(run.markdown, name)
+        ratio = statistics.median(found["first"]) / statistics.median(found["parse"])
+        assert row[3] == f"{ratio:.1f}x" and all(v > 0 for v in found["first"] + found["second"]), row
+
+
+@pytest.mark.fuse
+def test_s3_cold_tar_against_fetch_and_its_gets(tmp_path: Path) -> None:
+    require_fuse()
+    try:
+        import moto.server  # noqa: F401
+        import s3fs  # noqa: F401
+    except ImportError as exc:
+        unavailable(f"moto[server] and s3fs are needed ({exc})")
+    run = run_probe("s3.py", "s3", tmp_path, "--smoke")
+    d = run.data
+    assert 0 < d["gets"] <= d["get_bound"] and d["other_requests"] == {}, d
+    assert d["ratio"] == statistics.median(d["fetch_s"]) / statistics.median(d["cold_tar_s"])
+    assert f"cold tar / fetch: {d['ratio']:.2f}" in run.markdown
+    assert run.returncode == (0 if d["ratio"] >= 0.5 else 1), run.stderr[-3000:]
+
+
+def test_spans_probe_reads_both_paths(tmp_path: Path) -> None:
+    run = run_probe("spans_probe.py", "spans_probe", tmp_path, "--smoke", "--datasets", "tiny", "--reads", "50")
+    assert run.returncode == 0, run.stderr[-3000:]
+    (result,) = run.data["results"]
+    assert result["files_with_span"] > 0 and len(result["block_path_us"]) == len(result["span_path_us"]) == 50
+    (row,) = table_rows(run.markdown, "tiny")
+    assert row[3] == str(result["files"]), row
