@@ -197,6 +197,9 @@ class BlockTree(Tree):
             raise self.blocks.mismatch(ref.shard, ref.block)
         return files[ref.file][offset:offset + size]
 
+    def shard_folders(self) -> list[str]:
+        return list(self.placement.by_name)  # in shard order; a shard left out is not there
+
     def total_bytes(self) -> int:
         return sum(shard.data_size for shard in self.shards)
 

@@ -174,8 +174,10 @@ def shard_index(folders: Sequence[tuple[str, int]]) -> bytes:
 
 
 class TarView(Tree):
-    """``base``'s top-level folders as ``<folder>.tar`` files, with ``shards.json``; with
-    ``folders=True`` the folders themselves are shown too (and everything under them)."""
+    """``base``'s shard folders (:meth:`~atlasfs.tree.Tree.shard_folders`) as ``<shard>.tar``
+    files, each where ``atlasfs export`` writes it (a shard named ``cc/b`` is ``cc/b.tar``,
+    in the folder ``cc``), with ``shards.json`` at the root; with ``folders=True`` the base's
+    folders are shown too (and everything under them)."""
 
     def __init__(self, base: Tree, folders: bool = False) -> None:
         self.base = base
@@ -189,8 +191,22 @@ class TarView(Tree):
         self._index_lock = threading.Lock()
         root = base.lookup("/")
         self._root = root
-        self._shards = [name for name, is_dir, _ in base.names("/") if is_dir]
-        self._tar_ino = {f"{name}.tar": VIEW_INO_BASE + 1 + i for i, name in enumerate(self._shards)}
+        self._shards = base.shard_folders()
+        #: Tar path ("cc/b.tar") -> (shard, inode number).
+        self._tars = {f"{shard}.tar": (shard, VIEW_INO_BASE + 1 + i) for i, shard in enumerate(self._shards)}
+        #: Each folder of the view ("" the root) -> its tars and sub-folders, in shard order.
+        self._children: dict[str, list[tuple[str, bool]]] = {"": []}
+        for path in self._tars:
+            parts = path.split("/")
+            for k in range(1, len(parts)):
+                folder, child = "/".join(parts[:k - 1]), (parts[k - 1], True)
+                if child not in self._children.setdefault(folder, []):
+                    self._children[folder].append(child)
+                self._children.setdefault("/".join(parts[:k]), [])
+            self._children["/".join(parts[:-1])].append((parts[-1], False))
+        # Folders above tars in a view without the base's folders: inode numbers after the tars'.
+        self._folder_ino = {folder: VIEW_INO_BASE + 1 + len(self._tars) + i
+                            for i, folder in enumerate(f for f in self._children if f)}
 
     def layout(self, shard: str) -> TarLayout:
         """The layout of ``shard``'s tar, made on first use and kept; raises
@@ -226,51 +242,61 @@ class TarView(Tree):
         return self._index
 
     def lookup(self, path: str) -> Entry:
-        parts = split_path(path)
-        if not parts:
+        relative = "/".join(split_path(path))
+        if not relative:
             return self._root
-        name = parts[0]
-        if len(parts) == 1:
-            if name in self._tar_ino:
-                layout = self.layout(name[:-4])
-                return Entry(False, layout.size, self._root.mtime, self._tar_ino[name], layout)
-            if name == INDEX_NAME:
-                return Entry(False, len(self._index_bytes()), self._root.mtime, VIEW_INO_BASE, INDEX_NAME)
-        if self.show_folders and name in self._shards:
+        tar = self._tars.get(relative)
+        if tar is not None:
+            layout = self.layout(tar[0])
+            return Entry(False, layout.size, self._root.mtime, tar[1], layout)
+        if relative == INDEX_NAME:
+            return Entry(False, len(self._index_bytes()), self._root.mtime, VIEW_INO_BASE, INDEX_NAME)
+        if self.show_folders:
             return self.base.lookup(path)
+        if relative in self._folder_ino:
+            return Entry(True, 0, self._root.mtime, self._folder_ino[relative])
         raise not_found(path)
 
     def listdir(self, path: str) -> list[tuple[str, Entry]]:
-        if split_path(path):
-            if self.show_folders:
-                return self.base.listdir(path)
-            raise self._not_a_folder(path)
-        return [(name, self.lookup(f"/{name}")) for name, _, _ in self.names("/")]
+        prefix = path.rstrip("/")
+        return [(name, self.lookup(f"{prefix}/{name}")) for name, _, _ in self.names(path)]
 
     def names(self, path: str) -> Sequence[tuple[str, bool, int]]:
-        if split_path(path):
-            if self.show_folders:
-                return self.base.names(path)
-            raise self._not_a_folder(path)
-        files = [(name, False, ino) for name, ino in self._tar_ino.items()] + [(INDEX_NAME, False, VIEW_INO_BASE)]
+        folder = "/".join(split_path(path))
+        ours = self._children.get(folder)
         if self.show_folders:
-            return [*self.base.names("/"), *files]
-        return files
+            base = self.base.names(path)
+            if ours is None:  # inside a shard folder: the base's alone
+                return base
+            return [*base, *self._files(folder)]
+        if ours is None:
+            raise self._not_a_folder(path)
+        prefix = f"{folder}/" if folder else ""
+        return [(name, True, self._folder_ino[prefix + name]) for name, is_dir in ours if is_dir] + self._files(folder)
+
+    def _files(self, folder: str) -> list[tuple[str, bool, int]]:
+        """The tars in ``folder`` (and ``shards.json`` at the root)."""
+        prefix = f"{folder}/" if folder else ""
+        files = [(name, False, self._tars[prefix + name][1]) for name, is_dir in self._children[folder] if not is_dir]
+        return files + [(INDEX_NAME, False, VIEW_INO_BASE)] if not folder else files
 
     def known_entries(self, path: str, start: int = 0, stop: int | None = None) -> Sequence[Entry | None]:
-        if split_path(path):
+        folder = "/".join(split_path(path))
+        if folder not in self._children:
             if self.show_folders:
                 return self.base.known_entries(path, start, stop)
             raise self._not_a_folder(path)
         # a tar's size needs its layout: known only once made
-        return [self._known(name) for name, _, _ in list(self.names("/"))[start:stop]]
+        prefix = f"/{folder}" if folder else ""
+        return [self._known(f"{prefix}/{name}") for name, _, _ in list(self.names(path))[start:stop]]
 
-    def _known(self, name: str) -> Entry | None:
-        if name in self._tar_ino and name[:-4] in self._layouts:
-            return self.lookup(f"/{name}")
-        if name == INDEX_NAME and self._index is not None:
-            return self.lookup(f"/{name}")
-        return None
+    def _known(self, path: str) -> Entry | None:
+        tar = self._tars.get(path[1:])
+        if tar is not None:
+            return self.lookup(path) if tar[0] in self._layouts else None
+        if path[1:] == INDEX_NAME:
+            return self.lookup(path) if self._index is not None else None
+        return None if self.show_folders else self.lookup(path)  # a folder of the view
 
     def _not_a_folder(self, path: str) -> OSError:
         self.lookup(path)  # ENOENT if it is nothing at all
@@ -287,7 +313,10 @@ class TarView(Tree):
     def total_bytes(self) -> int:
         return self.base.total_bytes()
 
+    def shard_folders(self) -> list[str]:
+        return self._shards if self.show_folders else []
+
     def members(self, path: str) -> Iterator[tuple[str, Entry]]:
-        if split_path(path) and self.show_folders:
+        if self.show_folders and "/".join(split_path(path)) not in self._children:
             return self.base.members(path)  # a shard folder: the base knows its example order
         return super().members(path)

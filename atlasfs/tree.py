@@ -65,6 +65,12 @@ class Tree(ABC):
     def read(self, entry: Entry, offset: int, size: int) -> bytes:
         """Up to ``size`` bytes of the file ``entry`` from ``offset``."""
 
+    def shard_folders(self) -> list[str]:
+        """The folders that are shards, as paths without a leading slash, in the dataset's
+        order: each is one ``<shard>.tar`` of the tar view and of ``atlasfs export``. The
+        default: the top-level folders."""
+        return [name for name, is_dir, _ in self.names("/") if is_dir]
+
     def total_bytes(self) -> int:
         """Bytes the tree's data occupies on disk (for ``statfs``); 0 if unknown."""
         return 0
