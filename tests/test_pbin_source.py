@@ -10,7 +10,8 @@ import pytest
 
 from atlasfs import naming
 from atlasfs.sources import factory
-from atlasfs.sources.pbin import (DOCUMENTS_PER_BLOCK, PbinError, PbinShard, PbinSource, looks_like, npy_size,
+from atlasfs.sources import state as saved
+from atlasfs.sources.pbin import (DOCUMENTS_PER_BLOCK, STATE_VERSION, PbinError, PbinShard, PbinSource, looks_like, npy_size,
                                   write_pbin)
 
 
@@ -80,7 +81,15 @@ def test_a_stored_state_restores_without_the_index_and_odd_states_are_refused(tm
     fresh = PbinSource(str(tmp_path)).shards[0]
     fresh.restore(state)
     assert [a["npy"].tolist() for a in fresh.decode_block(0)[0]] == [[1, 2], [3]]
-    for bad in (b"", b"\x05\x00\x00\x00{}", state[:-3], state[:4] + state[4:].replace(b'"version": 1', b'"version": 9')):
+    fields = {"header": 12, "width": 2, "data_bytes": 6, "starts": np.array([0, 4]), "lengths": np.array([4, 2]),
+              "bad": np.zeros(0, dtype="<i8"), "problems": []}
+    assert saved.encode("pbin", STATE_VERSION, fields) == state
+    forged = [{"starts": np.array([0, 6])}, {"lengths": np.array([4, -2])}, {"starts": np.array([0, 3])},
+              {"data_bytes": 1 << 40}, {"width": 3}, {"bad": np.array([5])}, {"bad": np.array([1]), "problems": []},
+              {"lengths": np.array([4])}, {"starts": np.array([0.0, 4.0])}]
+    for bad in [b"", b"\x05\x00\x00\x00{}", state[:-3], saved.encode("pbin", STATE_VERSION + 1, fields),
+                saved.encode("dolma", STATE_VERSION, fields), *(saved.encode("pbin", STATE_VERSION, {**fields, **f})
+                                                                for f in forged)]:
         with pytest.raises(ValueError):
             PbinSource(str(tmp_path)).shards[0].restore(bad)
     assert "trust_pickle" in shard.table_key() and "d.pbin" in shard.table_key()["files"]
