@@ -185,6 +185,10 @@ class State:
         """The names of its fields that start with ``prefix``, in stored order."""
         return [name for name in self._fields if name.startswith(prefix)]
 
+    def values(self) -> dict[str, Value]:
+        """Every field as stored, unchecked (for tools and tests that change and re-encode a state)."""
+        return {name: value for name, (_, value) in self._fields.items()}
+
     def __contains__(self, name: str) -> bool:
         return name in self._fields
 
