@@ -13,8 +13,8 @@ import pytest
 from atlasfs import naming
 from atlasfs.sources import factory
 from atlasfs.sources import state as saved
-from atlasfs.sources.lavender import (BLOCK_ROWS, STATE_VERSION, LavenderError, LavenderShard, LavenderSource, looks_like,
-                                      write_csv_shard)
+from atlasfs.sources.lavender import (BLOCK_ROWS, STATE_VERSION, LavenderError, LavenderShard, LavenderSource,
+                                      looks_like, write_csv_shard)
 
 
 def files_of(shard: LavenderShard) -> dict[str, bytes]:

@@ -52,8 +52,8 @@ from ...naming import TEXT_EXTS, encode_as
 from ..source import Locator, SpanMismatch
 from .meta import CompressionStrategy
 
-__all__ = ["Span", "SpanMismatch", "BlockReader", "BlockStore", "LocatedReads", "run_in", "find_spans", "file_locators", "block_fingerprint",
-           "read_span", "check_run", "run_check"]
+__all__ = ["Span", "SpanMismatch", "BlockReader", "BlockStore", "LocatedReads", "run_in", "find_spans",
+           "file_locators", "block_fingerprint", "read_span", "check_run", "run_check"]
 
 #: A span is a locator of a run (the tree's name for what a source records).
 Span = Locator
