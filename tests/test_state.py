@@ -88,8 +88,10 @@ def _one(tag: int, value: bytes, name: bytes = b"x") -> bytes:
 @pytest.mark.parametrize("blob, why", [
     (_one(state.TEXT, struct.pack("<I", 1 << 31) + b"abc"), "cut short"),
     (_one(state.BYTES, struct.pack("<Q", (1 << 64) - 1) + b"abc"), "cut short"),
-    (_one(state.TEXTS, struct.pack("<I", (1 << 32) - 1)), "says 4294967295 texts"),
-    (_one(state.TEXTS, struct.pack("<II", 1, 9) + b"abc"), "cut short"),
+    (_one(state.TEXTS, struct.pack("<I", (1 << 32) - 1)), "cut short"),  # 4 billion lengths: none there
+    (_one(state.TEXTS, struct.pack("<IIQ", 1, 3, 9) + b"abc"), "cut short"),
+    (_one(state.TEXTS, struct.pack("<IIIQ", 2, 3, 9, 3) + b"abc"), "do not add up"),
+    (_one(state.TEXTS, struct.pack("<IIQ", 1, 2, 2) + "é".encode()), "do not add up"),  # bytes, not characters
     (_one(state.TEXT, struct.pack("<I", 2) + b"\xff\xfe"), "not UTF-8"),
     (_one(9, b""), "unknown tag 9"),
     (_one(state.INT, b"\x01\x02"), "cut short"),
