@@ -93,12 +93,12 @@ def encode(kind: str, version: int, fields: dict[str, Value]) -> bytes:
 
 
 class _Cursor:
-    """Reads of ``data`` that never pass its end."""
+    """Reads of ``data`` that never pass its end, as views (nothing is copied)."""
 
     def __init__(self, data: bytes) -> None:
-        self.data, self.at = data, 0
+        self.data, self.at = memoryview(data), 0
 
-    def take(self, n: int, what: str) -> bytes:
+    def take(self, n: int, what: str) -> memoryview:
         if n > len(self.data) - self.at:
             raise StateError(f"cut short: {what} needs {n} bytes, {len(self.data) - self.at} are left")
         self.at += n
@@ -110,7 +110,7 @@ class _Cursor:
 
     def text(self, size: int, what: str) -> str:
         try:
-            return self.take(size, what).decode("utf-8", _TEXT_ERRORS)
+            return str(self.take(size, what), "utf-8", _TEXT_ERRORS)
         except UnicodeDecodeError:
             raise StateError(f"{what} is not UTF-8") from None
 
@@ -123,7 +123,7 @@ def decode(blob: bytes, kind: str, version: int) -> "State":
     if not data.startswith(MAGIC):
         raise StateError("not an atlasfs state")
     cursor.at = len(MAGIC)
-    stored_kind = cursor.take(cursor.unpack("<B", "the kind's length"), "the kind")
+    stored_kind = bytes(cursor.take(cursor.unpack("<B", "the kind's length"), "the kind"))
     if stored_kind != kind.encode("ascii"):
         raise StateError(f"a state of {stored_kind!r}, not of {kind!r}")
     stored_version, entries = cursor.unpack("<II", "the header")
@@ -148,7 +148,7 @@ def _read_value(cursor: _Cursor, name: str) -> tuple[int, Any]:
     if tag == TEXT:
         return tag, cursor.text(cursor.unpack("<I", what), what)
     if tag == BYTES:
-        return tag, cursor.take(cursor.unpack("<Q", what), what)
+        return tag, bytes(cursor.take(cursor.unpack("<Q", what), what))
     if tag == TEXTS:
         # one UTF-8 run, cut by the texts' lengths in characters: decoded at once, not a text at a time
         lengths = np.frombuffer(cursor.take(4 * cursor.unpack("<I", what), what), "<u4")
@@ -158,7 +158,7 @@ def _read_value(cursor: _Cursor, name: str) -> tuple[int, Any]:
             raise StateError(f"{what}: its texts' lengths do not add up to its {len(text)} characters")
         return tag, [text[a:b] for a, b in zip([0, *ends], ends)]
     if tag == ARRAY:
-        dtype = cursor.take(cursor.unpack("<B", what), what).decode("ascii", "replace")
+        dtype = str(cursor.take(cursor.unpack("<B", what), what), "ascii", "replace")
         ndim = cursor.unpack("<B", what)
         if dtype not in DTYPES or ndim > MAX_NDIM:
             raise StateError(f"{what} is an array of dtype {dtype!r} and {ndim} dims")
