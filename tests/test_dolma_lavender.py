@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 import zstandard
 
-from atlasfs.sources.dolma import LINES_PER_BLOCK, DolmaDataset, DolmaError
+from atlasfs.sources.dolma import LINES_PER_BLOCK, DolmaSource, DolmaError
 from atlasfs.sources.lavender import LavenderDataset, write_csv_shard
 
 
@@ -38,8 +38,7 @@ def test_dolma_samples_with_attributes_every_compression(tmp_path: Path, kind: s
     _jsonl(tmp_path / "documents" / "2019-09" / f"a{suffix}", docs, kind)
     _jsonl(tmp_path / "attributes" / "tox" / "2019-09" / f"a{suffix}",
            [{"id": d["id"], "attributes": {"tox": 0.5}} for d in docs], kind)
-    dataset = DolmaDataset(str(tmp_path))
-    [documents] = dataset.files
+    [documents] = DolmaSource(str(tmp_path)).shards
     assert documents.name == "2019-09/a"
     scan = documents.scan()
     assert (scan.lines, documents.num_blocks, scan.problems, scan.left_out) == (len(docs), 3, [], {})
@@ -59,7 +58,7 @@ def test_dolma_attribute_sets_that_do_not_line_up_are_left_out_and_named(tmp_pat
     swapped[3], swapped[4] = swapped[4], swapped[3]
     _jsonl(tmp_path / "attributes" / "swapped" / "a.jsonl.gz", swapped)
     _jsonl(tmp_path / "attributes" / "good" / "a.jsonl.gz", [{"id": d["id"]} for d in docs])
-    [documents] = DolmaDataset(str(tmp_path)).files
+    [documents] = DolmaSource(str(tmp_path)).shards
     scan = documents.scan()
     assert list(scan.attribute_starts) == ["good"]
     assert "line 20: no line (it has 19)" in scan.left_out["short"] and "'d19'" in scan.left_out["short"]
@@ -71,7 +70,7 @@ def test_dolma_attribute_sets_that_do_not_line_up_are_left_out_and_named(tmp_pat
 def test_dolma_bad_lines_are_named_and_kept_raw(tmp_path: Path) -> None:
     rows: list[object] = [*_docs("d", 3), b"{not json\n", {"text": "no id"}]
     _jsonl(tmp_path / "documents" / "a.jsonl.gz", rows)
-    [documents] = DolmaDataset(str(tmp_path)).files
+    [documents] = DolmaSource(str(tmp_path)).shards
     scan = documents.scan()
     assert [p.split(";")[0] for p in scan.problems] == [f"{documents.path} line 4: not a JSON object",
                                                         f"{documents.path} line 5: no string id"]
@@ -83,7 +82,7 @@ def test_dolma_truncated_gzip_is_one_line_naming_the_file(tmp_path: Path) -> Non
     _jsonl(tmp_path / "documents" / "a.jsonl.gz", _docs("d", 2000))
     path = tmp_path / "documents" / "a.jsonl.gz"
     path.write_bytes(path.read_bytes()[:-200])
-    [documents] = DolmaDataset(str(tmp_path)).files
+    [documents] = DolmaSource(str(tmp_path)).shards
     scan = documents.scan()  # the blocks before the damage still serve; the one it falls in fails
     assert scan.damage and str(path) in scan.damage and "\n" not in scan.damage
     assert documents.decode_block(0)[0][0]["__key__"] == "d0"
@@ -94,7 +93,7 @@ def test_dolma_truncated_gzip_is_one_line_naming_the_file(tmp_path: Path) -> Non
 
 def test_not_a_dolma_dataset(tmp_path: Path) -> None:
     with pytest.raises(DolmaError, match="no documents/ folder"):
-        DolmaDataset(str(tmp_path))
+        DolmaSource(str(tmp_path))
 
 
 def _lavender(root: Path) -> None:

@@ -8,14 +8,15 @@ import json
 import logging
 import os
 import random
-import struct
 from pathlib import Path
 
+import numpy as np
 import pytest
 import zstandard
 
 from atlasfs.naming import NO_KEY, declared_key, encode_as, example_fields, index_key_width
 from atlasfs.sources import dolma
+from atlasfs.sources import state as saved
 from atlasfs.sources.dolma import LINES_PER_BLOCK, DolmaError, DolmaSource, looks_like, open_source
 from atlasfs.sources.factory import SourceOptions, detect
 from atlasfs.sources.source import Source, SourceShard
@@ -114,12 +115,12 @@ def test_restore_takes_the_state_back_without_reading_the_files(tmp_path: Path) 
     again = DolmaSource(str(tmp_path))
     for shard in again.shards:
         calls = []
-        original = dolma._TextPass.chunks
-        dolma._TextPass.chunks = lambda self: calls.append(self.path) or original(self)  # type: ignore[method-assign]
+        original = dolma.TextPass.chunks
+        dolma.TextPass.chunks = lambda self: calls.append(self.path) or original(self)  # type: ignore[method-assign]
         try:
             shard.restore(states[shard.name])
         finally:
-            dolma._TextPass.chunks = original  # type: ignore[method-assign]
+            dolma.TextPass.chunks = original  # type: ignore[method-assign]
         assert calls == []
         assert shard.num_blocks == 3 and shard.key_width == 6
         assert [json.loads(s["json"]) for s in samples_of(shard)] == made[shard.relative]
@@ -127,15 +128,8 @@ def test_restore_takes_the_state_back_without_reading_the_files(tmp_path: Path) 
         assert shard.decode_block(2)[0][-1]["tox.json"]
 
 
-def _state_parts(state: bytes) -> tuple[dict, bytes]:
-    at = len(dolma.STATE_MAGIC)
-    (n,) = struct.unpack_from("<I", state, at)
-    return json.loads(state[at + 4:at + 4 + n]), state[at + 4 + n:]
-
-
-def _with_header(header: dict, body: bytes) -> bytes:
-    head = json.dumps(header).encode()
-    return dolma.STATE_MAGIC + struct.pack("<I", len(head)) + head + body
+def _fields(state: bytes) -> dict:
+    return saved.decode(state, "dolma", dolma.STATE_VERSION).values()
 
 
 @pytest.mark.parametrize("relative", ["cc/2019/a.jsonl.gz", "cc/b.jsonl.zst", "wiki.jsonl"])
@@ -143,20 +137,21 @@ def test_restore_refuses_anything_malformed_or_inconsistent(tmp_path: Path, rela
     make_dataset(tmp_path)
     [shard] = [s for s in DolmaSource(str(tmp_path)).shards if s.relative == relative]
     state = shard.prepare()
-    header, body = _state_parts(state)
-    bad: list[bytes] = [b"", b"junk", state[:len(state) // 2], state[:40], dolma.STATE_MAGIC + b"\xff\xff\xff\xff",
-                        b"x" + state[1:]]
-    for field, value in [("lines", 10 ** 9), ("lines", -1), ("lines", "many"), ("version", 99), ("problems", [1]),
-                         ("problems", ["two\nlines"]), ("sets", {}), ("sets", {"tox": {}, "bad": {}}),
-                         ("blocks", [0, 10 ** 9]), ("blocks", [len(body), 8]), ("text_bytes", 3),
-                         ("damage", 5), ("seek", {"nope": [0, 1]})]:
-        bad.append(_with_header({**header, field: value}, body))
-    bad.append(_with_header({**header, "extra": 1}, body))
-    # block offsets out of order
-    blocks = header["blocks"]
-    flipped = bytearray(body)
-    flipped[blocks[0] + 8:blocks[0] + 16] = (10 ** 12).to_bytes(8, "little")
-    bad.append(_with_header(header, bytes(flipped)))
+    fields = _fields(state)
+    assert saved.encode("dolma", dolma.STATE_VERSION, fields) == state
+    bad: list[bytes] = [b"", b"junk", state[:len(state) // 2], state[:40], saved.MAGIC + b"\xff\xff\xff\xff",
+                        b"x" + state[1:], saved.encode("dolma", dolma.STATE_VERSION + 1, fields),
+                        saved.encode("lavender", dolma.STATE_VERSION, fields)]
+    sets = {n: v for n, v in fields.items() if n.startswith(("starts:", "left_out:"))}
+    blocks = fields["blocks"]
+    for changed in [{"lines": 10 ** 9}, {"lines": -1}, {"lines": "many"}, {"lines_per_block": 99},
+                    {"problems": np.array([1])}, {"problems": ["two\nlines"]}, {"starts:tox": "left out too"},
+                    {"left_out:tox": "and its starts"}, {"blocks": np.array([0, 10 ** 9], "<u8")},
+                    {"blocks": blocks[:-1]}, {"blocks": blocks.astype("<i8")}, {"text_bytes": 3}, {"damage": 5},
+                    {"seek:nope": b"\0" * 16}, {"extra": 1},
+                    {"blocks": np.array([blocks[0], 10 ** 12, *blocks[2:]], "<u8")}]:  # out of order
+        bad.append(saved.encode("dolma", dolma.STATE_VERSION, {**fields, **changed}))
+    bad.append(saved.encode("dolma", dolma.STATE_VERSION, {n: v for n, v in fields.items() if n not in sets}))
     # every single byte of the body flipped in turn must never crash (ValueError or a fit)
     for raw in bad:
         with pytest.raises(ValueError):
@@ -185,9 +180,7 @@ def test_restore_refuses_a_state_of_another_file_or_other_sets(tmp_path: Path) -
     with pytest.raises(ValueError, match="attribute sets"):
         DolmaSource(str(tmp_path)).shards[0].restore(gz_state)
     # a gzip index made for another file (same size) is refused before zran sees it
-    header, body = _state_parts(gz_state)
-    ref = header["seek"]["documents"]
-    index = bytearray(zstandard.ZstdDecompressor().decompress(body[ref[0]:ref[0] + ref[1]]))
+    index = bytearray(zstandard.ZstdDecompressor().decompress(_fields(gz_state)["seek:documents"]))
     index[7:15] = (len(index) + 12345).to_bytes(8, "little")
     with pytest.raises(ValueError):
         dolma.check_gzip_index(bytes(index), os.path.getsize(shards[0].path), 10)

@@ -5,14 +5,16 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
 from atlasfs import naming
 from atlasfs.sources import factory
-from atlasfs.sources.lavender import (BLOCK_ROWS, LavenderError, LavenderShard, LavenderSource, looks_like,
-                                      write_csv_shard)
+from atlasfs.sources import state as saved
+from atlasfs.sources.lavender import (BLOCK_ROWS, STATE_VERSION, LavenderError, LavenderShard, LavenderSource,
+                                      looks_like, write_csv_shard)
 
 
 def files_of(shard: LavenderShard) -> dict[str, bytes]:
@@ -112,7 +114,15 @@ def test_the_stored_state_restores_without_a_pass_and_the_uid_column_is_part_of_
     fresh = LavenderSource(str(tmp_path)).shards[0]
     fresh.restore(state)
     assert files_of(fresh) == files_of(shard)
-    for bad in (b"", state[:-5], state.replace(b'"version": 1', b'"version": 7')):
+    fields = saved.decode(state, "lavender", STATE_VERSION).values()
+    assert saved.encode("lavender", STATE_VERSION, fields) == state
+    rows = fields["rows:images"]
+    forged = [{"rows:images": rows + 100}, {"rows:images": rows - 5}, {"rows:images": rows[:-1]},
+              {"offsets:images": fields["offsets:images"] + (1 << 30)}, {"offsets:images": np.zeros(0, "<i8")},
+              {"offsets:images": fields["offsets:images"][::-1].copy()}, {"used": ["images", "nowhere"]},
+              {"unsafe": np.array([fields["count"]])}, {"block_rows": 0}, {"extra": 1}, {"count": "3"}]
+    for bad in [b"", state[:-5], saved.encode("lavender", STATE_VERSION + 1, fields),
+                *(saved.encode("lavender", STATE_VERSION, {**fields, **f}) for f in forged)]:
         with pytest.raises(ValueError):
             LavenderSource(str(tmp_path)).shards[0].restore(bad)
     with pytest.raises(ValueError):  # joined by another column: not this shard's state

@@ -123,6 +123,18 @@ def test_the_fixtures_have_every_kind_of_locator(tmp_path: Path) -> None:
     assert kinds == {"inline", "npy", "run"}
 
 
+def test_every_atlas_shard_is_the_block_store_its_located_reads_need() -> None:
+    """LocatedReads is mixed into the Atlas Shard and uses what spans.BlockStore names; a
+    shard that lost one of those would fail only on its first located read."""
+    for name in reference_names():
+        dataset = AtlasDataset(REFERENCE / name / "dataset", cache_bytes=0)
+        try:
+            for shard in dataset.shards:
+                assert isinstance(shard, spans.LocatedReads) and isinstance(shard, spans.BlockStore), name
+        finally:
+            dataset.close()
+
+
 # ---------------------------------------------------------------- data that changed, tables that lie
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ctypes.util
 import os
+import re
 
 import pytest
 
@@ -37,17 +38,21 @@ def test_missing_libfuse_names_the_package(monkeypatch: pytest.MonkeyPatch) -> N
         check_fuse(allow_other=False)
 
 
-def test_unusable_dev_fuse_is_explained(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("error, said", [
+    (FileNotFoundError(2, "No such file or directory"), "/dev/fuse: No such file or directory (load the fuse kernel"),
+    (PermissionError(13, "Permission denied"), "/dev/fuse: permission denied (make it 0666"),
+])
+def test_unusable_dev_fuse_is_explained(monkeypatch: pytest.MonkeyPatch, error: OSError, said: str) -> None:
     real_open = os.open
 
     def refuse(path: str, *args: object) -> int:
         if path == "/dev/fuse":
-            raise PermissionError(13, "Permission denied")
+            raise error
         return real_open(path, *args)
 
     monkeypatch.setattr(ctypes.util, "find_library", lambda name: "libfuse3.so.3")
     monkeypatch.setattr(os, "open", refuse)
-    with pytest.raises(MountError, match="/dev/fuse: Permission denied"):
+    with pytest.raises(MountError, match=re.escape(said)):
         check_fuse(allow_other=False)
 
 

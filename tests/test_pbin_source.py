@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import io
+import logging
 import pickle
 from pathlib import Path
 
@@ -9,9 +11,12 @@ import numpy as np
 import pytest
 
 from atlasfs import naming
+from atlasfs.blocktree import BlockTree
 from atlasfs.sources import factory
-from atlasfs.sources.pbin import (DOCUMENTS_PER_BLOCK, PbinError, PbinShard, PbinSource, looks_like, npy_size,
-                                  write_pbin)
+from atlasfs.sources import state as saved
+from atlasfs.sources.pbin import (DOCUMENTS_PER_BLOCK, STATE_VERSION, PbinError, PbinShard, PbinSource, looks_like,
+                                  npy_size, write_pbin)
+from atlasfs.tablestore import TableStore
 
 
 def _named(shard: PbinShard, block: int) -> list[tuple[object, list[tuple[str, int]]]]:
@@ -80,10 +85,41 @@ def test_a_stored_state_restores_without_the_index_and_odd_states_are_refused(tm
     fresh = PbinSource(str(tmp_path)).shards[0]
     fresh.restore(state)
     assert [a["npy"].tolist() for a in fresh.decode_block(0)[0]] == [[1, 2], [3]]
-    for bad in (b"", b"\x05\x00\x00\x00{}", state[:-3], state[:4] + state[4:].replace(b'"version": 1', b'"version": 9')):
+    fields = {"header": 12, "width": 2, "data_bytes": 6, "starts": np.array([0, 4]), "lengths": np.array([4, 2]),
+              "bad": np.zeros(0, dtype="<i8"), "problems": []}
+    assert saved.encode("pbin", STATE_VERSION, fields) == state
+    forged = [{"starts": np.array([0, 6])}, {"lengths": np.array([4, -2])}, {"starts": np.array([0, 3])},
+              {"data_bytes": 1 << 40}, {"width": 3}, {"bad": np.array([5])}, {"bad": np.array([1]), "problems": []},
+              {"lengths": np.array([4])}, {"starts": np.array([0.0, 4.0])}]
+    for bad in [b"", b"\x05\x00\x00\x00{}", state[:-3], saved.encode("pbin", STATE_VERSION + 1, fields),
+                saved.encode("dolma", STATE_VERSION, fields), *(saved.encode("pbin", STATE_VERSION, {**fields, **f})
+                                                                for f in forged)]:
         with pytest.raises(ValueError):
             PbinSource(str(tmp_path)).shards[0].restore(bad)
     assert "trust_pickle" in shard.table_key() and "d.pbin" in shard.table_key()["files"]
+
+
+def test_a_stored_table_with_a_forged_state_is_refused_in_one_line_and_rebuilt(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    data = tmp_path / "data"
+    data.mkdir()
+    write_pbin(str(data / "d.pbin"), [[1, 2], [3]], token_width=2)
+    store = TableStore(str(data), index_dir=str(tmp_path / "tables"))
+    tree = BlockTree(PbinSource(str(data)), store=store)
+    assert [n for n, _, _ in tree.names("/d")] == ["000000.npy", "000001.npy"]
+    [stored] = (tmp_path / "tables").iterdir()
+    table = stored.read_bytes()
+    state = PbinSource(str(data)).shards[0].prepare()
+    assert table.count(state) == 1
+    fields = saved.decode(state, "pbin", STATE_VERSION).values()
+    forged = saved.encode("pbin", STATE_VERSION, {**fields, "starts": np.array([0, 1 << 40])})  # same length
+    stored.write_bytes(table.replace(state, forged))
+    with caplog.at_level(logging.INFO, logger="atlasfs"):
+        again = BlockTree(PbinSource(str(data)), store=store)
+        entry = again.lookup("/d/000001.npy")
+        assert np.load(io.BytesIO(again.read(entry, 0, entry.size))).tolist() == [3]
+    refused = [r.getMessage() for r in caplog.records if "does not fit" in r.getMessage()]
+    assert len(refused) == 1 and "outside its data segment" in refused[0], refused
 
 
 def test_bad_documents_fail_alone_naming_file_and_document(tmp_path: Path) -> None:

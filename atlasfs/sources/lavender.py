@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import csv
 import io
-import json
 import logging
 import os
 import re
@@ -56,6 +55,7 @@ import numpy as np
 
 from ..errors import AtlasFormatError
 from ..naming import INDEX_KEY_MIN_WIDTH, index_key_width, key_problem
+from . import state
 from .source import Source, SourceShard
 
 log = logging.getLogger("atlasfs")
@@ -70,8 +70,8 @@ BLOCK_ROWS = 2048
 ROW_GROUP_CACHE_BYTES = 64 << 20
 #: Two rows of a csv file closer than this are read in one range when a block needs both.
 CSV_GAP_ROWS = 64
-#: Version of what :meth:`LavenderShard.prepare` returns; a stored state of another is not restored.
-STATE_VERSION = 1
+#: Version of what :meth:`LavenderShard.prepare` returns (:mod:`.state`); a stored state of another is not restored.
+STATE_VERSION = 2
 #: Unjoinable uids logged per shard at most (``verify`` lists all of them).
 LOGGED_PROBLEMS = 20
 
@@ -358,40 +358,6 @@ def _reason(exc: BaseException) -> str:
     return " ".join(str(text).split())[:300]
 
 
-# ---------------------------------------------------------------- the state kept between mounts
-
-
-def _pack(head: dict[str, Any], arrays: dict[str, np.ndarray]) -> bytes:
-    """A JSON head and little-endian int64 arrays as one blob."""
-    parts = []
-    shapes = {}
-    for name, array in arrays.items():
-        parts.append(np.ascontiguousarray(array, dtype="<i8").tobytes())
-        shapes[name] = len(array)
-    text = json.dumps({**head, "arrays": shapes}).encode()
-    return len(text).to_bytes(4, "little") + text + b"".join(parts)
-
-
-def _unpack(state: bytes) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
-    """What :func:`_pack` made; ``ValueError`` if it is not that."""
-    try:
-        size = int.from_bytes(state[:4], "little")
-        head = json.loads(state[4:4 + size])
-        data = np.frombuffer(state, dtype="<i8", offset=4 + size)
-        arrays = {}
-        at = 0
-        for name, length in head["arrays"].items():
-            arrays[name] = data[at:at + int(length)].astype(np.int64)
-            if len(arrays[name]) != length:
-                raise ValueError(f"array {name} is cut short")
-            at += int(length)
-        if at != len(data):
-            raise ValueError("bytes left over")
-    except (KeyError, TypeError, AttributeError, json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ValueError(f"not a stored Lavender state ({exc})") from None
-    return head, arrays
-
-
 # ---------------------------------------------------------------- the source
 
 
@@ -485,15 +451,16 @@ class LavenderShard(SourceShard):
         partial = self._partial_uids(order, arrays)
         groups = next(iter(self.files[n].row_groups() for n in arrays), [])
         digits = {len(uid) for uid in order if uid.isdigit() and uid.isascii()}
-        head = {"version": STATE_VERSION, "uid": self.uid, "count": count, "used": list(arrays),
-                "block_rows": _block_rows(groups), "width": self._key_width(count, digits),
-                "problems": problems, "partial": partial}
-        packed = {f"rows:{name}": array for name, array in arrays.items()}
-        packed["unsafe"] = np.array(unsafe, dtype=np.int64)
-        packed.update({f"offsets:{name}": array for name, array in offsets.items()})
-        state = _pack(head, packed)
-        self.restore(state)
-        return state
+        fields: dict[str, state.Value] = {
+            "uid": self.uid, "count": count, "used": list(arrays), "block_rows": _block_rows(groups),
+            "width": self._key_width(count, digits), "problems": problems,
+            "unsafe": np.array(unsafe, dtype="<i8"),
+            **{f"rows:{name}": array.astype("<i8") for name, array in arrays.items()},
+            **{f"offsets:{name}": array.astype("<i8") for name, array in offsets.items()},
+            **{f"partial:{name}": uids for name, uids in partial.items()}}
+        saved = state.encode("lavender", STATE_VERSION, fields)
+        self.restore(saved)
+        return saved
 
     @staticmethod
     def _repeated(path: str, uids: list[str | None]) -> list[str]:
@@ -526,37 +493,57 @@ class LavenderShard(SourceShard):
         return {name: uids[lacking & present[i]].tolist() for i, name in enumerate(arrays)
                 if (lacking & present[i]).any()}
 
-    def restore(self, state: bytes) -> None:
+    def restore(self, saved: bytes) -> None:
         """Take back what :meth:`prepare` returned; ``ValueError`` if it does not fit this shard."""
-        head, arrays = _unpack(state)
-        if head.get("version") != STATE_VERSION or head.get("uid") != self.uid:
-            raise ValueError("another state version or uid column")
-        used = list(head["used"])
-        count = int(head["count"])
-        if any(name not in self.files or len(arrays.get(f"rows:{name}", ())) != count for name in used):
-            raise ValueError("the state's shardsets are not this shard's")
+        fields = state.decode(saved, "lavender", STATE_VERSION)
+        fields.only({"uid", "count", "used", "block_rows", "width", "problems", "unsafe"},
+                    ("rows:", "offsets:", "partial:"))
+        if fields.text("uid", one_line=False, max_len=1 << 16) != self.uid:
+            raise state.StateError("the state is for another uid column")
+        count = fields.integer("count")
+        used = fields.texts("used", max_count=len(self.files), one_line=False)
+        if any(name not in self.files for name in used) or len(set(used)) != len(used):
+            raise state.StateError("the state's shardsets are not this shard's")
+        rows = {name: fields.array(f"rows:{name}", "<i8", (count,)) for name in used}
         for name in used:
-            offsets = arrays.get(f"offsets:{name}")
-            if self.files[name].kind == "csv":
-                if offsets is None:
-                    raise ValueError(f"no row offsets for {name}")
-                self.files[name].set_offsets(offsets)
+            file = self.files[name]
+            if file.kind == "csv":
+                offsets = self._checked_offsets(fields, name)
+                if len(rows[name]) and int(rows[name].max()) >= len(offsets) - 1:
+                    raise state.StateError(f"rows of {name} past the rows of {file.path}")
+                file.set_offsets(offsets)
+            if len(rows[name]) and int(rows[name].min()) < -1:
+                raise state.StateError(f"rows of {name} are not row numbers")
+        unsafe = fields.array("unsafe", "<i8")
+        if len(unsafe) and (int(unsafe.min()) < 0 or int(unsafe.max()) >= count):
+            raise state.StateError("unsafe uids that are not samples of the shard")
         self._used = used
         self._num_samples = count
-        self._rows = {name: arrays[f"rows:{name}"] for name in used}
-        self._unsafe = frozenset(arrays.get("unsafe", np.zeros(0, dtype=np.int64)).tolist())
-        self._block_rows = int(head["block_rows"])
-        self._width = int(head["width"])
-        self._problems = [str(p) for p in head["problems"]]
-        self._partial = {str(k): [str(u) for u in v] for k, v in head["partial"].items()}
-        if self._block_rows < 1:
-            raise ValueError("a block of no rows")
+        self._rows = rows
+        self._unsafe = frozenset(unsafe.tolist())
+        self._block_rows = fields.integer("block_rows", 1)
+        self._width = fields.integer("width", 1, 1 << 16)
+        self._problems = fields.texts("problems", max_len=1 << 20, one_line=False)
+        self._partial = {name[len("partial:"):]: fields.texts(name, max_len=1 << 20, one_line=False)
+                         for name in fields.names("partial:")}
         try:
             self._names = self._field_names()
         except LavenderError as exc:  # a file unreadable now: prepare() will say so
             raise ValueError(str(exc)) from None
         self._ready = True
         self.source._opened(self)
+
+    def _checked_offsets(self, fields: state.State, name: str) -> np.ndarray:
+        """Where the csv rows of ``name``'s file start, as stored: in order and within the file."""
+        offsets = fields.array(f"offsets:{name}", "<i8")
+        path = self.files[name].path
+        try:
+            size = os.path.getsize(path)
+        except OSError as exc:
+            raise state.StateError(f"{path}: cannot be read ({exc.strerror})") from None
+        if len(offsets) == 0 or int(offsets[0]) < 0 or int(offsets[-1]) > size or np.any(np.diff(offsets) < 0):
+            raise state.StateError(f"stored row offsets of {path} are out of order or past its end")
+        return offsets
 
     def _field_names(self) -> dict[str, dict[str, str]]:
         """Each used shardset's columns and the field names they get: the column's own, or

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import functools
 import io
-import json
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -45,6 +44,7 @@ from .. import safepickle
 from ..errors import AtlasFormatError
 from ..storage import LocalStorage
 from ..naming import NO_KEY, index_key_width
+from . import state
 from .source import Source, SourceShard
 
 SUFFIX = ".pbin"
@@ -254,8 +254,8 @@ def npy_size(dtype: np.dtype, count: int) -> int:
 
 # ---------------------------------------------------------------- the mountable source
 
-#: Version of what :meth:`PbinShard.prepare` returns; a stored state of another is not restored.
-STATE_VERSION = 1
+#: Version of what :meth:`PbinShard.prepare` returns (:mod:`.state`); a stored state of another is not restored.
+STATE_VERSION = 2
 
 
 class PbinShard(SourceShard):
@@ -290,29 +290,33 @@ class PbinShard(SourceShard):
         pbin = PbinFile(self.path, trust_pickle=self.trust_pickle)
         pbin.close()
         self._set(pbin.header_bytes, pbin.dtype, pbin.starts, pbin.lengths, pbin.problems)
-        head = {"version": STATE_VERSION, "header": pbin.header_bytes, "width": pbin.token_width,
-                "count": len(pbin), "problems": {str(n): p for n, p in pbin.problems.items()}}
-        text = json.dumps(head).encode()
-        return (len(text).to_bytes(4, "little") + text
-                + self._starts.astype("<i8").tobytes() + self._lengths.astype("<i8").tobytes())
+        bad = sorted(pbin.problems)
+        return state.encode("pbin", STATE_VERSION, {
+            "header": pbin.header_bytes, "width": pbin.token_width, "data_bytes": pbin.data_bytes,
+            "starts": pbin.starts.astype("<i8"), "lengths": pbin.lengths.astype("<i8"),
+            "bad": np.array(bad, dtype="<i8"), "problems": [pbin.problems[n] for n in bad]})
 
-    def restore(self, state: bytes) -> None:
-        """Take back what :meth:`prepare` returned; ``ValueError`` if it is not that."""
-        try:
-            size = int.from_bytes(state[:4], "little")
-            head = json.loads(state[4:4 + size])
-            count = int(head["count"])
-            width = int(head["width"])
-            if head["version"] != STATE_VERSION or width not in _WIDTHS or head["header"] not in (8, 12):
-                raise ValueError("another state version or header")
-            arrays = np.frombuffer(state, dtype="<i8", offset=4 + size)
-            if len(arrays) != 2 * count:
-                raise ValueError(f"{len(arrays)} values for {count} documents")
-            problems = {int(n): str(p) for n, p in head["problems"].items()}
-        except (KeyError, TypeError, AttributeError, json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise ValueError(f"not a stored .pbin state ({exc})") from None
-        self._set(int(head["header"]), _WIDTHS[width], arrays[:count].astype(np.int64),
-                  arrays[count:].astype(np.int64), problems)
+    def restore(self, saved: bytes) -> None:
+        """Take back what :meth:`prepare` returned; ``ValueError`` if it is not that, or if
+        a document it places lies outside the file (the state is untrusted input)."""
+        fields = state.decode(saved, "pbin", STATE_VERSION)
+        header, width = fields.integer("header", 8, 12), fields.integer("width", 1, 4)
+        data_bytes = fields.integer("data_bytes", 0, max(self.data_size - header, 0))
+        if header not in (8, 12) or width not in _WIDTHS:
+            raise state.StateError(f"{self.path}: stored header of {header} bytes or token width {width}")
+        starts = fields.array("starts", "<i8")
+        lengths = fields.array("lengths", "<i8", (len(starts),))
+        bad = fields.array("bad", "<i8")
+        problems = fields.texts("problems", max_count=len(bad), max_len=1 << 16, one_line=False)
+        if len(problems) != len(bad) or (len(bad) and (bad.min() < 0 or bad.max() >= len(starts)
+                                                       or np.any(np.diff(bad) <= 0))):
+            raise state.StateError(f"{self.path}: stored bad documents are not documents of the file")
+        good = np.ones(len(starts), dtype=bool)
+        good[bad] = False
+        s, n = starts[good], lengths[good]
+        if np.any(s < 0) or np.any(n < 0) or np.any(s > data_bytes - n) or np.any((s | n) % width):
+            raise state.StateError(f"{self.path}: stored documents lie outside its data segment")
+        self._set(header, _WIDTHS[width], starts, lengths, dict(zip(bad.tolist(), problems)))
 
     def _set(self, header_bytes: int, dtype: np.dtype, starts: np.ndarray, lengths: np.ndarray,
              problems: dict[int, str]) -> None:

@@ -42,7 +42,7 @@ import threading
 import zlib
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Sequence
-from typing import Any
+from typing import Any, Protocol, cast, runtime_checkable
 
 import numpy as np
 import zstandard
@@ -52,8 +52,8 @@ from ...naming import TEXT_EXTS, encode_as
 from ..source import Locator, SpanMismatch
 from .meta import CompressionStrategy
 
-__all__ = ["Span", "SpanMismatch", "BlockReader", "find_spans", "file_locators", "block_fingerprint",
-           "read_span", "check_run", "run_check"]
+__all__ = ["Span", "SpanMismatch", "BlockReader", "BlockStore", "LocatedReads", "run_in", "find_spans",
+           "file_locators", "block_fingerprint", "read_span", "check_run", "run_check"]
 
 #: A span is a locator of a run (the tree's name for what a source records).
 Span = Locator
@@ -398,6 +398,14 @@ def check_run(span: Span, run: bytes, where: str) -> bytes:
     return span.prefix + run if span.prefix else run
 
 
+def run_in(span: Span, payload: bytes, where: str) -> bytes:
+    """The file ``span`` locates in ``payload``, its block decompressed (whole or its start),
+    checked (:func:`check_run`)."""
+    if span.end > len(payload):
+        raise SpanMismatch(f"{where}: a span ends at {span.end}, past the block's {len(payload)} bytes")
+    return check_run(span, payload[span.offset:span.end], where)
+
+
 def new_decompressor(codec: Any) -> zstandard.ZstdDecompressor:
     """A zstd decompression context for ``codec``'s dictionary (a
     :class:`~atlasfs.sources.atlas.codec.BlockCodec`); one must not serve two threads at once."""
@@ -427,7 +435,8 @@ def _read_inline(source: bytes | BlockReader, span: Span, codec: Any, where: str
 
 
 def read_span(source: bytes | BlockReader, span: Span, codec: Any, where: str,
-              dctx: zstandard.ZstdDecompressor | None = None, keep: Callable[[bytes], None] | None = None) -> bytes:
+              dctx: zstandard.ZstdDecompressor | None = None, keep: Callable[[bytes], None] | None = None,
+              whole: Callable[[], bytes] | None = None) -> bytes:
     """The bytes of the file ``span`` locates, from its block as stored.
 
     ``source`` is the block's stored bytes, or a :class:`BlockReader` over
@@ -437,7 +446,9 @@ def read_span(source: bytes | BlockReader, span: Span, codec: Any, where: str,
     fingerprint; strategy 0 reads the run alone; a zstd frame is decompressed
     from its start up to the run's end (at zstd block granularity, 128 KiB at
     most), never past ``codec.max_block_bytes``; ``keep``, if given, is handed the
-    decompressed block up to the run's end (for later runs within it). Raises
+    decompressed block up to the run's end (for later runs within it); ``whole``, if
+    given, is called instead of that partial decompression and returns the block
+    decompressed whole (which the caller keeps: :meth:`LocatedReads.read_span`). Raises
     :class:`SpanMismatch` if the bytes there are not the span's (:func:`check_run`),
     :class:`AtlasFormatError` if the frame is unusable.
     """
@@ -456,6 +467,8 @@ def read_span(source: bytes | BlockReader, span: Span, codec: Any, where: str,
     stored = _stored_run(source, head, span)
     if stored is not None:
         return check_run(span, stored, where)
+    if whole is not None:
+        return run_in(span, whole(), where)
     if dctx is None:
         dctx = new_decompressor(codec)
     if isinstance(source, BlockReader):  # read from the block's start, whoever used it before
@@ -586,23 +599,44 @@ JUST_DECODED = PayloadCache(64 << 20, max_items=2)
 # ---------------------------------------------------------------- the shard's side
 
 
+@runtime_checkable
+class BlockStore(Protocol):
+    """What :class:`LocatedReads` needs of the shard it is mixed into (an Atlas
+    :class:`~atlasfs.sources.atlas.dataset.Shard`): where its blocks are and how to read
+    them. ``tests/test_located_reads.py`` checks that a shard is one."""
+
+    data_path: str
+    index_path: str
+    index: np.ndarray  # block ``b``'s stored bytes are ``index[b]:index[b + 1]`` of data.bin
+    codec: Any  # its BlockCodec: strategy, dictionary, bounds, decompress
+
+    @property
+    def num_blocks(self) -> int: ...
+
+    def block_where(self, block: int) -> str: ...
+
+    def check_unchanged(self) -> None: ...
+
+    def read_raw(self, block: int) -> bytes: ...
+
+    def read_range(self, block: int, offset: int, size: int) -> bytes: ...
+
+
 class LocatedReads:
     """:meth:`~atlasfs.sources.source.SourceShard.file_spans` and
     :meth:`~atlasfs.sources.source.SourceShard.read_span` for an Atlas
     :class:`~atlasfs.sources.atlas.dataset.Shard` (mixed into it, so that the
-    reader module keeps only what reads blocks): it needs the shard's
-    ``read_raw``, ``read_range``, ``check_unchanged``, ``index``, ``codec`` and
-    ``block_where``."""
+    reader module keeps only what reads blocks): the shard must be a :class:`BlockStore`."""
 
     def _payload_key(self, block: int) -> tuple[Any, ...]:
-        shard: Any = self
+        shard = cast(BlockStore, self)
         return (shard.data_path, shard.index_path, block, int(shard.index[block]), int(shard.index[block + 1]))
 
     def payload_keeper(self, block: int) -> Callable[[bytes], None] | None:
         """What keeps a compressed block's decompressed pickle once decoded (in
         :data:`JUST_DECODED`): :meth:`file_spans`, which the tree asks next when it builds a
         table, then searches it without decompressing the block again."""
-        shard: Any = self
+        shard = cast(BlockStore, self)
         if shard.codec.strategy == CompressionStrategy.NO_COMPRESSION:
             return None  # its stored bytes are its pickle: read again in place
         return functools.partial(JUST_DECODED.put, self._payload_key(block))
@@ -611,7 +645,7 @@ class LocatedReads:
         """The decompressed pickle of ``block`` if a located read or a decode made it a moment
         ago (in :data:`PAYLOADS`, which holds whole blocks only), checked unchanged on disk:
         a decode then only unpickles it."""
-        shard: Any = self
+        shard = cast(BlockStore, self)
         if shard.codec.strategy == CompressionStrategy.NO_COMPRESSION:
             return None
         if isinstance(shard.index, np.memmap):  # first: a mapped index.npy truncated since open would raise SIGBUS
@@ -624,7 +658,7 @@ class LocatedReads:
     def file_spans(self, block: int, fields: list[list[tuple[str, Any]]]) -> list[list[Locator | None]] | None:
         """The block's decompressed pickle (kept by its decode, or read and decompressed
         again) is searched; nothing is unpickled."""
-        shard: Any = self
+        shard = cast(BlockStore, self)
         where = shard.block_where(block)
         codec = shard.codec
         if codec.strategy == CompressionStrategy.NO_COMPRESSION:
@@ -652,7 +686,7 @@ class LocatedReads:
         the run's end with a pooled context, or for an inline file the block's fingerprint:
         checked against the locator either way. Nothing is unpickled. What was decompressed
         is kept in ``scratch`` (the tree's cache), or without one in :data:`PAYLOADS`."""
-        shard: Any = self
+        shard = cast(BlockStore, self)
         where = shard.block_where(block)
         if locator.size != size:
             raise SpanMismatch(f"{where}: a locator of {locator.size} bytes for a file of {size}")
@@ -666,32 +700,25 @@ class LocatedReads:
         codec = shard.codec
         if locator.inline or locator.length == 0 or codec.strategy == CompressionStrategy.NO_COMPRESSION:
             return read_span(reader, locator, codec, where)
-        # A block read before: its run may already be decompressed. The first read of a
-        # block decompresses it up to its run's end; a later one past that, all of it
-        # (once, at zstd's full speed): at most a block and a half for any number of reads.
-        # A run inside a compressed block: the run alone if the zstd blocks over it are stored
-        # raw; else the block decompressed whole, once, and kept (the tree's scratch for this
-        # block, within its cache bound; and PAYLOADS, where a decode of the block for a file
-        # without a locator finds it). Decompressing only up to the run's end costs half a
-        # block on average, but random readers come back to a block: in the benchmark's
-        # cold pass (8-16 reads a block) a first partial decompression and a later whole one
-        # or a decode cost 20-30% more in all than one whole decompression.
+        # A run inside a compressed block: read_span takes the run alone if the zstd blocks
+        # over it are stored raw; else the block is decompressed whole, once, and kept (the
+        # tree's scratch for this block, within its cache bound; and PAYLOADS, where a decode
+        # of the block for a file without a locator finds it). Decompressing only up to the
+        # run's end costs half a block on average, but random readers come back to a block:
+        # in the benchmark's cold pass (8-16 reads a block) a first partial decompression and
+        # a later whole one or a decode cost 20-30% more in all than one whole decompression.
         key = self._payload_key(block)
         kept = scratch.get() if scratch is not None else None
         if kept is None:
             kept = PAYLOADS.get(key)
-        if kept is None:
-            head = _stored(reader, 0, 18)
-            content_size = codec.check_header(head, where)
-            if content_size >= 0 and locator.end > content_size:
-                raise SpanMismatch(f"{where}: a span ends at {locator.end}, past the block's {content_size} bytes")
-            stored = _stored_run(reader, head, locator)
-            if stored is not None:
-                return check_run(locator, stored, where)
-            kept = codec.decompress(shard.read_raw(block), where)  # bounds checked as any block's
-            PAYLOADS.put(key, kept)
+        if kept is not None:
+            return run_in(locator, kept, where)
+
+        def decompress_whole() -> bytes:
+            payload = codec.decompress(shard.read_raw(block), where)  # bounds checked as any block's
+            PAYLOADS.put(key, payload)
             if scratch is not None:
-                scratch.put(kept)
-        if locator.end > len(kept):
-            raise SpanMismatch(f"{where}: a span ends at {locator.end}, past the block's {len(kept)} bytes")
-        return check_run(locator, kept[locator.offset:locator.end], where)
+                scratch.put(payload)
+            return payload
+
+        return read_span(reader, locator, codec, where, whole=decompress_whole)
