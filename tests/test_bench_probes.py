@@ -86,9 +86,12 @@ def test_s3_cold_tar_against_fetch_and_its_gets(tmp_path: Path) -> None:
 
 
 def test_spans_probe_reads_both_paths(tmp_path: Path) -> None:
-    run = run_probe("spans_probe.py", "spans_probe", tmp_path, "--smoke", "--datasets", "tiny", "--reads", "50")
+    """Every sampled file's bytes read both ways agree (the probe exits non-zero otherwise)."""
+    run = run_probe("spans_probe.py", "spans_probe", tmp_path, "--smoke", "--datasets", "tiny,image",
+                    "--strategies", "0,2", "--reads", "50")
     assert run.returncode == 0, run.stderr[-3000:]
-    (result,) = run.data["results"]
-    assert result["files_with_span"] > 0 and len(result["block_path_us"]) == len(result["span_path_us"]) == 50
-    (row,) = table_rows(run.markdown, "tiny")
-    assert row[3] == str(result["files"]), row
+    assert len(run.data["results"]) == 4
+    for result in run.data["results"]:
+        assert result["files_with_span"] > 0 and len(result["block_path_us"]) == len(result["span_path_us"]) == 50
+    rows = table_rows(run.markdown, "tiny") + table_rows(run.markdown, "image")
+    assert len(rows) == 4 and rows[0][3] == str(run.data["results"][0]["files"]), rows

@@ -179,7 +179,6 @@ def test_not_pbin(tmp_path: Path) -> None:
 # ---------------------------------------------------------------- through a real mount
 
 import errno  # noqa: E402
-import io  # noqa: E402
 import os  # noqa: E402
 import subprocess  # noqa: E402
 import tarfile  # noqa: E402

@@ -6,8 +6,6 @@ from __future__ import annotations
 import os
 import pickle
 import shutil
-import subprocess
-import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -451,18 +449,3 @@ def test_columns_keep_prefixes_up_to_their_bound(monkeypatch: pytest.MonkeyPatch
     monkeypatch.setattr("atlasfs.filetable.MAX_PREFIX_BYTES", 15)  # room for two 7-byte prefixes
     columns = Locators.build(spans)
     assert columns is not None and list(columns.offset != NO_LOCATOR) == [True, True, False, False, True]
-
-
-# ---------------------------------------------------------------- the probe
-
-
-def test_the_probe_runs_and_both_read_paths_agree(tmp_path: Path) -> None:
-    """bench/spans_probe.py --smoke: it compares every sampled file's bytes read both ways."""
-    repo = Path(__file__).resolve().parent.parent
-    result = subprocess.run(
-        [sys.executable, str(repo / "bench" / "spans_probe.py"), "--smoke", "--datasets", "tiny,image",
-         "--strategies", "0,2", "--reads", "10", "--workdir", str(tmp_path)],
-        capture_output=True, text=True, cwd=repo, timeout=600)
-    assert result.returncode == 0, result.stderr[-3000:]
-    rows = [line for line in result.stdout.splitlines() if line.startswith(("tiny ", "image "))]
-    assert len(rows) == 4, result.stdout
