@@ -10,13 +10,14 @@ from typing import Callable, Sequence
 
 from . import __version__
 from .errors import AtlasFormatError
-from .mount import MountError, MountOptions, mount, unmount
+from .mount import MountError, mount, unmount
+from .options import MountOptions, OptionError, add_flags, from_args, mount_option_names
 from .progress import Progress
-from .sizes import format_size, parse_size
+from .sizes import format_size
 from .sources.atlas.dataset import AtlasDataset
-from .sources.factory import FORMATS, SourceOptions, detect, open_source
+from .sources.factory import detect, open_source
 from .sources.source import Source
-from .storage import StorageOptions, set_default_options
+from .storage import set_default_options
 from .tree import Unreadable
 
 log = logging.getLogger("atlasfs")
@@ -32,14 +33,13 @@ def _open(path: str, trust_pickle: bool = False, **options: bool) -> AtlasDatase
 
 def _kind(args: argparse.Namespace) -> str:
     """The dataset's format: ``--format``, or found from its layout."""
-    return args.format or detect(args.dataset)
+    return args.settings.format or detect(args.dataset)
 
 
 def _source(args: argparse.Namespace, kind: str | None = None) -> Source:
     """The dataset as a source, as a mount would open it (``kind``: its format, if :func:`_kind`
     already found it)."""
-    return open_source(args.dataset, kind or args.format,
-                       SourceOptions(trust_pickle=getattr(args, "trust_pickle", False), uid=args.uid))
+    return open_source(args.dataset, kind or args.settings.format, args.settings.source_options())
 
 
 def cmd_info(args: argparse.Namespace) -> int:
@@ -70,7 +70,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
         report = VerifyReport(problems=[str(exc)])
     else:
         if kind == "atlas":
-            report = verify(args.dataset, trust_pickle=args.trust_pickle, on_total=on_total, on_block=on_block)
+            report = verify(args.dataset, trust_pickle=args.settings.trust_pickle, on_total=on_total, on_block=on_block)
         else:
             report = verify_source(lambda: _source(args, kind), on_total=on_total, on_block=on_block)
     if progress:
@@ -103,7 +103,7 @@ def cmd_show(args: argparse.Namespace) -> int:
             print("\n".join(describe(example)))
         return 0
     # a shard that cannot be read fails only its own examples; one truncated fails its blocks past the cut
-    with _open(args.dataset, args.trust_pickle, tolerate_broken_shards=True, check_data_size=False) as dataset:
+    with _open(args.dataset, args.settings.trust_pickle, tolerate_broken_shards=True, check_data_size=False) as dataset:
         try:
             s, block, pos = dataset.locate(args.index)
         except IndexError:
@@ -116,27 +116,8 @@ def cmd_show(args: argparse.Namespace) -> int:
 
 
 def cmd_mount(args: argparse.Namespace) -> int:
-    options = MountOptions(foreground=args.foreground, trust_pickle=args.trust_pickle,
-                           allow_other=args.allow_other)
-    for text in args.options:
-        options.apply(text)
-    if args.cache_size is not None:
-        options.cache_bytes = args.cache_size
-    if args.log_file is not None:
-        options.log_file = args.log_file
-    if args.index_dir is not None:
-        options.index_dir = args.index_dir
-    if args.view is not None:
-        options.set_view(args.view)
-    if args.format is not None:
-        options.set_format(args.format)
-    if args.uid is not None:
-        options.uid_column = args.uid
-    if args.endpoint_url is not None:
-        options.storage.endpoint_url = args.endpoint_url
-    if args.disk_cache is not None:
-        options.storage.disk_cache = args.disk_cache
-        options.storage.disk_cache_bytes = args.disk_cache_size
+    options: MountOptions = args.settings
+    options.foreground = args.foreground
     return mount(args.dataset, args.mountpoint, options)
 
 
@@ -156,7 +137,7 @@ def cmd_export(args: argparse.Namespace) -> int:
             raise UsageError(f"no shard named {unknown[0]!r} in {args.dataset} (shards: {', '.join(names)})")
         # A bad shard or block fails its own tar (not written: a tar missing samples is no
         # shard) and is named here once, in export's words: the tree does not log it.
-        tree = BlockTree(source, cache_bytes=args.cache_size, log_failures=False)
+        tree = BlockTree(source, cache_bytes=args.settings.cache_bytes, log_failures=False)
         if os.path.lexists(args.outdir) and not os.path.isdir(args.outdir):
             raise UsageError(f"{args.outdir}: exists and is not a folder (OUTDIR is the folder the tars go in)")
         os.makedirs(args.outdir, exist_ok=True)
@@ -191,8 +172,8 @@ def cmd_index(args: argparse.Namespace) -> int:
     from .blocktree import BlockTree
     from .tablestore import TableStore, make_shared_folder
     with _source(args) as dataset:
-        store = TableStore(dataset.root, index_dir=args.index_dir, beside=True, storage=dataset.storage)
-        if args.index_dir is not None or not dataset.storage.remote:  # a bucket says so at the first write
+        store = TableStore(dataset.root, index_dir=args.settings.index_dir, beside=True, storage=dataset.storage)
+        if args.settings.index_dir is not None or not dataset.storage.remote:  # a bucket says so at the first write
             try:
                 make_shared_folder(store.save_folder)
             except OSError as exc:
@@ -253,13 +234,6 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
-def _size(text: str) -> int:
-    try:
-        return parse_size(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``atlasfs``."""
     parser = argparse.ArgumentParser(
@@ -278,63 +252,29 @@ def build_parser() -> argparse.ArgumentParser:
         p.set_defaults(func=func)
         return p
 
-    def index_dir(p: argparse.ArgumentParser, help: str) -> None:
-        p.add_argument("--index-dir", metavar="DIR", help=help)
-
-    def trust(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--trust-pickle", action="store_true",
-                       help="unpickle Atlas blocks and .pbin indexes without the allow-list: runs code from "
-                            "the dataset; only for datasets you trust")
-
-    def source(p: argparse.ArgumentParser) -> None:
+    def source(p: argparse.ArgumentParser, command: str) -> None:
         p.add_argument("dataset", help="the dataset: an Atlas folder (meta.json), a Dolma folder (documents/), "
                                        "a folder of Lavender shardsets, a .pbin file or folder of them, or the "
                                        "s3:// (or other fsspec) URL of an Atlas dataset")
-        p.add_argument("--format", choices=tuple(FORMATS),
-                       help="read the dataset as this format (default: found from its layout)")
-        p.add_argument("--uid", metavar="COLUMN", help="Lavender: the column joining the shardsets (default uid)")
-        # A dataset in object storage (s3://bucket/prefix, gs://..., https://...): docs/storage.md.
-        # Credentials come from the environment and the AWS config files, never from here.
-        p.add_argument("--endpoint-url", metavar="URL",
-                       help="the S3 API's address for s3:// datasets (default: $AWS_ENDPOINT_URL, else AWS)")
-        p.add_argument("--disk-cache", metavar="DIR",
-                       help="keep the raw ranges read from a bucket in DIR, for later reads and mounts")
-        p.add_argument("--disk-cache-size", type=_size, metavar="SIZE", default=StorageOptions.disk_cache_bytes,
-                       help="bound of --disk-cache (default 4G; least recently used go first)")
+        add_flags(p, command)
 
     p = command("info", cmd_info, "summarise a dataset: shards, examples, blocks, strategies, sizes")
-    source(p)
+    source(p, "info")
     p = command("verify", cmd_verify, "decode every block and check everything; exit 1 if anything is wrong")
-    source(p)
-    trust(p)
+    source(p, "verify")
     p = command("show", cmd_show, "print one example readably")
-    source(p)
+    source(p, "show")
     p.add_argument("index", type=int, help="global example index (negative counts from the end)")
-    trust(p)
 
     p = command("mount", cmd_mount, "mount a dataset read-only as a WebDataset-style tree")
-    source(p)
+    source(p, "mount")
     p.add_argument("mountpoint", help="empty folder to mount on")
     p.add_argument("-f", "--foreground", action="store_true",
                    help="stay in the foreground until unmounted or signalled (for systemd: Type=notify)")
     p.add_argument("-o", dest="options", action="append", default=[], metavar="OPT[,OPT...]",
-                   help="mount options: cache_size=SIZE, view=files|tars|both, format=KIND, uid=COLUMN (Lavender; "
-                        "a number is libfuse's file owner), allow_other, trust_pickle, log_file=PATH, "
-                        "index_dir=DIR, nothreads, "
-                        "debug, and libfuse options such as default_permissions or max_read=N; "
-                        "fstab-only options (nofail, noauto, x-systemd.*...) are ignored")
-    p.add_argument("--cache-size", type=_size, metavar="SIZE",
-                   help="bound of the block cache (decoded blocks and their files), e.g. 512M or 2G (default 256M)")
-    p.add_argument("--allow-other", action="store_true", help="let other users read the mount")
-    p.add_argument("--log-file", metavar="PATH",
-                   help="append the daemon's log here (default: stderr with -f, else syslog, else with no "
-                        "/dev/log $XDG_STATE_HOME/atlasfs/<mount point>.log, rotated at 1 MiB x 3)")
-    p.add_argument("--view", choices=("files", "tars", "both"),
-                   help="what to show: the files of every sample, one folder per shard (files, the default); "
-                        "each shard as one seekable <shard>.tar with a wids index shards.json (tars); or both")
-    index_dir(p, "read file tables from DIR first and store new ones there (default: stored in the "
-                 "user's cache, ~/.cache/atlasfs; tables written by 'atlasfs index' beside the dataset are read too)")
-    trust(p)
+                   help=f"mount options, the flags' names with underscores ({mount_option_names()}), and libfuse "
+                        "options such as default_permissions, uid=N or max_read=N; fstab-only options (nofail, "
+                        "noauto, x-systemd.*...) are ignored")
 
     p = command("umount", cmd_umount, "unmount an atlasfs mount (other file systems are refused)")
     p.add_argument("mountpoint", help="the mount point of an atlasfs mount")
@@ -343,19 +283,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = command("export", cmd_export, "write each shard as a WebDataset tar (<shard>.tar, samples in example order) "
                                       "and a wids index (shards.json), without FUSE")
-    source(p)
+    source(p, "export")
     p.add_argument("outdir", help="folder for the tar files (created if missing)")
     p.add_argument("--shards", nargs="+", metavar="SHARD", help="shard folder names to export (default: all)")
-    p.add_argument("--cache-size", type=_size, default=256 << 20, metavar="SIZE",
-                   help="bound of the block cache (default 256M)")
-    trust(p)
 
     p = command("index", cmd_index,
                 "build the shards' file tables ahead of time, beside the dataset (DATASET/.atlasfs-tables), "
                 "so that every mount of it lists without decoding")
-    source(p)
-    index_dir(p, "store the tables in DIR instead (mount with --index-dir DIR to use them)")
-    trust(p)
+    source(p, "index")
 
     p = command("cache", cmd_cache, "show or clear the file tables mounts keep in the user's cache")
     p.add_argument("dataset", nargs="?", help="only this dataset's tables")
@@ -396,12 +331,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run ``atlasfs``; returns the exit code."""
     args = build_parser().parse_args(argv)
     _setup_logging(args.verbose)
-    if getattr(args, "endpoint_url", None) or getattr(args, "disk_cache", None):
-        set_default_options(StorageOptions(endpoint_url=args.endpoint_url, disk_cache=args.disk_cache,
-                                           disk_cache_bytes=args.disk_cache_size))
     try:
+        if hasattr(args, "dataset") and args.command != "cache":
+            args.settings = from_args(args)  # every setting: -o options, then flags
+            set_default_options(args.settings.storage)
         return args.func(args)
-    except (AtlasFormatError, MountError, UsageError) as exc:
+    except (AtlasFormatError, MountError, OptionError, UsageError) as exc:
         print(f"atlasfs: {exc}", file=sys.stderr)
     except FileExistsError as exc:
         print(f"atlasfs: {exc}", file=sys.stderr)

@@ -20,18 +20,17 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
 from typing import Callable
 
-from .blocktree import DEFAULT_CACHE_BYTES, BlockTree
+from .blocktree import BlockTree
 from .daemonlog import PROBLEM_PREFIX, StartupReport, file_handler, log_in_background
 from .errors import AtlasFormatError
 from .fuse_adapter import FuseAdapter, fuse_main, libfuse3
 from . import memory
 from .sdnotify import notify
-from .sizes import parse_size
-from .sources.factory import FORMATS, SourceOptions, open_source
-from .storage import StorageOptions, is_url, redact, set_default_options
+from .options import MountOptions
+from .sources.factory import open_source
+from .storage import is_url, redact, set_default_options
 from .tablestore import TableStore
 from .tarview import TarView
 from .tree import Tree
@@ -54,136 +53,9 @@ READ_AHEAD_KB = 1024
 #: The FUSE device; libfuse and fusermount3 open this very path.
 FUSE_DEVICE = "/dev/fuse"
 
-#: Options mount(8) and fstab pass along that mean nothing to a FUSE daemon.
-_MOUNT_ONLY_OPTIONS = {
-    "defaults", "auto", "noauto", "nofail", "_netdev", "user", "users", "nouser", "owner", "group",
-    "ro", "sync", "async", "atime", "noatime", "relatime", "norelatime", "strictatime", "nodiratime",
-    "diratime", "lazytime", "nolazytime",
-}
-_MOUNT_ONLY_PREFIXES = ("x-", "comment=", "_")
-#: libfuse options handed through (libfuse 2's names: the few that libfuse 3 takes
-#: in ``init`` instead are moved there by :func:`~atlasfs.fuse_adapter.fuse_main`).
-_FUSE_OPTIONS = {
-    "allow_root", "default_permissions", "nosuid", "suid", "nodev", "dev", "noexec", "exec",
-    "max_read", "max_readahead", "uid", "gid", "umask", "attr_timeout", "entry_timeout",
-    "negative_timeout", "kernel_cache", "auto_cache", "fsname", "max_background",
-    "congestion_threshold", "async_read", "sync_read", "noforget", "remember", "max_idle_threads", "max_threads",
-}
-
-
-#: What a mount can show: the files of every sample (``files``), each shard as one
-#: tar file with a wids index (``tars``), or both side by side.
-VIEWS = ("files", "tars", "both")
-
 
 class MountError(Exception):
     """A reason not to mount, for the user (one line)."""
-
-
-@dataclass
-class MountOptions:
-    """What ``atlasfs mount`` was asked for."""
-
-    cache_bytes: int = DEFAULT_CACHE_BYTES
-    trust_pickle: bool = False
-    allow_other: bool = False
-    foreground: bool = False
-    debug: bool = False
-    threads: bool = True
-    log_file: str | None = None
-    index_dir: str | None = None
-    view: str = "files"
-    #: The dataset's format (None: found from its layout).
-    format: str | None = None
-    #: Lavender: the column joining a shard's shardsets.
-    uid_column: str = "uid"
-    fuse_options: dict[str, str | bool] = field(default_factory=dict)
-    #: How a dataset in object storage is read (docs/storage.md); unused for local folders.
-    storage: StorageOptions = field(default_factory=StorageOptions)
-
-    def describe(self) -> str:
-        """The settings that matter, for the log."""
-        from .sizes import format_size
-        flags = [f"cache {format_size(self.cache_bytes)}", "threads" if self.threads else "single thread"]
-        flags += [name for name in ("allow_other", "trust_pickle") if getattr(self, name)]
-        flags += [k if v is True else f"{k}={v}" for k, v in self.fuse_options.items()]
-        return ", ".join(flags)
-
-    def set_view(self, view: str) -> None:
-        """Choose what the mount shows: ``files``, ``tars`` or ``both``."""
-        if view not in VIEWS:
-            raise MountError(f"unknown view {view!r} (choose one of: {', '.join(VIEWS)})")
-        self.view = view
-
-    def set_format(self, kind: str) -> None:
-        """Read the dataset as ``kind`` instead of finding its format from its layout."""
-        if kind not in FORMATS:
-            raise MountError(f"unknown format {kind!r} (choose one of: {', '.join(FORMATS)})")
-        self.format = kind
-
-    def source_options(self) -> SourceOptions:
-        """What the source is told about how to read the dataset."""
-        return SourceOptions(trust_pickle=self.trust_pickle, uid=self.uid_column)
-
-    def _apply_storage(self, name: str, value: str) -> None:
-        try:
-            setattr(self.storage, _STORAGE_OPTIONS[name], _storage_value(name, value))
-            self.storage.__post_init__()  # checks, and widens the buffer to the window
-        except ValueError as exc:
-            raise MountError(f"-o {name}: {exc}") from None
-
-    def apply(self, option_text: str) -> None:
-        """Apply a ``-o`` argument (comma-separated, as FUSE tools take them)."""
-        for item in filter(None, (part.strip() for part in option_text.split(","))):
-            name, has_value, value = item.partition("=")
-            if name in _MOUNT_ONLY_OPTIONS or item.startswith(_MOUNT_ONLY_PREFIXES):
-                continue
-            if name == "rw":
-                raise MountError("atlasfs mounts are read-only: drop the 'rw' option")
-            if name == "cache_size" and has_value:
-                try:
-                    self.cache_bytes = parse_size(value)
-                except ValueError as exc:
-                    raise MountError(f"-o cache_size: {exc}") from None
-            elif name == "log_file" and has_value:
-                self.log_file = value
-            elif name == "index_dir" and has_value:
-                self.index_dir = value
-            elif name == "view" and has_value:
-                self.set_view(value)
-            elif name == "format" and has_value:
-                self.set_format(value)
-            elif name == "uid" and has_value and not value.isdigit():  # uid=NUMBER is libfuse's file owner
-                self.uid_column = value
-            elif name in _STORAGE_OPTIONS and has_value:
-                self._apply_storage(name, value)
-            elif name in ("trust_pickle", "allow_other", "debug") and not has_value:
-                setattr(self, name, True)
-            elif name == "nothreads" and not has_value:
-                self.threads = False
-            elif name in _FUSE_OPTIONS:
-                self.fuse_options[name] = value if has_value else True
-            else:
-                raise MountError(f"unknown mount option {item!r}")
-
-
-#: ``-o`` options of a dataset in object storage, and the StorageOptions field each sets.
-_STORAGE_OPTIONS = {
-    "endpoint_url": "endpoint_url", "disk_cache": "disk_cache", "disk_cache_size": "disk_cache_bytes",
-    "coalesce": "coalesce_bytes", "prefetch": "prefetch", "deadline": "deadline",
-    "attempt_timeout": "attempt_timeout", "buffer_size": "buffer_bytes",
-}
-
-
-def _storage_value(name: str, value: str) -> object:
-    """The value of storage option ``name`` given as text (sizes take K/M/G, times seconds)."""
-    if name in ("endpoint_url", "disk_cache"):
-        return value
-    if name in ("disk_cache_size", "coalesce", "buffer_size"):
-        return parse_size(value)
-    if name == "prefetch":
-        return int(value)
-    return float(value)
 
 
 def mounted_filesystems() -> dict[str, str]:

@@ -9,7 +9,8 @@ from collections.abc import Callable
 
 from atlasfs.blocktree import BlockTree
 from atlasfs.filetable import Locators
-from atlasfs.mount import MountOptions, serve
+from atlasfs.mount import serve
+from atlasfs.options import MountOptions
 from atlasfs.naming import MAX_NAME_BYTES, encode_as, example_fields, index_key_width
 from atlasfs.safepickle import loads as safe_loads
 from atlasfs.sizes import parse_size

@@ -88,8 +88,9 @@ class FormatContract:
 
     def source(self, dataset: Path) -> Source:
         """The dataset opened as this format."""
-        uid = self.options[self.options.index("--uid") + 1] if "--uid" in self.options else None
-        return open_source(str(dataset), self.kind, SourceOptions(uid=uid))
+        flag = "--uid-column"
+        uid = self.options[self.options.index(flag) + 1] if flag in self.options else SourceOptions.uid_column
+        return open_source(str(dataset), self.kind, SourceOptions(uid_column=uid))
 
     # -- the checks
 

@@ -87,7 +87,8 @@ class LoggingTree(Tree):
 def serve_logging_tree(mountpoint: str, log_path: str, known: bool) -> None:
     """Mount a :class:`LoggingTree` with atlasfs's ``serve`` until unmounted, then write
     its counts to ``log_path`` as JSON. Prints ``ready`` once the mount answers."""
-    from atlasfs.mount import MountOptions, serve
+    from atlasfs.mount import serve
+    from atlasfs.options import MountOptions
 
     tree = LoggingTree(FILES, FILE_SIZE, known)
     serve(tree, mountpoint, MountOptions(foreground=True), "logging-tree", lambda: print("ready", flush=True))

@@ -139,7 +139,7 @@ def test_another_uid_column(tmp_path: Path) -> None:
     for name, column in (("a", "title"), ("b", "body")):
         (tmp_path / name).mkdir()
         write_csv_shard(str(tmp_path / name / "shard.00000.csv"), [{"id": f"d{i}", column: f"{column}{i}"} for i in range(3)])
-    source = _prepared(tmp_path, uid="id")
+    source = _prepared(tmp_path, uid_column="id")
     assert files_of(source.shards[0])["d1.body.txt"] == b"body1"
     with pytest.raises(LavenderError, match="no file of this shard"):
         LavenderSource(str(tmp_path)).shards[0].prepare()
@@ -193,7 +193,7 @@ def test_broken_rules_are_one_line_each_and_the_rest_serves(tmp_path: Path, capl
     assert f"{images2} row 3: uid 'u20' again (first at row 1)" in source.shards[2].problems()
     assert f"{images2} line 5: 1 cells, the header has 2" in source.shards[2].problems()
     problems3 = source.shards[3].problems()
-    assert f"{tmp_path / 'captions' / 'shard.00003.csv'}: no 'uid' column (choose it with -o uid=COLUMN)" in problems3
+    assert f"{tmp_path / 'captions' / 'shard.00003.csv'}: no 'uid' column (choose it with -o uid_column=COLUMN or --uid-column)" in problems3
     assert f"{tmp_path / 'scores' / 'shard.00003.parquet'} row 3: no uid (null)" in problems3
     moved = f"{tmp_path}: uid 'u1' is in shard 0 of captions but in shard 3 of scores; not joined"
     assert moved in logged  # met while the shards were opened, logged, and the mount goes on
@@ -278,7 +278,7 @@ def test_mounted_with_another_uid_column(tmp_path: Path) -> None:
         (tmp_path / "ds" / name).mkdir(parents=True)
         write_csv_shard(str(tmp_path / "ds" / name / "shard.00000.csv"),
                         [{"id": f"d{i}", column: f"{column}{i}"} for i in range(3)])
-    with mounted(tmp_path / "ds", "--format", "lavender", "-o", "uid=id") as mnt:
+    with mounted(tmp_path / "ds", "--format", "lavender", "-o", "uid_column=id") as mnt:
         assert (mnt / "shard.00000" / "d1.body.txt").read_bytes() == b"body1"
         assert (mnt / "shard.00000" / "d2.title.txt").read_bytes() == b"title2"
 

@@ -8,7 +8,9 @@ import re
 
 import pytest
 
-from atlasfs.mount import MountError, MountOptions, check_fuse, check_mountpoint
+from atlasfs.cli import build_parser
+from atlasfs.mount import MountError, check_fuse, check_mountpoint
+from atlasfs.options import OPTIONS, MountOptions, OptionError, from_args
 
 
 def test_options_in_fuse_style() -> None:
@@ -23,12 +25,38 @@ def test_options_in_fuse_style() -> None:
 
 
 @pytest.mark.parametrize("text, message", [
-    ("rw", "read-only"), ("bogus", "unknown mount option 'bogus'"), ("cache_size=lots", "cache_size"),
-    ("cache_size", "unknown mount option"),
+    ("rw", "read-only"), ("bogus", "unknown mount option 'bogus'"), ("cache_size=lots", "-o cache_size: "),
+    ("cache_size", "-o cache_size: takes a value"), ("allow_other=1", "takes no value"), ("view=trees", "unknown view 'trees'"), ("deadline=-1", "-o deadline: "),
+    ("uid=id", "uid= is libfuse's file owner"), ("format=zip", "unknown format 'zip'"),
 ])
 def test_bad_options(text: str, message: str) -> None:
-    with pytest.raises(MountError, match=message):
+    with pytest.raises(OptionError, match=message):
         MountOptions().apply(text)
+
+
+def test_every_option_is_one_name_with_one_default_as_flag_and_as_o() -> None:
+    """The table makes both: -o NAME=VALUE and --NAME VALUE set the same field to the same
+    value, and a flag given after -o wins; the help shows the field's own default."""
+    values = {"format": "pbin", "uid_column": "id", "cache_size": "1G", "view": "both", "index_dir": "/x",
+              "log_file": "/y", "endpoint_url": "http://127.0.0.1:1", "disk_cache": "/z", "disk_cache_size": "2G"}
+    parser = build_parser()
+    for option in OPTIONS:
+        if "mount" not in option.commands:
+            continue
+        said = option.name if option.read is None else f"{option.name}={values[option.name]}"
+        by_o = from_args(parser.parse_args(["mount", "DS", "MNT", "-o", said]))
+        flag = [option.flag] if option.read is None else [option.flag, values[option.name]]
+        by_flag = from_args(parser.parse_args(["mount", "DS", "MNT", *flag]))
+        assert by_o == by_flag != MountOptions(), option.name
+        if option.read is not None:
+            assert f"(default " in option.described() or option.default() is None
+    help_text = parser._subparsers._group_actions[0].choices["mount"].format_help()  # type: ignore[union-attr]
+    assert "(default 256.0 MiB)" in " ".join(help_text.split())
+    options = from_args(parser.parse_args(["mount", "DS", "MNT", "-o", "cache_size=1G", "--cache-size", "2G"]))
+    assert options.cache_bytes == 2 << 30
+    # uid=N stays libfuse's file owner, whatever Lavender's column is called
+    options = from_args(parser.parse_args(["mount", "DS", "MNT", "-o", "uid=1000,uid_column=id"]))
+    assert options.fuse_options == {"uid": "1000"} and options.uid_column == "id"
 
 
 def test_missing_libfuse_names_the_package(monkeypatch: pytest.MonkeyPatch) -> None:

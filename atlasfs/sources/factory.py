@@ -33,7 +33,7 @@ class SourceOptions:
     #: Unpickle without the allow-list (Atlas blocks, .pbin indexes): runs code from the data.
     trust_pickle: bool = False
     #: Lavender: the column that joins the rows of a shard's shardsets.
-    uid: str = "uid"
+    uid_column: str = "uid"
 
 
 def detect(path: str) -> str:

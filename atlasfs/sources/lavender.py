@@ -3,7 +3,7 @@
 A Lavender dataset is a folder of shardsets, each a folder of
 ``shard.NNNNN.csv`` or ``shard.NNNNN.parquet`` files holding some of the
 dataset's columns, and all holding the uid column (``uid`` unless told
-otherwise: ``-o uid=COLUMN``). A sample is the join by uid of the rows of
+otherwise: ``-o uid_column=COLUMN``). A sample is the join by uid of the rows of
 the shards with the same index in every shardset; a uid missing from a
 shardset lacks that shardset's columns.
 
@@ -181,7 +181,7 @@ class ShardFile:
         """Every row's uid (and for csv where rows start), in one pass; raises
         :class:`LavenderError` if the file has no ``uid`` column or cannot be read."""
         if uid not in self.columns():
-            raise LavenderError(f"{self.path}: no {uid!r} column (choose it with -o uid=COLUMN)")
+            raise LavenderError(f"{self.path}: no {uid!r} column (choose it with -o uid_column=COLUMN or --uid-column)")
         try:
             if self.kind == "csv":
                 result = self._scan_csv(uid)
@@ -767,8 +767,8 @@ def looks_like(path: str) -> bool:
 
 
 def open_source(path: str, options: Any) -> LavenderSource:
-    """The Lavender dataset at ``path``, joined by ``options.uid`` (:class:`~.factory.SourceOptions`)."""
-    return LavenderSource(os.fspath(path), uid=getattr(options, "uid", None) or DEFAULT_UID)
+    """The Lavender dataset at ``path``, joined by ``options.uid_column`` (:class:`~.factory.SourceOptions`)."""
+    return LavenderSource(os.fspath(path), uid=options.uid_column or DEFAULT_UID)
 
 
 # ---------------------------------------------------------------- without the tree
