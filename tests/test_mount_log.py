@@ -114,7 +114,7 @@ def test_a_bad_shard_is_printed_by_mount_and_kept_in_the_log(tmp_path: Path, kin
         log = state_log(tmp_path, mnt)
         lines = result.stderr.splitlines()
         assert len(lines) == 2, result.stderr
-        assert lines[0].startswith(f"atlasfs: {said}") and "the folder 1 fails with EIO" in lines[0]
+        assert lines[0].startswith(f"atlasfs: {said}") and "(shard 1 fails with EIO)" in lines[0]
         assert lines[1] == f"atlasfs: logging to {log}"
         assert sorted(os.listdir(mnt)) == ["0", "1", "2"]
         assert os.listdir(mnt / "0") and os.listdir(mnt / "2")
