@@ -14,8 +14,7 @@ from .mount import MountError, mount, unmount
 from .options import MountOptions, OptionError, add_flags, from_args, mount_option_names
 from .progress import Progress
 from .sizes import format_size
-from .sources.atlas.dataset import AtlasDataset
-from .sources.factory import detect, open_source
+from .sources.factory import open_source
 from .sources.source import Source
 from .storage import set_default_options
 from .tree import Unreadable
@@ -27,36 +26,21 @@ class UsageError(Exception):
     """Bad arguments, reported as one line."""
 
 
-def _open(path: str, trust_pickle: bool = False, **options: bool) -> AtlasDataset:
-    return AtlasDataset(path, trust_pickle=trust_pickle, **options)
-
-
-def _kind(args: argparse.Namespace) -> str:
-    """The dataset's format: ``--format``, or found from its layout."""
-    return args.settings.format or detect(args.dataset)
-
-
-def _source(args: argparse.Namespace, kind: str | None = None) -> Source:
-    """The dataset as a source, as a mount would open it (``kind``: its format, if :func:`_kind`
-    already found it)."""
-    return open_source(args.dataset, kind or args.settings.format, args.settings.source_options())
+def _source(args: argparse.Namespace) -> Source:
+    """The dataset as a source, as a mount would open it."""
+    return open_source(args.dataset, args.settings.format, args.settings.source_options())
 
 
 def cmd_info(args: argparse.Namespace) -> int:
-    from .inspection import info_lines, source_info_lines
-    kind = _kind(args)
-    if kind == "atlas":  # a shard that cannot be read is one line of the summary, the others are summed up
-        with _open(args.dataset, tolerate_broken_shards=True) as dataset:
-            lines, problems = info_lines(dataset)
-    else:
-        with _source(args, kind) as source:
-            lines, problems = source_info_lines(source)
+    from .inspection import info_lines
+    with _source(args) as source:  # a shard that cannot be read is one row; the others are summed up
+        lines, problems = info_lines(source)
     print("\n".join(lines))
     return 1 if problems else 0
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    from .inspection import VerifyReport, verify, verify_source
+    from .inspection import verify
     progress: Progress | None = None
 
     def on_total(total: int) -> None:
@@ -64,15 +48,8 @@ def cmd_verify(args: argparse.Namespace) -> int:
         progress = Progress("verify", total, "blocks")
 
     on_block = lambda: progress.advance() if progress else None  # noqa: E731
-    try:
-        kind = _kind(args)
-    except AtlasFormatError as exc:  # not a dataset at all: that is verify's finding, on stdout like the others
-        report = VerifyReport(problems=[str(exc)])
-    else:
-        if kind == "atlas":
-            report = verify(args.dataset, trust_pickle=args.settings.trust_pickle, on_total=on_total, on_block=on_block)
-        else:
-            report = verify_source(lambda: _source(args, kind), on_total=on_total, on_block=on_block)
+    # a folder of no known format is verify's finding too, on stdout like the others
+    report = verify(lambda: _source(args), on_total=on_total, on_block=on_block)
     if progress:
         progress.close()
     for line in report.warnings:
@@ -89,28 +66,14 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 def cmd_show(args: argparse.Namespace) -> int:
     from .inspection import describe, locate
-    kind = _kind(args)
-    if kind != "atlas":
-        with _source(args, kind) as source:
-            try:
-                shard, block, pos = locate(source, args.index)
-            except IndexError as exc:
-                raise UsageError(str(exc)) from None
-            example = shard.decode_block(block)[0][pos]
-            total = sum(s.block_length(b) for s in source.shards for b in range(s.num_blocks))  # locate prepared them
-            index = args.index + total if args.index < 0 else args.index
-            print(f"example {index} (shard {shard.name}, block {block}, position {pos})")
-            print("\n".join(describe(example)))
-        return 0
-    # a shard that cannot be read fails only its own examples; one truncated fails its blocks past the cut
-    with _open(args.dataset, args.settings.trust_pickle, tolerate_broken_shards=True, check_data_size=False) as dataset:
+    args.settings.lenient = True  # any example whose block is intact shows, also in a damaged shard
+    with _source(args) as source:
         try:
-            s, block, pos = dataset.locate(args.index)
-        except IndexError:
-            raise UsageError(f"index {args.index} out of range: the dataset has {len(dataset)} examples") from None
-        example = dataset[args.index]
-        index = args.index + len(dataset) if args.index < 0 else args.index  # as the user counts: from 0
-        print(f"example {index} (shard {dataset.shards[s].name}, block {block}, position {pos})")
+            shard, block, pos, index = locate(source, args.index)
+        except IndexError as exc:
+            raise UsageError(str(exc)) from None
+        example = shard.decode_block(block)[0][pos]
+        print(f"example {index} (shard {shard.name}, block {block}, position {pos})")
         print("\n".join(describe(example)))
     return 0
 

@@ -66,6 +66,8 @@ class MountOptions:
     fuse_options: dict[str, str | bool] = field(default_factory=dict)
     #: How a dataset in object storage is read (docs/storage.md); unused for local folders.
     storage: StorageOptions = field(default_factory=StorageOptions)
+    #: Open damaged shards as far as their files go (``show``; :class:`SourceOptions`).
+    lenient: bool = False
 
     def describe(self) -> str:
         """The settings that matter, for the log."""
@@ -76,7 +78,7 @@ class MountOptions:
 
     def source_options(self) -> SourceOptions:
         """What the source is told about how to read the dataset."""
-        return SourceOptions(trust_pickle=self.trust_pickle, uid_column=self.uid_column)
+        return SourceOptions(trust_pickle=self.trust_pickle, uid_column=self.uid_column, lenient=self.lenient)
 
     def apply(self, option_text: str) -> None:
         """Apply a ``-o`` argument (comma-separated, as FUSE tools take them)."""

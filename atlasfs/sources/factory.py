@@ -34,6 +34,9 @@ class SourceOptions:
     trust_pickle: bool = False
     #: Lavender: the column that joins the rows of a shard's shardsets.
     uid_column: str = "uid"
+    #: Open shards as far as their files go (``show``: the blocks of a truncated Atlas
+    #: ``data.bin`` before the cut), where a mount fails a damaged shard whole.
+    lenient: bool = False
 
 
 def detect(path: str) -> str:

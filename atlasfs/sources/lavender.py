@@ -746,7 +746,7 @@ class LavenderSource(Source):
 
     def info(self) -> list[str]:
         sets = ", ".join(f"{name} ({len(files)} shards)" for name, files in self.shardsets.items())
-        return [f"lavender dataset {self.root}: shardsets {sets}; joined by column {self.uid!r}"]
+        return [f"format       lavender: shardsets {sets}; joined by column {self.uid!r}"]
 
 
 def looks_like(path: str) -> bool:

@@ -416,7 +416,7 @@ class PbinSource(Source):
         return self._shards
 
     def info(self) -> list[str]:
-        return [f"pbin dataset {self.root}: {len(self._shards)} .pbin file(s)"]
+        return [f"format       pbin: {len(self._shards)} .pbin file(s)"]
 
 
 def looks_like(path: str) -> bool:

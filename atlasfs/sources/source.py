@@ -213,6 +213,11 @@ class SourceShard(ABC):
         return {"start": self.first_index,
                 "files": {os.path.relpath(path, base): file_signature(path) for path in self.table_files()}}
 
+    def summary(self) -> dict[str, object]:
+        """This shard's columns in ``atlasfs info``, after its examples and blocks (by default
+        its bytes); raises :class:`AtlasFormatError` if looking at it finds it bad."""
+        return {"bytes": self.data_size}
+
     def problems(self) -> list[str]:
         """What a pass over the shard found wrong without failing a block (lines that are
         not documents, attribute sets left out), one line each: ``verify`` prints them."""
@@ -248,14 +253,22 @@ class Source(ABC):
         except OSError:
             return 0.0
 
+    #: What ``info`` checks beyond opening, for its ``checked`` line.
+    checked: str = "layout and indexes"
+
+    def warnings(self) -> list[str]:
+        """What ``verify`` notes that is not wrong (the dataset still serves), one line each."""
+        return []
+
     def problems(self) -> list[str]:
         """What is wrong across shards (a Lavender uid in two shard indices), one line each,
         for ``verify``; each shard's own are :meth:`SourceShard.problems`."""
         return []
 
     def info(self) -> list[str]:
-        """Lines describing the dataset for ``atlasfs info`` (the tree adds counts)."""
-        return [f"{self.kind} dataset {self.root}"]
+        """Lines of ``atlasfs info`` after the counts (``label        value``), once every
+        shard's :meth:`SourceShard.summary` has been asked for."""
+        return [f"format       {self.kind}"]
 
     def close(self) -> None:
         """Release every shard's open files."""

@@ -41,7 +41,7 @@ def open_source(path: str, options: "SourceOptions") -> "AtlasDataset":
     # The tree caches encoded blocks itself; the index is read into memory because a
     # mapped index.npy truncated under us would kill the daemon (SIGBUS).
     dataset = AtlasDataset(path, cache_bytes=0, trust_pickle=options.trust_pickle, mmap_index=False,
-                           tolerate_broken_shards=True)
+                           tolerate_broken_shards=True, check_data_size=not options.lenient)
     if not dataset.storage.remote:
         _break_unreadable(dataset)
     return dataset

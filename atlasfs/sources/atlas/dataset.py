@@ -28,6 +28,7 @@ from ...errors import AtlasFormatError
 from ...naming import index_key_width
 from ...storage import LOCAL, LocalStorage, Storage, StorageChangedError, StorageUnavailableError, open_storage
 from ..source import Source, SourceShard, file_signature
+from . import summary
 from .codec import DEFAULT_MAX_BLOCK_BYTES, BlockCodec, ZstdDictionary
 from .meta import CompressionStrategy, RootMeta, ShardMeta, parse_root_meta, parse_shard_meta
 from .spans import LocatedReads
@@ -231,6 +232,9 @@ class Shard(LocatedReads, SourceShard):  # LocatedReads: files read without thei
         """Number of examples in ``block`` (the last block may be partial)."""
         size = self.meta.block_size
         return min(size, self.meta.stored_examples - block * size)
+
+    def summary(self) -> dict[str, object]:
+        return summary.shard_summary(self)
 
     def locate(self, i: int) -> tuple[int, int]:
         """``(block, position in block)`` of the shard's example ``i`` (0 <= i < len)."""
@@ -493,6 +497,13 @@ class AtlasDataset(Source):
             shard.key_width = width
 
     kind = "atlas"
+    checked = "metadata, indexes and frame headers"
+
+    def info(self) -> list[str]:
+        return summary.dataset_info(self)
+
+    def warnings(self) -> list[str]:
+        return summary.shard_sizes_note(self)
 
     @property
     def mtime(self) -> float:

@@ -65,9 +65,8 @@ class DolmaSource(Source):
     def info(self) -> list[str]:
         """The dataset, its documents files and attribute sets."""
         sets = ", ".join(self.sets) or "none"
-        return [f"dolma dataset {self.root}",
-                f"documents files: {len(self.files)} ({sum(f.data_size for f in self.files)} bytes with their "
-                f"attributes); attribute sets: {sets}; {LINES_PER_BLOCK} lines per block"]
+        return [f"format       dolma: {len(self.files)} documents files ({sum(f.data_size for f in self.files)} bytes "
+                f"with their attributes); attribute sets: {sets}; {LINES_PER_BLOCK} lines per block"]
 
 
 def _unique_names(files: Sequence[DolmaFile]) -> None:
