@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import gzip
 import json
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -12,7 +14,7 @@ import pytest
 import zstandard
 
 from atlasfs.sources.dolma import LINES_PER_BLOCK, DolmaSource, DolmaError
-from atlasfs.sources.lavender import LavenderDataset, write_csv_shard
+from atlasfs.sources.lavender import DEFAULT_UID, LavenderError, LavenderShard, LavenderSource, write_csv_shard
 
 
 def _jsonl(path: Path, rows: list[object], kind: str = "gz") -> None:
@@ -94,6 +96,59 @@ def test_dolma_truncated_gzip_is_one_line_naming_the_file(tmp_path: Path) -> Non
 def test_not_a_dolma_dataset(tmp_path: Path) -> None:
     with pytest.raises(DolmaError, match="no documents/ folder"):
         DolmaSource(str(tmp_path))
+
+
+@dataclass
+class Shard:
+    """Shard index ``index`` as :class:`LavenderDataset` shows it: its samples' uids in order."""
+
+    index: int
+    uids: list[str]
+    source_shard: LavenderShard
+
+    @property
+    def name(self) -> str:
+        """The folder name: ``shard.NNNNN`` as the files name it."""
+        return f"shard.{self.index:05d}"
+
+
+class LavenderDataset:
+    """A folder of shardsets read without a mount: :meth:`scan`, then :meth:`samples` (the format
+    layer alone, through :class:`LavenderSource` as the tree drives it: prepare, then blocks)."""
+
+    def __init__(self, root: str, uid: str = DEFAULT_UID) -> None:
+        self.source = LavenderSource(root, uid)
+        self.root = self.source.root
+        self.uid = uid
+        self.shards: list[Shard] = []
+
+    def scan(self) -> list[str]:
+        """Prepare every shard and check the rules across them; returns the problems found."""
+        problems: list[str] = []
+        self.shards = []
+        for shard in self.source.shards:
+            try:
+                shard.prepare()
+            except LavenderError as exc:
+                problems.extend(shard.problems() or [str(exc)])
+                continue
+            problems.extend(shard.problems())
+            uids = [s["__key__"] for b in range(shard.num_blocks) for s in shard.decode_block(b)[0]]
+            self.shards.append(Shard(shard.index, uids, shard))
+        problems.extend(p for p in self.source.problems() if p not in problems)
+        return problems
+
+    def samples(self, shard: Shard, first: int, count: int) -> list[dict[str, Any]]:
+        """Samples ``first`` to ``first + count`` of ``shard``."""
+        source_shard = shard.source_shard
+        out: list[dict[str, Any]] = []
+        for block in range(first // source_shard.block_size, source_shard.num_blocks):
+            start = block * source_shard.block_size
+            if start >= first + count:
+                break
+            samples, _ = source_shard.decode_block(block)
+            out.extend(samples[max(0, first - start):first + count - start])
+        return out
 
 
 def _lavender(root: Path) -> None:
