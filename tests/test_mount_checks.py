@@ -49,7 +49,7 @@ def test_every_option_is_one_name_with_one_default_as_flag_and_as_o() -> None:
         by_flag = from_args(parser.parse_args(["mount", "DS", "MNT", *flag]))
         assert by_o == by_flag != MountOptions(), option.name
         if option.read is not None:
-            assert f"(default " in option.described() or option.default() is None
+            assert "(default " in option.described() or option.default() is None
     help_text = parser._subparsers._group_actions[0].choices["mount"].format_help()  # type: ignore[union-attr]
     assert "(default 256.0 MiB)" in " ".join(help_text.split())
     options = from_args(parser.parse_args(["mount", "DS", "MNT", "-o", "cache_size=1G", "--cache-size", "2G"]))
