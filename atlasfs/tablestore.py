@@ -31,7 +31,7 @@ from typing import Any
 
 from .filetable import FileTable, Limits, LimitsOf, TableError
 from .sizes import parse_size
-from .storage import LOCAL, Storage, is_url, redact
+from .storage import LOCAL, Storage, StorageUnavailableError, is_url, redact
 
 log = logging.getLogger("atlasfs")
 #: The folder ``atlasfs index`` writes inside a dataset (hidden, so never taken for a shard).
@@ -122,6 +122,7 @@ class TableStore:
     def load(self, shard: str, key: dict[str, Any], limits: Limits | LimitsOf) -> FileTable | None:
         """The stored table of ``shard`` built from ``key``, from the first place holding a valid one
         (``limits``: see :meth:`FileTable.from_bytes`)."""
+        unavailable: StorageUnavailableError | None = None
         for folder in self.folders:
             path = self._path(folder, shard)
             store = self._store_of(folder)
@@ -129,6 +130,9 @@ class TableStore:
                 if not store.isfile(path):
                     continue
                 table = FileTable.from_bytes(store.read(path), key, limits)
+            except StorageUnavailableError as exc:  # transient, and building it would wait for the same store
+                unavailable = exc
+                continue
             except (TableError, OSError) as exc:
                 why = str(exc) if isinstance(exc, TableError) else f"cannot be read ({exc.strerror or exc})"
                 log.info("ignoring the stored file table %s: it %s; building it again", store.describe(path), why)
@@ -136,6 +140,8 @@ class TableStore:
             if folder == self.cache_folder:
                 _touch(path)  # eviction goes by last use
             return table
+        if unavailable is not None:  # not "no table": it is there, and read on a later look
+            raise unavailable
         return None
 
     def save(self, shard: str, key: dict[str, Any], table: FileTable) -> str | None:
