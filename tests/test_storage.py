@@ -297,6 +297,31 @@ def test_a_store_gone_fails_one_read_in_the_deadline_and_the_next_ones_fast(serv
         assert storage.pread(path, 0, 300_000) == big[:300_000]  # a pass, through windows
 
 
+def test_the_down_state_ends_with_an_answer_or_after_its_window(monkeypatch):
+    """StoreHealth's rules on a short clock: a full deadline run out marks the store down;
+    requests then fail at once for the quiet spell after each failure, and ask with the
+    probe's deadline after it; a probe that fails does not prolong the down state, whose
+    window ends it (full deadline again); an answer ends it at once."""
+    monkeypatch.setattr(health, "PROBE_DEADLINE", 0.1)
+    monkeypatch.setattr(health, "QUIET", 0.2)
+    monkeypatch.setattr(health, "WINDOW", 0.0)  # at least the deadline: 1 s
+    state = health.StoreHealth("s3://b/ds", deadline=1.0)
+    assert not state.down() and state.budget() == 1.0 and state.refuse_now("x") is None
+    assert str(state.failed("s3://b/ds/x", 1.0, 4, "timed out")) == \
+        "s3://b/ds/x: the store did not answer within 1 s (4 attempts, last: timed out)"
+    assert state.down() and state.budget() == 0.1
+    assert "has not answered for 1 s (last: timed out); reads fail at once" in str(state.refuse_now("s3://b/ds/x"))
+    time.sleep(0.25)
+    assert state.refuse_now("x") is None  # quiet spell over: ask (a probe)
+    assert "reads fail within 0.1 s, not 1 s" in str(state.failed("x", 0.1, 1, "HTTP 503 SlowDown"))
+    assert state.refuse_now("x") is not None  # a new quiet spell...
+    time.sleep(0.8)
+    assert not state.down() and state.budget() == 1.0  # ...but the window did not move: over
+    state.failed("x", 1.0, 2, "timed out")
+    state.answered()
+    assert not state.down() and state.refuse_now("x") is None and state.failed_fast == 2
+
+
 def test_the_forwarder_refuses_resets_and_black_holes(server: S3Server):
     """The test tool does what the tests above say it does, to new connections too."""
     with Forwarder(server.port) as fw:
