@@ -105,7 +105,7 @@ def _held_estimate(examples: list[Any]) -> int:
 _unavailable_logged = [0.0]
 
 
-def _log_unavailable(exc: StorageUnavailableError) -> None:
+def log_unavailable(exc: StorageUnavailableError) -> None:
     """Log a store that does not answer, at most once every 10 seconds (an outage fails
     every read; one line says it)."""
     now = time.monotonic()
@@ -176,7 +176,7 @@ class Blocks:
             with self.decoders:
                 examples, nbytes = shard.decode_block(block)
         except StorageUnavailableError as exc:  # the store, not the block: not remembered, tried again next read
-            _log_unavailable(exc)
+            log_unavailable(exc)
             raise
         except AtlasFormatError as exc:
             raise self.fail(s, block, str(exc)) from None

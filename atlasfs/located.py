@@ -18,7 +18,7 @@ import threading
 from collections import OrderedDict
 
 from .blockcache import BlockCache
-from .blocks import Blocks
+from .blocks import Blocks, log_unavailable
 from .errors import AtlasFormatError
 from .filetable import FileTable
 from .listing import FileRef
@@ -114,9 +114,10 @@ class LocatedReads:
                 raise SpanMismatch(f"{shard.block_where(block)}: a located read gave {len(data)} bytes "
                                    f"for a file of {entry.size}")
         except Exception as exc:  # the block path decides: it serves, or fails with EIO and says why
+            if isinstance(exc, StorageUnavailableError):  # transient, not remembered; the block path would
+                log_unavailable(exc)                       # wait for the same store again: EIO now
+                raise
             self.fallbacks += 1
-            if isinstance(exc, StorageUnavailableError):  # transient: the block path says so, nothing is remembered
-                return None
             if (s, block) not in self._unlocated:
                 self._unlocated.add((s, block))
                 log.warning("%s; its files are read through the block from now on",

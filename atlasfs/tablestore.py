@@ -37,7 +37,7 @@ from typing import Any
 
 from .filetable import FileTable, Limits, LimitsOf, TableError
 from .sizes import parse_size
-from .storage import LOCAL, Storage, is_url, redact
+from .storage import LOCAL, Storage, StorageUnavailableError, is_url, redact
 
 log = logging.getLogger("atlasfs")
 #: The folder ``atlasfs index`` writes inside a dataset (hidden, so never taken for a shard).
@@ -132,6 +132,7 @@ class TableStore:
     def load(self, shard: str, key: dict[str, Any], limits: Limits | LimitsOf) -> FileTable | None:
         """The stored table of ``shard`` built from ``key``, from the first place holding a valid one
         (``limits``: see :meth:`FileTable.from_bytes`)."""
+        unavailable: StorageUnavailableError | None = None
         for folder in self.folders:
             path = self._path(folder, shard)
             store = self._store_of(folder)
@@ -139,6 +140,9 @@ class TableStore:
                 if not store.isfile(path):
                     continue
                 table = FileTable.from_bytes(store.read(path), key, limits)
+            except StorageUnavailableError as exc:  # transient, and building it would wait for the same store
+                unavailable = exc
+                continue
             except (TableError, OSError) as exc:
                 why = str(exc) if isinstance(exc, TableError) else f"cannot be read ({exc.strerror or exc})"
                 log.info("ignoring the stored file table %s: it %s; building it again", store.describe(path), why)
@@ -148,6 +152,8 @@ class TableStore:
             elif self._beside_only and not store.remote:
                 _share(path)  # `atlasfs index` keeps it: stored 0600 by an older atlasfs, it becomes 0644
             return table
+        if unavailable is not None:  # not "no table": it is there, and read on a later look
+            raise unavailable
         return None
 
     def save(self, shard: str, key: dict[str, Any], table: FileTable) -> str | None:

@@ -9,6 +9,14 @@ can:
   harshest case: no reset tells the client anything). ``restore()`` lets traffic
   pass again and closes the connections that were held, as a link coming back
   finds them dead.
+* ``black_hole()``: the same as ``cut()``, named for what a client meets: every
+  connection, open or new (the listener still accepts), is silent for good.
+* ``reset()``: every open connection is reset (RST: ``SO_LINGER`` 0), and so is
+  every new one, at once after it is accepted: a store behind a firewall that
+  rejects, or a proxy whose upstream is gone. ``refuse()``: open connections are
+  reset and the listener is closed, so new connections are refused
+  (``ECONNREFUSED``): a store that is down. ``restore()`` ends either (the listener
+  comes back on the same port).
 * ``storm(n)``: answer the next ``n`` requests itself with ``503 SlowDown`` (S3's
   throttling answer, with its XML body) instead of passing them on.
 * ``rate``: pass responses at most this many bytes a second, so that a cut lands
@@ -22,6 +30,7 @@ from __future__ import annotations
 
 import collections
 import socket
+import struct
 import threading
 import time
 
@@ -48,15 +57,23 @@ class Forwarder:
         self._passing.set()
         self._storm_left = 0
         self._closed = False
+        self._resetting = False  # reset() or refuse(): every connection is reset
+        self.resets = 0  # connections reset by reset() or refuse(), for tests to see they happened
         self._held: set[socket.socket] = set()
         self._sockets: set[socket.socket] = set()
-        self._listener = socket.socket()
-        self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._clients: set[socket.socket] = set()
         self.port = free_port()
-        self._listener.bind(("127.0.0.1", self.port))
-        self._listener.listen(64)
         self.endpoint = f"http://127.0.0.1:{self.port}"
-        threading.Thread(target=self._accept, daemon=True, name="forwarder-accept").start()
+        self._listener: socket.socket | None = None
+        self._listen()
+
+    def _listen(self) -> None:
+        listener = socket.socket()
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(("127.0.0.1", self.port))
+        listener.listen(64)
+        self._listener = listener
+        threading.Thread(target=self._accept, args=(listener,), daemon=True, name="forwarder-accept").start()
 
     # -- what tests call
 
@@ -64,12 +81,38 @@ class Forwarder:
         """Stop all traffic, open connections included, without closing anything."""
         self._passing.clear()
 
+    def black_hole(self) -> None:
+        """Every connection, open or new, is accepted and never answered (``cut()``)."""
+        self.cut()
+
+    def reset(self) -> None:
+        """Reset every open connection, and every new one as soon as it is accepted."""
+        with self._lock:
+            self._resetting = True
+            clients = list(self._clients)
+        for sock in clients:
+            self._reset(sock)
+        self._passing.set()  # connections held by a cut go too: they were just reset
+
+    def refuse(self) -> None:
+        """Reset every open connection and close the listener: new ones are refused."""
+        self.reset()
+        with self._lock:
+            listener, self._listener = self._listener, None
+        if listener is not None:
+            _close(listener)
+
     def restore(self) -> None:
-        """Let traffic pass again; connections held during the cut are closed."""
+        """Let traffic pass again; connections held during the cut are closed, and a
+        listener closed by :meth:`refuse` listens again on the same port."""
         with self._lock:
             held, self._held = self._held, set()
+            self._resetting = False
+            relisten = self._listener is None and not self._closed
         for sock in held:
             _close(sock)
+        if relisten:
+            self._listen()
         self._passing.set()
 
     def storm(self, requests: int) -> None:
@@ -84,7 +127,8 @@ class Forwarder:
     def close(self) -> None:
         self._closed = True
         self._passing.set()
-        _close(self._listener)
+        if self._listener is not None:
+            _close(self._listener)
         with self._lock:
             sockets = list(self._sockets)
         for sock in sockets:
@@ -98,18 +142,40 @@ class Forwarder:
 
     # -- the work
 
-    def _accept(self) -> None:
+    def _accept(self, listener: socket.socket) -> None:
         while not self._closed:
             try:
-                client, _ = self._listener.accept()
+                client, _ = listener.accept()
             except OSError:
                 return
-            self._track(client)
+            self._track(client, client=True)
+            if self._resetting:
+                self._reset(client)
+                continue
             threading.Thread(target=self._serve, args=(client,), daemon=True, name="forwarder-conn").start()
 
-    def _track(self, sock: socket.socket) -> None:
+    def _track(self, sock: socket.socket, client: bool = False) -> None:
         with self._lock:
             self._sockets.add(sock)
+            if client:
+                self._clients.add(sock)
+
+    def _reset(self, sock: socket.socket) -> None:
+        """Close a client connection with a reset (RST), not a FIN; a thread blocked
+        reading it wakes up (shutdown of the reading side sends nothing)."""
+        with self._lock:
+            self._clients.discard(sock)
+            self._sockets.discard(sock)
+            self.resets += 1
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            sock.shutdown(socket.SHUT_RD)
+        except OSError:
+            pass
+        try:
+            sock.close()
+        except OSError:
+            pass
 
     def _wait_passing(self, *socks: socket.socket) -> None:
         """Block while the network is cut; a connection caught in a cut is closed when
@@ -130,6 +196,9 @@ class Forwarder:
                 self._wait_passing(client)
                 head, body = reader.request()
                 self._wait_passing(client)
+                if self._resetting:  # a request that raced reset(): reset too, never answered
+                    self._reset(client)
+                    return
                 method = head.split(b" ", 1)[0].decode("ascii", "replace")
                 with self._lock:
                     storming = self._storm_left > 0
@@ -154,6 +223,8 @@ class Forwarder:
         except (_Closed, OSError):
             pass
         finally:
+            with self._lock:
+                self._clients.discard(client)
             _close(client)
             if upstream is not None:
                 _close(upstream)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import threading
@@ -21,6 +22,7 @@ import pytest
 
 from atlasfs.storage import (LOCAL, StorageChangedError, StorageOptions, StorageUnavailableError, is_url,
                              open_storage, redact)
+from atlasfs.storage import health
 from atlasfs.storage.diskcache import DiskCache
 from helpers import REFERENCE
 from s3server import S3Server, free_port, s3_server, upload_copy
@@ -210,6 +212,7 @@ def test_a_storm_past_the_deadline_fails_in_bound_then_reads_work(server: S3Serv
     assert message.startswith(f"{BIG}/x.bin: the store did not answer within 2 s") and "503" in message
     assert "\n" not in message and "atlasfs-test-secret" not in message
     forwarder.storm(0)
+    time.sleep(health.QUIET)  # the store is taken for down: asked again a second after a failure
     assert storage.pread(f"{root}/x.bin", 1_000_000, 64) == server.big[1_000_000:1_000_064]  # type: ignore[attr-defined]
 
 
@@ -244,7 +247,104 @@ def test_a_cut_mid_read_fails_within_the_deadline_and_the_same_read_works_once_r
         assert outcome["at"] - start <= 3.0 + 1.0  # type: ignore[operator]
         assert str(outcome["error"]).startswith(f"{BIG}/x.bin: the store did not answer within 3 s")
         fw.restore()
+        time.sleep(health.QUIET)  # the store is taken for down: asked again a second after a failure
         assert storage.pread(f"{root}/x.bin", offset, size) == big[offset:offset + size]
+
+
+OUTAGES = ["refuse", "reset", "black_hole"]
+
+
+@pytest.mark.parametrize("outage", OUTAGES)
+def test_a_store_gone_fails_one_read_in_the_deadline_and_the_next_ones_fast(server: S3Server, outage: str):
+    """The store refuses connections, resets them, or accepts and never answers: the first
+    read fails within the deadline; the store is then taken for down, so the next reads
+    (the kernel asking again, the next files of a tar) fail at once, a sequential one
+    (windows) included, and after a quiet second one asks again with the short probe
+    deadline; once it answers, reads work and it is up again."""
+    big = server.big  # type: ignore[attr-defined]
+    with Forwarder(server.port) as fw:
+        storage, root = remote(BIG, fw.endpoint, deadline=3.0, attempt_timeout=1.0)
+        path = f"{root}/x.bin"
+        assert storage.pread(path, 6_000_000, 10) == big[6_000_000:6_000_010]
+        getattr(fw, outage)()
+        start = time.monotonic()
+        with pytest.raises(StorageUnavailableError) as info:
+            storage.pread(path, 5_000_000, 1000)
+        elapsed = time.monotonic() - start
+        assert 2.5 <= elapsed < 3.0 + 1.0, elapsed
+        assert str(info.value).startswith(f"{BIG}/x.bin: the store did not answer within 3 s")
+        assert storage.health.down()
+        for offset in (2_000_000, 0):  # a random read, then one that starts a pass (windows)
+            start = time.monotonic()
+            with pytest.raises(StorageUnavailableError) as info:
+                storage.pread(path, offset, 1000)
+            assert time.monotonic() - start < 0.5
+            assert "the store has not answered for 3 s" in str(info.value)
+        assert storage.health.failed_fast >= 2
+        time.sleep(health.QUIET + 0.2)
+        start = time.monotonic()
+        with pytest.raises(StorageUnavailableError) as info:
+            storage.pread(path, 4_000_000, 1000)  # asks the store again, for the probe's deadline only
+        assert time.monotonic() - start < health.PROBE_DEADLINE + 1.0
+        assert "reads fail within 2 s, not 3 s" in str(info.value)
+        if outage == "reset":
+            assert fw.resets > 0, "the forwarder reset connections"
+        fw.restore()
+        time.sleep(health.QUIET + 0.2)
+        start = time.monotonic()
+        assert storage.pread(path, 3_000_000, 1000) == big[3_000_000:3_001_000]
+        assert time.monotonic() - start < 1.0 and not storage.health.down()
+        assert storage.pread(path, 0, 300_000) == big[:300_000]  # a pass, through windows
+
+
+def test_the_down_state_ends_with_an_answer_or_after_its_window(monkeypatch):
+    """StoreHealth's rules on a short clock: a full deadline run out marks the store down;
+    requests then fail at once for the quiet spell after each failure, and ask with the
+    probe's deadline after it; a probe that fails does not prolong the down state, whose
+    window ends it (full deadline again); an answer ends it at once."""
+    monkeypatch.setattr(health, "PROBE_DEADLINE", 0.1)
+    monkeypatch.setattr(health, "QUIET", 0.2)
+    monkeypatch.setattr(health, "WINDOW", 0.0)  # at least the deadline: 1 s
+    state = health.StoreHealth("s3://b/ds", deadline=1.0)
+    assert not state.down() and state.budget() == 1.0 and state.refuse_now("x") is None
+    assert str(state.failed("s3://b/ds/x", 1.0, 4, "timed out")) == \
+        "s3://b/ds/x: the store did not answer within 1 s (4 attempts, last: timed out)"
+    assert state.down() and state.budget() == 0.1
+    assert "has not answered for 1 s (last: timed out); reads fail at once" in str(state.refuse_now("s3://b/ds/x"))
+    time.sleep(0.25)
+    assert state.refuse_now("x") is None  # quiet spell over: ask (a probe)
+    assert "reads fail within 0.1 s, not 1 s" in str(state.failed("x", 0.1, 1, "HTTP 503 SlowDown"))
+    assert state.refuse_now("x") is not None  # a new quiet spell...
+    time.sleep(0.8)
+    assert not state.down() and state.budget() == 1.0  # ...but the window did not move: over
+    state.failed("x", 1.0, 2, "timed out")
+    state.answered()
+    assert not state.down() and state.refuse_now("x") is None and state.failed_fast == 2
+
+
+def test_the_forwarder_refuses_resets_and_black_holes(server: S3Server):
+    """The test tool does what the tests above say it does, to new connections too."""
+    with Forwarder(server.port) as fw:
+        fw.refuse()
+        with pytest.raises(ConnectionRefusedError):
+            socket.create_connection(("127.0.0.1", fw.port), timeout=2)
+        fw.restore()
+        fw.reset()
+        with socket.create_connection(("127.0.0.1", fw.port), timeout=2) as sock:
+            with pytest.raises(ConnectionResetError):
+                sock.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+                sock.recv(1)
+        fw.restore()
+        fw.black_hole()
+        with socket.create_connection(("127.0.0.1", fw.port), timeout=2) as sock:
+            sock.settimeout(1.0)
+            sock.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+            with pytest.raises(socket.timeout):
+                sock.recv(1)
+        fw.restore()
+        with socket.create_connection(("127.0.0.1", fw.port), timeout=2) as sock:
+            sock.sendall(b"GET /moto-api/ HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert sock.recv(12).startswith(b"HTTP/1.1")
 
 
 def test_changed_objects_are_refused(server: S3Server, forwarder: Forwarder):

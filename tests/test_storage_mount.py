@@ -18,6 +18,8 @@ from pathlib import Path
 import pytest
 import webdataset as wds
 
+from atlasfs.storage import StorageOptions
+from atlasfs.storage.health import PROBE_DEADLINE, QUIET
 from fusemount import atlasfs, is_mounted, mounted
 from helpers import REFERENCE
 from s3server import S3Server, s3_server, upload_copy
@@ -82,6 +84,7 @@ def test_a_cut_fails_reads_with_eio_within_the_deadline_and_they_work_again_once
         assert elapsed <= DEADLINE + 3, elapsed
         assert is_mounted(mnt) and sorted(os.listdir(mnt)) == sorted(n for n in os.listdir(local) if n.isdigit())
         fw.restore()
+        time.sleep(QUIET)  # the store is taken for down: asked again a second after a failure
         with open(mnt / "07" / name, "rb", buffering=0) as f:  # the same file, no remount
             assert f.read() == expected[name]
 
@@ -163,3 +166,124 @@ def test_index_stores_tables_in_the_bucket_and_a_mount_lists_from_them(server: S
         assert (mnt / "04" / some).read_bytes() == _tar_members(export / "04.tar")[some]
     assert not list(cache.rglob("*.table")), "the mount used the bucket's tables"
     assert server.keys(url) == indexed, "the mount wrote nothing into the bucket"
+
+
+# -------------------------------------------------------------------- the store gone (issue #23)
+
+#: -o deadline= for the outage tests, and what a read may take beyond it: the FUSE round
+#: trips, cat's start, a loaded machine. Before issue #23 a cat took four deadlines.
+OUTAGE_DEADLINE = 3.0
+SLACK = 2.0
+DEFAULT_DEADLINE = StorageOptions().deadline
+
+
+@pytest.fixture(scope="module")
+def indexed(server: S3Server, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, dict[str, dict[str, bytes]]]:
+    """A dataset whose file tables are stored in the bucket (``atlasfs index s3://...``),
+    and what ``atlasfs export`` of its local copy holds, shard by shard."""
+    url = f"s3://{BUCKET}/outage"
+    local = upload_copy(server, REFERENCE / "s2_twelve_shards" / "dataset", url)
+    work = tmp_path_factory.mktemp("outage")
+    result = atlasfs("index", url, "--endpoint-url", server.endpoint,
+                     env={**os.environ, "XDG_CACHE_HOME": str(work / "index-cache")})
+    assert result.returncode == 0, result.stderr
+    assert atlasfs("export", str(local), str(work / "export")).returncode == 0
+    return url, {tar.stem: _tar_members(tar) for tar in (work / "export").glob("*.tar")}
+
+
+def _cat(path: Path) -> tuple[subprocess.CompletedProcess[bytes], float]:
+    start = time.monotonic()
+    result = subprocess.run(["cat", str(path)], capture_output=True, timeout=120)
+    return result, time.monotonic() - start
+
+
+def _fails_with_eio(result: subprocess.CompletedProcess[bytes]) -> bool:
+    return result.returncode != 0 and b"Input/output error" in result.stderr and not result.stdout
+
+
+@pytest.mark.parametrize("outage", ["refuse", "reset", "black_hole"])
+def test_a_store_gone_fails_a_cold_read_with_eio_within_the_deadline_and_it_reads_again_once_back(
+        server: S3Server, indexed: tuple[str, dict[str, dict[str, bytes]]], outage: str, tmp_path: Path):
+    """Tables in the bucket, a mount, then the store refuses, resets, or accepts and never
+    answers, new connections included: a ``cat`` of a file whose block was never fetched
+    fails with EIO within the deadline, whatever requests the kernel makes for it; the next
+    reads (another shard, whose lookup reads its table) fail at once, and a second later ask
+    the store with the short probe deadline; the daemon stays up; once the store is back,
+    the same files read right, with no remount."""
+    url, expected = indexed
+    cold = {shard: sorted(expected[shard])[0] for shard in ("07", "09", "05")}
+    with Forwarder(server.port) as fw, mounted(url, "--endpoint-url", fw.endpoint, "-o", f"deadline={OUTAGE_DEADLINE:g}",
+                                               env={"XDG_CACHE_HOME": str(tmp_path / "cache")}) as mnt:
+        listed = sorted(str(p.relative_to(mnt / "07")) for p in (mnt / "07").rglob("*") if p.is_file())
+        assert listed == sorted(expected["07"])  # the table, from the bucket: no block fetched
+        getattr(fw, outage)()
+        result, elapsed = _cat(mnt / "07" / cold["07"])
+        assert _fails_with_eio(result), result.stderr
+        assert elapsed < OUTAGE_DEADLINE + SLACK, f"{elapsed:.1f} s for a deadline of {OUTAGE_DEADLINE:g} s"
+        result, elapsed = _cat(mnt / "09" / cold["09"])  # a shard never looked into: its table is read
+        assert _fails_with_eio(result) and elapsed < 1.0, (result.stderr, elapsed)
+        time.sleep(QUIET + 0.2)
+        result, elapsed = _cat(mnt / "05" / cold["05"])  # asks the store again, with the probe's deadline
+        assert _fails_with_eio(result) and elapsed < PROBE_DEADLINE + SLACK, (result.stderr, elapsed)
+        assert is_mounted(mnt) and sorted(os.listdir(mnt)) == sorted(expected)
+        fw.restore()
+        time.sleep(QUIET)
+        for shard, name in cold.items():  # the same files, no remount
+            with open(mnt / shard / name, "rb", buffering=0) as f:
+                assert f.read() == expected[shard][name], (shard, name)
+
+
+def test_with_the_default_deadline_a_refused_store_fails_a_cold_read_within_it(
+        server: S3Server, indexed: tuple[str, dict[str, dict[str, bytes]]], tmp_path: Path):
+    """The reported case, with no -o deadline=: 30 s, not the 120 s it took (four deadlines:
+    the kernel reads a page again after its read-ahead failed, and each read tried the
+    located path, then the block path)."""
+    url, expected = indexed
+    name = sorted(expected["03"])[-1]
+    with Forwarder(server.port) as fw, mounted(url, "--endpoint-url", fw.endpoint,
+                                               env={"XDG_CACHE_HOME": str(tmp_path / "cache")}) as mnt:
+        assert len(os.listdir(mnt / "03")) > 0
+        fw.refuse()
+        result, elapsed = _cat(mnt / "03" / name)
+        assert _fails_with_eio(result), result.stderr
+        assert elapsed < DEFAULT_DEADLINE + SLACK, f"{elapsed:.1f} s"
+        assert is_mounted(mnt)
+        fw.restore()
+        time.sleep(QUIET)
+        assert (mnt / "03" / name).read_bytes() == expected["03"][name]
+
+
+def test_a_big_file_the_kernel_reads_in_many_requests_fails_within_one_deadline(server: S3Server, tmp_path: Path):
+    """Files of 3 MiB: the kernel asks for one in several requests of up to 1 MiB, some in
+    parallel (read-ahead), and again for a page whose read-ahead failed. With the store
+    silent, ``cat`` and ``dd`` of one still fail within about one deadline; once the store
+    is back the file reads right."""
+    from atlasfs import AtlasWriter
+
+    local = tmp_path / "big"
+    files = {f"{i:02d}.bin": os.urandom(3 << 20) for i in range(4)}
+    with AtlasWriter(local, shard_size=4, block_size=1) as writer:
+        for key, data in files.items():
+            writer.add_example({"__key__": key.removesuffix(".bin"), "bin": data})
+    url = f"s3://{BUCKET}/big-files"
+    server.upload(local, url)
+    assert atlasfs("index", url, "--endpoint-url", server.endpoint,
+                   env={**os.environ, "XDG_CACHE_HOME": str(tmp_path / "index-cache")}).returncode == 0
+    with Forwarder(server.port) as fw, mounted(url, "--endpoint-url", fw.endpoint, "-o", f"deadline={OUTAGE_DEADLINE:g}",
+                                               env={"XDG_CACHE_HOME": str(tmp_path / "cache")}) as mnt:
+        shard = mnt / "0"
+        assert sorted(os.listdir(shard)) == sorted(files)
+        fw.black_hole()
+        result, elapsed = _cat(shard / "01.bin")
+        assert _fails_with_eio(result) and elapsed < OUTAGE_DEADLINE + SLACK, (result.stderr, elapsed)
+        time.sleep(QUIET + 0.2)
+        start = time.monotonic()
+        result = subprocess.run(["dd", f"if={shard / '02.bin'}", "of=/dev/null", "bs=4M"], capture_output=True,
+                                timeout=120)
+        elapsed = time.monotonic() - start
+        assert result.returncode != 0 and b"Input/output error" in result.stderr, result.stderr
+        assert elapsed < PROBE_DEADLINE + SLACK, elapsed
+        fw.restore()
+        time.sleep(QUIET)
+        assert (shard / "01.bin").read_bytes() == files["01.bin"]
+        assert (shard / "02.bin").read_bytes() == files["02.bin"]

@@ -90,7 +90,8 @@ class StorageOptions:
         prefetch: how many such ranges ahead a sequential reader has in flight.
         buffer_bytes: the bound of the in-memory buffer of fetched ranges.
         deadline: seconds a read may wait for the store, retries included, before it
-            fails with :class:`StorageUnavailableError`.
+            fails with :class:`StorageUnavailableError` (and the store is taken for down:
+            later reads fail sooner until it answers, :mod:`.health`).
         attempt_timeout: seconds one request may take before it is abandoned and retried.
         fs_options: more keyword arguments for the fsspec file system (``anon``,
             ``requester_pays``, ``profile``...). Credentials belong in the

@@ -22,9 +22,13 @@ The read path (docs/storage.md):
   reset, throttled (429, SlowDown) or answered with a 5xx is retried with
   exponential backoff and jitter until ``deadline`` seconds have passed since the
   read began; then the read fails with :class:`StorageUnavailableError`
-  (EIO through the mount). Nothing is remembered of the failure: the next read
-  starts afresh, so reads work again by themselves when the store answers.
-  Missing objects and refused access are not retried.
+  (EIO through the mount). Missing objects and refused access are not retried.
+* **Fail fast while down** (:mod:`.health`): a request that runs out its deadline
+  marks the store down; then requests fail at once for a second after each one that
+  found it silent, and ask it with a short deadline otherwise, so that a user's read
+  (often several requests) ends within about one deadline. Any answer ends it:
+  reads work again by themselves when the store answers, with no remount, and
+  nothing about the data is remembered.
 * **Changes**: S3 reads are conditional on the ETag seen in the listing
   (``If-Match``), so an object rewritten under a mount fails with
   :class:`StorageChangedError` instead of mixing old index and new data.
@@ -58,6 +62,7 @@ from typing import Any, Awaitable, Callable
 
 from . import Storage, StorageChangedError, StorageOptions, StorageUnavailableError, redact, split_userinfo
 from .diskcache import DiskCache
+from .health import StoreHealth
 
 log = logging.getLogger(__name__)
 
@@ -232,12 +237,13 @@ class RemoteStorage(Storage):
         # Windows fetched or in flight: (rel, window index) -> Future[bytes], least recently used first.
         self._buffer: OrderedDict[tuple[str, int], tuple[concurrent.futures.Future[bytes], int]] = OrderedDict()
         self._buffer_bytes = 0
-        self._buffer_lock = threading.Lock()
+        self._buffer_lock = threading.RLock()  # re-entered: a future failing at once runs its callback in place
         self._passes: dict[str, list[_Pass]] = {}
         self.disk = DiskCache(options.disk_cache, options.disk_cache_bytes) if options.disk_cache else None
         self.requests = 0
         self.retries = 0
         self.bytes_fetched = 0
+        self.health = StoreHealth(self.root, options.deadline)
         if hasattr(os, "register_at_fork"):
             try:  # first: fsspec's own after-fork reset of its loop must run before this one
                 import fsspec.asyn  # noqa: F401
@@ -301,55 +307,77 @@ class RemoteStorage(Storage):
 
     # -- running requests with retries and a deadline
 
-    def _run(self, make: Callable[[], Awaitable[Any]], what: str, deadline: float | None = None) -> Any:
+    def _run(self, make: Callable[[], Awaitable[Any]], what: str,
+             local: Callable[[], Awaitable[Any]] | None = None) -> Any:
         """Run request ``make()`` on fsspec's loop, retrying transient failures until
-        the deadline (seconds from now); raise :class:`StorageUnavailableError` then."""
-        fs = self._fs()
-        future = asyncio.run_coroutine_threadsafe(
-            self._retrying(make, what, time.monotonic() + (deadline or self.options.deadline)), fs.loop)
-        return self._wait(future, what, time.monotonic() + (deadline or self.options.deadline))
+        its deadline (``self.health``); raise :class:`StorageUnavailableError` then.
+        ``local()``, if given, is asked first: a result other than None is the answer."""
+        future, until = self._start(make, what, local)
+        return self._wait(future, what, until)
+
+    def _start(self, make: Callable[[], Awaitable[Any]], what: str,
+               local: Callable[[], Awaitable[Any]] | None = None) -> tuple[concurrent.futures.Future[Any], float]:
+        """Request ``make()`` (after ``local()``, see :meth:`_run`) started on fsspec's loop
+        with its deadline; the future and when it is due, for :meth:`_wait`."""
+        budget = self.health.budget()
+        until = time.monotonic() + budget
+
+        async def request() -> Any:
+            if local is not None:  # a hit is no answer from the store: it stays down, or up
+                found = await local()
+                if found is not None:
+                    return found
+            refused = self.health.refuse_now(what)
+            if refused is not None:
+                raise refused
+            return await self._retrying(make, what, until, budget)
+
+        return asyncio.run_coroutine_threadsafe(request(), self._fs().loop), until
 
     def _wait(self, future: concurrent.futures.Future[Any], what: str, until: float) -> Any:
         """The result of a request future, waiting until ``until`` (monotonic) at most.
         The retry loop keeps its own deadline; the margin here only guards against a
         loop that stopped answering."""
         try:
-            return future.result(timeout=max(until - time.monotonic(), 0) + 2.0)
+            return future.result(timeout=max(until - time.monotonic(), 0) + 1.0)
         except concurrent.futures.TimeoutError:
             future.cancel()
             raise StorageUnavailableError(
                 f"{what}: the store did not answer within {self.options.deadline:g} s") from None
 
-    async def _retrying(self, make: Callable[[], Awaitable[Any]], what: str, until: float) -> Any:
+    async def _retrying(self, make: Callable[[], Awaitable[Any]], what: str, until: float,
+                        budget: float) -> Any:
         attempt = 0
         last = ""
         while True:
             left = until - time.monotonic()
             if left <= 0:
-                raise StorageUnavailableError(
-                    f"{what}: the store did not answer within {self.options.deadline:g} s")
-            budget = min(self.options.attempt_timeout, left)
+                raise self.health.failed(what, budget, attempt, last or "timed out")
+            step = min(self.options.attempt_timeout, left)
             try:
-                return await asyncio.wait_for(make(), budget)
+                result = await asyncio.wait_for(make(), step)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
                 if _precondition_failed(exc):
+                    self.health.answered()
                     raise StorageChangedError(
                         f"{what}: changed in the store since it was listed (ETag differs); remount") from None
                 if not is_transient(exc):
+                    self.health.answered()
                     raise self._permanent(exc, what) from None
                 # An attempt cut short by the deadline says less than the answer before it.
-                if not (last and budget < self.options.attempt_timeout
+                if not (last and step < self.options.attempt_timeout
                         and isinstance(exc, (asyncio.TimeoutError, TimeoutError))):
                     last = _describe_error(exc)
+            else:
+                self.health.answered()
+                return result
             attempt += 1
             self.retries += 1
             left = until - time.monotonic()
             if left <= 0.01:
-                raise StorageUnavailableError(
-                    f"{what}: the store did not answer within {self.options.deadline:g} s "
-                    f"({attempt} attempts, last: {last})")
+                raise self.health.failed(what, budget, attempt, last)
             # The last pause is cut short so that one more attempt fits before the deadline.
             pause = min(BACKOFF_CAP, BACKOFF_FIRST * 2 ** (attempt - 1), left / 2) * random.uniform(0.5, 1.0)
             log.debug("%s: %s; retrying in %.2f s", what, last, pause)
@@ -475,22 +503,39 @@ class RemoteStorage(Storage):
     def _identity(self, rel: str, obj: _Object) -> str:
         return DiskCache.identity(f"{self.root}/{rel}", obj.size, obj.mtime_ns, obj.etag)
 
-    def _fetch(self, rel: str, obj: _Object, start: int, end: int, deadline: float | None = None) -> bytes:
+    def _fetch(self, rel: str, obj: _Object, start: int, end: int) -> bytes:
         """Bytes ``[start, end)`` of an object: from the disk cache, else one ranged GET."""
-        return self._run(self._fetch_coro(rel, obj, start, end), self._display(rel), deadline)
+        future, until = self._start_fetch(rel, obj, start, end)
+        return self._wait(future, self._display(rel), until)
+
+    def _start_fetch(self, rel: str, obj: _Object, start: int,
+                     end: int) -> tuple[concurrent.futures.Future[bytes], float]:
+        """:meth:`_fetch` started: the future of its bytes and when it is due."""
+        return self._start(self._fetch_coro(rel, obj, start, end), self._display(rel),
+                           self._disk_lookup(rel, obj, start, end))
+
+    def _disk_lookup(self, rel: str, obj: _Object, start: int,
+                     end: int) -> Callable[[], Awaitable[bytes | None]] | None:
+        """``[start, end)`` from the disk cache (None if not there); None without one."""
+        disk = self.disk
+        if disk is None:
+            return None
+        identity = self._identity(rel, obj)
+
+        async def lookup() -> bytes | None:  # file I/O off the loop: other requests go on meanwhile
+            return await asyncio.to_thread(disk.get, identity, start, end - start)
+
+        return lookup
 
     def _fetch_coro(self, rel: str, obj: _Object, start: int, end: int) -> Callable[[], Awaitable[bytes]]:
-        """A factory of one attempt at fetching ``[start, end)`` (through the disk cache)."""
+        """A factory of one attempt at fetching ``[start, end)`` from the store (kept in
+        the disk cache, if any)."""
         fs = self._fs()
         fs_path = self._fs_path(rel)
         identity = self._identity(rel, obj) if self.disk else ""
         s3 = self.protocol in ("s3", "s3a")
 
         async def attempt() -> bytes:
-            if self.disk is not None:  # file I/O off the loop: other requests go on meanwhile
-                cached = await asyncio.to_thread(self.disk.get, identity, start, end - start)
-                if cached is not None:
-                    return cached
             self.requests += 1
             if s3:
                 bucket, key, _ = fs.split_path(fs_path)
@@ -561,12 +606,8 @@ class RemoteStorage(Storage):
                 groups[-1][1] = max(groups[-1][1], end)
             else:
                 groups.append([start, end])
-        fs = self._fs()
-        until = time.monotonic() + self.options.deadline
-        futures = [asyncio.run_coroutine_threadsafe(
-            self._retrying(self._fetch_coro(rel, obj, s, e), self._display(rel), until), fs.loop)
-            for s, e in groups]
-        fetched = [(s, self._wait(f, self._display(rel), until)) for (s, _), f in zip(groups, futures)]
+        started = [self._start_fetch(rel, obj, s, e) for s, e in groups]
+        fetched = [(s, self._wait(f, self._display(rel), until)) for (s, _), (f, until) in zip(groups, started)]
         out = []
         for offset, size in ranges:
             end = min(offset + size, obj.size)
@@ -610,10 +651,7 @@ class RemoteStorage(Storage):
         size = self.options.coalesce_bytes
         start = index * size
         end = min(start + size, obj.size)
-        fs = self._fs()
-        future = asyncio.run_coroutine_threadsafe(
-            self._retrying(self._fetch_coro(rel, obj, start, end), self._display(rel),
-                           time.monotonic() + self.options.deadline), fs.loop)
+        future, _ = self._start_fetch(rel, obj, start, end)
         self._buffer[key] = (future, end - start)
         self._buffer_bytes += end - start
 
