@@ -1,10 +1,10 @@
 """atlasfs: read, write, verify and mount Atlas datasets."""
 
-from .sources.atlas.dataset import AtlasDataset, Shard
-from .errors import AtlasFormatError, UnsafePickleError
-from .sources.atlas.meta import CompressionStrategy
-from .wids_in_place import wids_in_place
-from .sources.atlas.writer import AtlasWriter
+from atlasfs.errors import AtlasFormatError, UnsafePickleError
+from atlasfs.formats.atlas.dataset import AtlasDataset, Shard
+from atlasfs.formats.atlas.meta import CompressionStrategy
+from atlasfs.formats.atlas.writer import AtlasWriter
+from atlasfs.wids_in_place import wids_in_place
 
 __all__ = ["AtlasDataset", "AtlasFormatError", "AtlasWriter", "CompressionStrategy", "Shard", "UnsafePickleError",
            "wids_in_place"]

@@ -14,10 +14,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .blocktree import DEFAULT_CACHE_BYTES
-from .sizes import format_size, parse_size
-from .sources.factory import FORMATS, SourceOptions
-from .storage import StorageOptions
+from atlasfs.formats.factory import FORMATS, SourceOptions
+from atlasfs.sizes import format_size, parse_size
+from atlasfs.storage import StorageOptions
+from atlasfs.tree.blocktree import DEFAULT_CACHE_BYTES
 
 #: What a mount can show: the files of every sample (``files``), each shard as one
 #: tar file with a wids index (``tars``), or both side by side.
@@ -33,7 +33,7 @@ MOUNT_ONLY = frozenset({
 })
 MOUNT_ONLY_PREFIXES = ("x-", "comment=", "_")
 #: libfuse options handed through (libfuse 2's names: the few that libfuse 3 takes
-#: in ``init`` instead are moved there by :func:`~atlasfs.fuse_adapter.fuse_main`).
+#: in ``init`` instead are moved there by :func:`~atlasfs.fuse.adapter.fuse_main`).
 FUSE_OPTIONS = frozenset({
     "allow_root", "default_permissions", "nosuid", "suid", "nodev", "dev", "noexec", "exec",
     "max_read", "max_readahead", "uid", "gid", "umask", "attr_timeout", "entry_timeout",

@@ -7,21 +7,21 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable
 
-from atlasfs.blocktree import BlockTree
-from atlasfs.filetable import Locators
-from atlasfs.mount import serve
+from atlasfs.formats.atlas import spans
+from atlasfs.formats.atlas.dataset import Shard
+from atlasfs.formats.dolma import DolmaSource
+from atlasfs.formats.lavender import write_csv_shard
+from atlasfs.formats.pbin import write_pbin
+from atlasfs.formats.safepickle import loads as safe_loads
+from atlasfs.fuse.mount import serve
 from atlasfs.options import MountOptions
-from atlasfs.naming import MAX_NAME_BYTES, encode_as, example_fields, index_key_width
-from atlasfs.safepickle import loads as safe_loads
 from atlasfs.sizes import parse_size
-from atlasfs.sources.atlas import spans
-from atlasfs.sources.atlas.dataset import Shard
-from atlasfs.sources.dolma import DolmaSource
-from atlasfs.sources.lavender import write_csv_shard
-from atlasfs.sources.pbin import write_pbin
-from atlasfs.tablestore import TableStore
-from atlasfs.tarview import TarLayout
-from atlasfs.tree import Entry, Tree
+from atlasfs.tree.base import Entry, Tree
+from atlasfs.tree.blocktree import BlockTree
+from atlasfs.tree.filetable import Locators
+from atlasfs.tree.naming import MAX_NAME_BYTES, encode_as, example_fields, index_key_width
+from atlasfs.tree.tablestore import TableStore
+from atlasfs.tree.tarview import TarLayout
 
 __all__ = ["BlockTree", "DolmaSource", "Entry", "Locators", "MAX_NAME_BYTES", "MountOptions", "Shard", "TableStore",
            "TarLayout", "Tree", "default_cache_bytes", "encode_as", "example_fields", "index_key_width",

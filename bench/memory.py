@@ -62,7 +62,7 @@ FIXED_OVERHEAD = 100 * MiB
 #: keeps its names twice), the lookup index (12) and, while sizes are being learnt, the
 #: table's rows by block (4); plus the file's path, twice (:data:`PATH_COPIES`). Since issue
 #: #18 a table built from decoded blocks also keeps its files' locators: 14 bytes a file of
-#: columns and at most 64 a file of small files' bytes (atlasfs.filetable.INLINE_AVERAGE).
+#: columns and at most 64 a file of small files' bytes (atlasfs.tree.filetable.INLINE_AVERAGE).
 TABLE_BYTES_PER_FILE = 64 + 14 + 64
 PATH_COPIES = 2
 #: How often the readers' phase samples the daemon's RSS.

@@ -12,7 +12,7 @@ stored blocks (data.bin in the page cache), with nothing cached between reads:
 
 * block path: read the block, decompress it, unpickle it, name the example and
   encode its files (what ``BlockTree`` does for a file whose block is not cached);
-* span path: :func:`atlasfs.sources.atlas.spans.read_span` through a ``BlockReader`` (``pread``
+* span path: :func:`atlasfs.formats.atlas.spans.read_span` through a ``BlockReader`` (``pread``
   of the run for strategy 0; otherwise the frame read and decompressed up to the
   run's end), CRC checked. Like the block path (whose codec keeps its zstd
   contexts), it reuses one decompression context per shard: a fresh context
@@ -44,8 +44,16 @@ if __package__ in (None, ""):  # run as a script: make `bench` and `atlasfs` imp
 
 from atlasfs import AtlasDataset, AtlasWriter
 from bench import datagen, harness
-from bench._atlasfs import (MAX_NAME_BYTES, Locators, Shard, encode_as, example_fields, index_key_width, safe_loads,
-                            spans)
+from bench._atlasfs import (
+    MAX_NAME_BYTES,
+    Locators,
+    Shard,
+    encode_as,
+    example_fields,
+    index_key_width,
+    safe_loads,
+    spans,
+)
 
 BlockReader, Span, find_spans = spans.BlockReader, spans.Span, spans.find_spans
 new_decompressor, read_span = spans.new_decompressor, spans.read_span

@@ -20,17 +20,17 @@ import errno
 import os
 import subprocess
 import tarfile
-from pathlib import Path
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any, ClassVar
 
 import pytest
 
-from atlasfs import naming
-from atlasfs.blocktree import BlockTree
 from atlasfs.errors import AtlasFormatError
-from atlasfs.sources.factory import SourceOptions, detect, open_source
-from atlasfs.sources.source import Source, SourceShard
+from atlasfs.formats.factory import SourceOptions, detect, open_source
+from atlasfs.formats.source import Source, SourceShard
+from atlasfs.tree import naming
+from atlasfs.tree.blocktree import BlockTree
 from fusemount import atlasfs, mounted
 from helpers import deep_equal
 

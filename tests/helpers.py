@@ -88,8 +88,15 @@ def contract_files(examples: list[Any], shard_sizes: list[int]) -> list[dict[str
     Built from the naming layer's primitives applied to the expected examples,
     independently of the dataset reader and the tree.
     """
-    from atlasfs.naming import (MAX_NAME_BYTES, KeyAssigner, declared_key, encode_field, example_files,
-                                index_key_width, is_metadata)
+    from atlasfs.tree.naming import (
+        MAX_NAME_BYTES,
+        KeyAssigner,
+        declared_key,
+        encode_field,
+        example_files,
+        index_key_width,
+        is_metadata,
+    )
     width = index_key_width(len(examples))
     shards = []
     start = 0

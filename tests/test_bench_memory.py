@@ -7,6 +7,7 @@ import re
 from pathlib import Path
 
 import pytest
+
 from benchprobe import run_probe
 from fusemount import require_fuse
 

@@ -9,6 +9,7 @@ import statistics
 from pathlib import Path
 
 import pytest
+
 from benchprobe import run_probe, table_rows
 from fusemount import require_fuse
 from s3server import unavailable

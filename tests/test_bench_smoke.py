@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
 from benchprobe import run_probe
 from fusemount import IN_CI, require_fuse
 

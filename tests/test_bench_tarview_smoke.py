@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
 from benchprobe import run_probe, table_rows
 from fusemount import require_fuse
 

@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 
 from atlasfs import AtlasDataset, AtlasWriter
-from atlasfs.blocktree import BlockTree
-from atlasfs.filetable import UNKNOWN_SIZE, FileTable
-from atlasfs.tablestore import TableStore
+from atlasfs.tree.blocktree import BlockTree
+from atlasfs.tree.filetable import UNKNOWN_SIZE, FileTable
+from atlasfs.tree.tablestore import TableStore
 from threadwait import wait_until
 
 
@@ -211,10 +211,10 @@ def test_serving_imports_no_module_lazily(tmp_path: Path) -> None:
     _write(dataset)
     script = f"""
 import sys
-import atlasfs.mount  # what the daemon imports before it serves
+import atlasfs.fuse.mount  # what the daemon imports before it serves
 from atlasfs import AtlasDataset
-from atlasfs.blocktree import BlockTree
-from atlasfs.tablestore import TableStore
+from atlasfs.tree.blocktree import BlockTree
+from atlasfs.tree.tablestore import TableStore
 dataset = AtlasDataset({str(dataset)!r})  # opened before the mount goes live
 before = set(sys.modules)
 for _ in range(2):  # building the tables, then loading them
@@ -265,7 +265,7 @@ def test_a_reader_going_in_order_gets_the_next_blocks_read_ahead(tmp_path: Path)
 
 
 def test_the_folder_cache_keeps_the_recently_listed_within_its_bound(tmp_path: Path, monkeypatch) -> None:
-    import atlasfs.listing as listing
+    import atlasfs.tree.listing as listing
 
     dataset = tmp_path / "ds"
     with AtlasWriter(dataset, shard_size=300, block_size=16) as writer:

@@ -16,11 +16,11 @@ from typing import Any
 
 import pytest
 
-from atlasfs.blocktree import BlockTree
 from atlasfs.errors import AtlasFormatError
-from atlasfs.naming import NO_KEY, encode_as, index_key_width
-from atlasfs.sources.source import Source, SourceShard
-from atlasfs.tablestore import TableStore
+from atlasfs.formats.source import Source, SourceShard
+from atlasfs.tree.blocktree import BlockTree
+from atlasfs.tree.naming import NO_KEY, encode_as, index_key_width
+from atlasfs.tree.tablestore import TableStore
 
 LINES_PER_BLOCK = 3
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import shutil
 import json
+import shutil
 import tarfile
 from pathlib import Path
 
@@ -79,7 +79,7 @@ def test_show_keeps_the_order_of_nested_keys_and_takes_verbose_after_the_command
         assert result.stdout.startswith("example 5 (shard 1, block 0, position 1)"), result.stdout
         assert "{'zebra': 5, 'apple': {'pear': 1, 'fig': 2}, 'mango': 3}" in result.stdout, result.stdout
     # the same for a format that is not Atlas: 1 + 12 documents
-    from atlasfs.sources.pbin import write_pbin
+    from atlasfs.formats.pbin import write_pbin
     (tmp_path / "pbin").mkdir()
     write_pbin(str(tmp_path / "pbin" / "a.pbin"), [[2, 3]], token_width=4)
     write_pbin(str(tmp_path / "pbin" / "b.pbin"), [[1]] * 12, token_width=1)

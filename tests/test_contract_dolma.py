@@ -5,8 +5,9 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from contract import FormatContract
 from test_dolma_source import expected_files, make_dataset
+
+from contract import FormatContract
 
 MADE: dict[Path, dict] = {}
 

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from contract import FormatContract
 from test_lavender_source import _dataset
+
+from contract import FormatContract
 
 
 class TestLavenderContract(FormatContract):

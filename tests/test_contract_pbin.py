@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from atlasfs.sources.pbin import write_pbin
+from atlasfs.formats.pbin import write_pbin
 from contract import FormatContract
 
 DOCS = {f"part{k}": [list(range(k, k + n)) for n in range(0, 300)] for k in range(2)}

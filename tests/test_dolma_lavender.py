@@ -13,8 +13,8 @@ import pyarrow.parquet as pq
 import pytest
 import zstandard
 
-from atlasfs.sources.dolma import LINES_PER_BLOCK, DolmaSource, DolmaError
-from atlasfs.sources.lavender import DEFAULT_UID, LavenderError, LavenderShard, LavenderSource, write_csv_shard
+from atlasfs.formats.dolma import LINES_PER_BLOCK, DolmaError, DolmaSource
+from atlasfs.formats.lavender import DEFAULT_UID, LavenderError, LavenderShard, LavenderSource, write_csv_shard
 
 
 def _jsonl(path: Path, rows: list[object], kind: str = "gz") -> None:

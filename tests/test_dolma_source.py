@@ -14,12 +14,12 @@ import numpy as np
 import pytest
 import zstandard
 
-from atlasfs.naming import NO_KEY, declared_key, encode_as, example_fields, index_key_width
-from atlasfs.sources import dolma
-from atlasfs.sources import state as saved
-from atlasfs.sources.dolma import LINES_PER_BLOCK, DolmaError, DolmaSource, looks_like, open_source
-from atlasfs.sources.factory import SourceOptions, detect
-from atlasfs.sources.source import Source, SourceShard
+from atlasfs.formats import dolma
+from atlasfs.formats import state as saved
+from atlasfs.formats.dolma import LINES_PER_BLOCK, DolmaError, DolmaSource, looks_like, open_source
+from atlasfs.formats.factory import SourceOptions, detect
+from atlasfs.formats.source import Source, SourceShard
+from atlasfs.tree.naming import NO_KEY, declared_key, encode_as, example_fields, index_key_width
 from helpers import in_threads
 
 
@@ -320,6 +320,7 @@ import subprocess  # noqa: E402
 import tarfile  # noqa: E402
 
 import webdataset as wds  # noqa: E402
+
 from fusemount import atlasfs, is_mounted, mounted  # noqa: E402
 
 FOLDERS = {"cc/2019/a": "cc/2019/a.jsonl.gz", "cc/b": "cc/b.jsonl.zst", "wiki": "wiki.jsonl"}

@@ -247,8 +247,8 @@ def test_index_stores_every_good_shard_and_names_the_bad_one(tmp_path: Path, fau
     assert result.stdout == f"file tables of 11 of 12 shards are up to date in {dataset / '.atlasfs-tables'}\n"
     # the good shards' tables are there: a mount lists them without decoding
     from atlasfs import AtlasDataset
-    from atlasfs.blocktree import BlockTree
-    from atlasfs.tablestore import TableStore
+    from atlasfs.tree.blocktree import BlockTree
+    from atlasfs.tree.tablestore import TableStore
     with AtlasDataset(dataset, tolerate_broken_shards=True) as source:
         tree = BlockTree(source, store=TableStore(str(dataset)), log_failures=False)
         for shard in GOOD:
@@ -258,7 +258,7 @@ def test_index_stores_every_good_shard_and_names_the_bad_one(tmp_path: Path, fau
 
 def test_any_format_a_file_that_cannot_be_read_fails_alone(tmp_path: Path) -> None:
     """The same rule through the source interface: a .pbin file that is not one."""
-    from atlasfs.sources.pbin import write_pbin
+    from atlasfs.formats.pbin import write_pbin
     root = tmp_path / "ds"
     root.mkdir()
     write_pbin(str(root / "a.pbin"), [[1, 2], [3]], token_width=2)

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from atlasfs import AtlasDataset, AtlasWriter
-from atlasfs.filetable import DIR, FILE, UNREADABLE, FileTable, Limits, TableError
-from atlasfs.tablestore import BESIDE_DATASET
+from atlasfs.tree.filetable import DIR, FILE, UNREADABLE, FileTable, Limits, TableError
+from atlasfs.tree.tablestore import BESIDE_DATASET
 from fusemount import atlasfs, mounted
 
 #: Files in example order: the keys are unsorted and the folder "a" comes back after "b.txt".

@@ -8,8 +8,8 @@ process (this file run as a script) that logs every call the adapter makes into 
 from __future__ import annotations
 
 import collections
-import ctypes
 import contextlib
+import ctypes
 import json
 import os
 import subprocess
@@ -24,7 +24,7 @@ if __name__ == "__main__":  # run as the server: import atlasfs from this checko
 
 import pytest
 
-from atlasfs.tree import Entry, Tree, not_found
+from atlasfs.tree.base import Entry, Tree, not_found
 
 #: Files in the listed folder: more than one READDIRPLUS reply holds, and more than one
 #: window of known entries (fuse_adapter.KNOWN_WINDOW).
@@ -87,7 +87,7 @@ class LoggingTree(Tree):
 def serve_logging_tree(mountpoint: str, log_path: str, known: bool) -> None:
     """Mount a :class:`LoggingTree` with atlasfs's ``serve`` until unmounted, then write
     its counts to ``log_path`` as JSON. Prints ``ready`` once the mount answers."""
-    from atlasfs.mount import serve
+    from atlasfs.fuse.mount import serve
     from atlasfs.options import MountOptions
 
     tree = LoggingTree(FILES, FILE_SIZE, known)
@@ -181,7 +181,7 @@ def test_listing_with_attributes_looks_up_no_file(command: list[str]) -> None:
     calls = tree.log["calls"]
     # one listing for the open folder, however many replies the kernel reads it in, and its
     # entries a window at a time
-    from atlasfs.fuse_adapter import KNOWN_WINDOW
+    from atlasfs.fuse.adapter import KNOWN_WINDOW
     assert calls["names /d"] == 1 and calls["known_entries /d"] == -(-FILES // KNOWN_WINDOW)
 
 
@@ -192,7 +192,7 @@ def test_a_folder_hands_out_its_attributes_once() -> None:
         first = _listing(tree.mountpoint, ["ls", "-ln", "d"])
         assert _listing(tree.mountpoint, ["ls", "-ln", "d"]) == first
     calls = tree.log["calls"]
-    from atlasfs.fuse_adapter import KNOWN_WINDOW
+    from atlasfs.fuse.adapter import KNOWN_WINDOW
     assert calls["names /d"] == 2 and calls["known_entries /d"] == -(-FILES // KNOWN_WINDOW)  # the first listing's
     assert tree.file_lookups() == 0
 
@@ -260,8 +260,13 @@ def test_atlas_mount_of_known_sizes_lists_with_attributes(tmp_path: Path) -> Non
 
 def test_init_settles_the_connection_and_moves_libfuse2_options_there() -> None:
     """What init writes into libfuse's structures, checked on structures of our own."""
-    from atlasfs.fuse_adapter import (FUSE_CAP_ASYNC_READ, FUSE_CAP_READDIRPLUS, FUSE_CAP_READDIRPLUS_AUTO,
-                                      FuseAdapter, libfuse3)
+    from atlasfs.fuse.adapter import (
+        FUSE_CAP_ASYNC_READ,
+        FUSE_CAP_READDIRPLUS,
+        FUSE_CAP_READDIRPLUS_AUTO,
+        FuseAdapter,
+        libfuse3,
+    )
 
     fuse = libfuse3()
     started: list[bool] = []
@@ -294,7 +299,7 @@ def test_known_entries_of_an_blocktree(tmp_path: Path) -> None:
     """An Atlas folder's entries are known once their sizes are: at once for ``bytes`` fields,
     else once a file of their block is looked up; and they are the entries lookups give."""
     from atlasfs import AtlasDataset, AtlasWriter
-    from atlasfs.blocktree import BlockTree
+    from atlasfs.tree.blocktree import BlockTree
 
     for name, fields in (("raw", lambda i: {"bin": bytes([i]) * (i + 1)}),
                          # json too big to be kept in the table (128 bytes) and no run of the block

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from atlasfs import AtlasDataset, AtlasWriter
-from atlasfs.blocktree import BlockTree
-from atlasfs.fuse_adapter import KEPT_THREAD_STATES, FuseAdapter
+from atlasfs.fuse.adapter import KEPT_THREAD_STATES, FuseAdapter
+from atlasfs.tree.blocktree import BlockTree
 
 
 @pytest.fixture()

@@ -10,11 +10,18 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from atlasfs import naming
-from atlasfs.sources import factory
-from atlasfs.sources import state as saved
-from atlasfs.sources.lavender import (BLOCK_ROWS, STATE_VERSION, LavenderError, LavenderShard, LavenderSource,
-                                      looks_like, write_csv_shard)
+from atlasfs.formats import factory
+from atlasfs.formats import state as saved
+from atlasfs.formats.lavender import (
+    BLOCK_ROWS,
+    STATE_VERSION,
+    LavenderError,
+    LavenderShard,
+    LavenderSource,
+    looks_like,
+    write_csv_shard,
+)
+from atlasfs.tree import naming
 
 
 def files_of(shard: LavenderShard) -> dict[str, bytes]:
@@ -235,6 +242,7 @@ import subprocess  # noqa: E402
 import tarfile  # noqa: E402
 
 import webdataset as wds  # noqa: E402
+
 from fusemount import atlasfs, is_mounted, mounted  # noqa: E402
 
 

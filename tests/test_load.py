@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from atlasfs import AtlasDataset, AtlasWriter
-from atlasfs.blocktree import BlockTree
+from atlasfs.tree.blocktree import BlockTree
 from fusemount import force_unmount, is_mounted, require_fuse
 
 pytestmark = pytest.mark.fuse

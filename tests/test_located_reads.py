@@ -17,11 +17,12 @@ from typing import Any
 import numpy as np
 import pytest
 
-from atlasfs import AtlasDataset, AtlasWriter, cli
-from atlasfs.blocktree import BlockTree
-from atlasfs.filetable import INLINE, INLINE_AVERAGE, NO_LOCATOR, FileTable, Limits, Locators, TableError
-from atlasfs.sources.atlas import spans
-from atlasfs.tablestore import TableStore, table_file_name
+from atlasfs import AtlasDataset, AtlasWriter
+from atlasfs.commands import cli
+from atlasfs.formats.atlas import spans
+from atlasfs.tree.blocktree import BlockTree
+from atlasfs.tree.filetable import INLINE, INLINE_AVERAGE, NO_LOCATOR, FileTable, Limits, Locators, TableError
+from atlasfs.tree.tablestore import TableStore, table_file_name
 from fusemount import atlasfs, mounted
 from helpers import REFERENCE, in_threads, reference_names
 
@@ -359,7 +360,7 @@ def test_a_table_not_yet_sized_sizes_located_files_at_lookup_without_decoding(tm
     """A first mount's table knows the sizes of raw bytes only (so that its listings hand
     out no attributes it would have to size); a located file's lookup takes its size from
     its locator, and its read decodes nothing."""
-    from atlasfs.filetable import UNKNOWN_SIZE
+    from atlasfs.tree.filetable import UNKNOWN_SIZE
     dataset = _write(tmp_path / "ds", _examples(7), 2, shard_size=24)
     exported = _export(dataset, tmp_path / "export")
     _tree(dataset, tmp_path / "tables").table(0)  # built by naming, and stored
@@ -378,7 +379,7 @@ def test_a_table_not_yet_sized_sizes_located_files_at_lookup_without_decoding(tm
 def test_files_read_a_piece_at_a_time_come_out_whole(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A file bigger than one request: its first request locates it and keeps it for the
     next ones, or (past the keep bound) leaves it to its block; the bytes are the same."""
-    import atlasfs.located as located
+    import atlasfs.tree.located as located
     dataset = _write(tmp_path / "ds", _examples(8), 2, shard_size=24)
     exported = _export(dataset, tmp_path / "export")
     _index(dataset, tmp_path / "tables")

@@ -19,8 +19,8 @@ import numpy as np
 import pytest
 
 from atlasfs import AtlasDataset, AtlasWriter
-from atlasfs.blocks import Block
-from atlasfs.blocktree import BlockTree
+from atlasfs.tree.blocks import Block
+from atlasfs.tree.blocktree import BlockTree
 from threadwait import wait_until
 
 SHARDS = 6
@@ -117,7 +117,7 @@ def test_listings_and_lookups_keep_no_python_object_per_file(dataset: Path, monk
     """What a listing keeps is the shard's file table (numpy arrays and one blob of names) and
     its lookup index: a pass of ``ls -lR`` or ``find`` over any number of files leaves a number
     of Python objects that does not grow with them."""
-    import atlasfs.blocktree as blocktree
+    import atlasfs.tree.blocktree as blocktree
 
     monkeypatch.setattr(blocktree, "RECENT_ENTRIES", 64)  # the lookups' memo, bounded
     tree = BlockTree(AtlasDataset(dataset), cache_bytes=96 << 10)
@@ -149,7 +149,7 @@ def test_blocks_are_decoded_a_few_at_a_time(dataset: Path, monkeypatch: pytest.M
     each other): however many threads read, at most DECODERS are decoded at once."""
     import time
 
-    import atlasfs.blocks as blocks
+    import atlasfs.tree.blocks as blocks
 
     tree = BlockTree(AtlasDataset(dataset), cache_bytes=0)  # nothing cached: every read decodes
     running = [0, 0]  # now, most
@@ -181,7 +181,7 @@ def test_blocks_are_decoded_a_few_at_a_time(dataset: Path, monkeypatch: pytest.M
 def test_memory_freed_by_evictions_is_given_back(dataset: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Once blocks costing half the cache bound (at least TRIM_AFTER_MIN) have been evicted,
     the tree asks the allocator to give free pages back (atlasfs.memory.trim)."""
-    import atlasfs.blocks as blocks
+    import atlasfs.tree.blocks as blocks
     from atlasfs import memory
 
     calls = []

@@ -14,7 +14,16 @@ import pytest
 import webdataset as wds
 
 from fusemount import atlasfs, mounted
-from helpers import BYTES_ONLY, REFERENCE, contract_files, deep_equal, expected_examples, in_threads, reference_names, shard_sizes
+from helpers import (
+    BYTES_ONLY,
+    REFERENCE,
+    contract_files,
+    deep_equal,
+    expected_examples,
+    in_threads,
+    reference_names,
+    shard_sizes,
+)
 
 pytestmark = pytest.mark.fuse
 
@@ -209,8 +218,8 @@ def test_tar_through_a_mount_that_reads_ahead_matches_export(tmp_path: Path) -> 
     """tar goes through a shard in order, so the mount decodes and encodes blocks ahead of it
     on a background thread; what tar gets must still be export's bytes exactly."""
     from atlasfs import AtlasDataset, AtlasWriter
-    from atlasfs.blocktree import BlockTree
-    from atlasfs.export import write_shard_tar
+    from atlasfs.commands.export import write_shard_tar
+    from atlasfs.tree.blocktree import BlockTree
 
     rng = random.Random(11)
     dataset = tmp_path / "ds"

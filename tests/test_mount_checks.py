@@ -8,8 +8,8 @@ import re
 
 import pytest
 
-from atlasfs.cli import build_parser
-from atlasfs.mount import MountError, check_fuse, check_mountpoint
+from atlasfs.commands.cli import build_parser
+from atlasfs.fuse.mount import MountError, check_fuse, check_mountpoint
 from atlasfs.options import OPTIONS, MountOptions, OptionError, from_args
 
 

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from atlasfs import daemonlog
-from atlasfs.daemonlog import LOG_BACKUPS, LOG_BYTES, SHOWN_PROBLEMS, StartupReport, log_name
+from atlasfs.fuse import daemonlog
+from atlasfs.fuse.daemonlog import LOG_BACKUPS, LOG_BYTES, SHOWN_PROBLEMS, StartupReport, log_name
 from fusemount import IN_CI, atlasfs, force_unmount, is_mounted, require_fuse
 from helpers import REFERENCE
 

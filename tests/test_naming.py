@@ -15,8 +15,18 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from webdataset.autodecode import Decoder, basichandlers
 
-from atlasfs.naming import (NO_KEY, KeyAssigner, canonical_pickle, encode_field, encode_value, example_files,
-                            field_suffix, index_key_width, json_exact, key_problem)
+from atlasfs.tree.naming import (
+    NO_KEY,
+    KeyAssigner,
+    canonical_pickle,
+    encode_field,
+    encode_value,
+    example_files,
+    field_suffix,
+    index_key_width,
+    json_exact,
+    key_problem,
+)
 from helpers import deep_equal
 
 
@@ -165,7 +175,7 @@ def test_key_assignment_falls_back_to_index_keys_and_never_collides() -> None:
 
 def test_canonical_pickle_is_the_same_in_every_process() -> None:
     value = {"s": {"alpha", "beta", "gamma", "delta"}, "f": frozenset({("x", 1), ("y", 2)}), "m": {1, "a"}}
-    script = ("import sys; from atlasfs.naming import canonical_pickle; "
+    script = ("import sys; from atlasfs.tree.naming import canonical_pickle; "
               "v={'s': {'alpha','beta','gamma','delta'}, 'f': frozenset({('x',1),('y',2)}), 'm': {1,'a'}}; "
               "sys.stdout.buffer.write(canonical_pickle(v))")
     outputs = {subprocess.run([sys.executable, "-c", script], capture_output=True, check=True,
@@ -237,7 +247,7 @@ _KEY_CHARS = st.sampled_from(list("aZ09_-./_ é\x01") + ["__"])
 @given(st.lists(_KEY_CHARS, max_size=12).map("".join), st.integers(0, 260))
 @settings(max_examples=500)
 def test_key_problem_quick_path_agrees_with_the_rules(key: str, longest: int) -> None:
-    from atlasfs.naming import _key_rules
+    from atlasfs.tree.naming import _key_rules
     assert key_problem(key, longest) == _key_rules(key, longest)
     long_key = key * 40
     assert key_problem(long_key, longest) == _key_rules(long_key, longest)
@@ -247,5 +257,5 @@ def test_key_problem_quick_path_agrees_with_the_rules(key: str, longest: int) ->
        st.one_of(st.text(max_size=20), st.text(alphabet="abc", max_size=20), st.integers(), st.binary(max_size=4)))
 @settings(max_examples=500)
 def test_field_suffix_quick_path_agrees_with_the_rules(name: str, value: object) -> None:
-    from atlasfs.naming import _suffix_rules
+    from atlasfs.tree.naming import _suffix_rules
     assert field_suffix(name, value) == _suffix_rules(name, value)

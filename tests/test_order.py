@@ -12,7 +12,7 @@ import pytest
 import webdataset as wds
 
 from atlasfs import AtlasDataset, AtlasWriter
-from atlasfs.blocktree import BlockTree
+from atlasfs.tree.blocktree import BlockTree
 from fusemount import atlasfs, mounted
 from helpers import REFERENCE, contract_files, expected_examples, reference_names, shard_sizes
 

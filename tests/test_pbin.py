@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from atlasfs.sources.pbin import PbinError, PbinFile, write_pbin
+from atlasfs.formats.pbin import PbinError, PbinFile, write_pbin
 
 DOCS = [[1, 2, 3], [], [65535, 0], list(range(300))]
 

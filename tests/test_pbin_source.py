@@ -10,13 +10,21 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from atlasfs import naming
-from atlasfs.blocktree import BlockTree
-from atlasfs.sources import factory
-from atlasfs.sources import state as saved
-from atlasfs.sources.pbin import (DOCUMENTS_PER_BLOCK, STATE_VERSION, PbinError, PbinShard, PbinSource, looks_like,
-                                  npy_size, write_pbin)
-from atlasfs.tablestore import TableStore
+from atlasfs.formats import factory
+from atlasfs.formats import state as saved
+from atlasfs.formats.pbin import (
+    DOCUMENTS_PER_BLOCK,
+    STATE_VERSION,
+    PbinError,
+    PbinShard,
+    PbinSource,
+    looks_like,
+    npy_size,
+    write_pbin,
+)
+from atlasfs.tree import naming
+from atlasfs.tree.blocktree import BlockTree
+from atlasfs.tree.tablestore import TableStore
 
 
 def _named(shard: PbinShard, block: int) -> list[tuple[object, list[tuple[str, int]]]]:
@@ -184,6 +192,7 @@ import subprocess  # noqa: E402
 import tarfile  # noqa: E402
 
 import webdataset as wds  # noqa: E402
+
 from fusemount import atlasfs, is_mounted, mounted  # noqa: E402
 
 FORMS = [(1, 12), (2, 12), (4, 12), (4, 8)]

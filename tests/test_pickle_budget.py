@@ -8,7 +8,8 @@ from typing import Any, Callable
 import numpy as np
 import pytest
 
-from atlasfs import AtlasFormatError, safepickle
+from atlasfs import AtlasFormatError
+from atlasfs.formats import safepickle
 
 
 class Call:

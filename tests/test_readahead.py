@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 
-from atlasfs.readahead import ReadAhead
+from atlasfs.tree.readahead import ReadAhead
 from threadwait import wait_until
 
 

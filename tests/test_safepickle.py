@@ -28,7 +28,8 @@ from typing import Any, Callable
 import numpy as np
 import pytest
 
-from atlasfs import AtlasDataset, AtlasFormatError, AtlasWriter, UnsafePickleError, safepickle
+from atlasfs import AtlasDataset, AtlasFormatError, AtlasWriter, UnsafePickleError
+from atlasfs.formats import safepickle
 from helpers import REFERENCE, deep_equal, expected_examples
 
 WHERE = "/data/set/0/data.bin block 3"
@@ -526,7 +527,8 @@ def test_ndarray_state_errors_are_format_errors(state: tuple[Any, ...]) -> None:
 _CRASH_PROBE = """
 import pickle, sys
 import numpy as np
-from atlasfs import AtlasFormatError, safepickle
+from atlasfs import AtlasFormatError
+from atlasfs.formats import safepickle
 mam = __import__("numpy._core.multiarray", fromlist=["_reconstruct"])
 class R:
     def __init__(self, *r): self.r = r

@@ -1,4 +1,4 @@
-"""atlasfs.sources.atlas.spans: every span found holds exactly the file's bytes, reads give them back
+"""atlasfs.formats.atlas.spans: every span found holds exactly the file's bytes, reads give them back
 without unpickling, and a block that changed since is detected, never served."""
 
 from __future__ import annotations
@@ -16,14 +16,25 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from atlasfs import AtlasDataset, AtlasFormatError, AtlasWriter, safepickle
-from atlasfs.sources.atlas.codec import BlockCodec
-from atlasfs.sources.atlas.dataset import Shard
-from atlasfs.sources.atlas.meta import CompressionStrategy
-from atlasfs.naming import MAX_NAME_BYTES, encode_as, example_fields, index_key_width
-from atlasfs.filetable import NO_LOCATOR, Locators
-from atlasfs.sources.atlas.spans import (INLINE_MAX, BlockReader, Span, SpanMismatch, block_fingerprint, check_run,
-                                         file_locators, find_spans, read_span, run_check)
+from atlasfs import AtlasDataset, AtlasFormatError, AtlasWriter
+from atlasfs.formats import safepickle
+from atlasfs.formats.atlas.codec import BlockCodec
+from atlasfs.formats.atlas.dataset import Shard
+from atlasfs.formats.atlas.meta import CompressionStrategy
+from atlasfs.formats.atlas.spans import (
+    INLINE_MAX,
+    BlockReader,
+    Span,
+    SpanMismatch,
+    block_fingerprint,
+    check_run,
+    file_locators,
+    find_spans,
+    read_span,
+    run_check,
+)
+from atlasfs.tree.filetable import NO_LOCATOR, Locators
+from atlasfs.tree.naming import MAX_NAME_BYTES, encode_as, example_fields, index_key_width
 from helpers import REFERENCE, reference_names
 
 # ---------------------------------------------------------------- helpers
@@ -441,11 +452,11 @@ def test_columns_round_trip_and_share_prefixes() -> None:
 
 
 def test_columns_keep_prefixes_up_to_their_bound(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("atlasfs.filetable.MAX_PREFIXES", 2)
+    monkeypatch.setattr("atlasfs.tree.filetable.MAX_PREFIXES", 2)
     spans = [Span(i, 1, 0, b"\x93NUMPY" + bytes([i])) for i in range(4)] + [Span(9, 1, 0, b"\x93NUMPY\x00")]
     columns = Locators.build(spans)
     assert columns is not None and list(columns.offset != NO_LOCATOR) == [True, True, False, False, True]
-    monkeypatch.setattr("atlasfs.filetable.MAX_PREFIXES", 100)
-    monkeypatch.setattr("atlasfs.filetable.MAX_PREFIX_BYTES", 15)  # room for two 7-byte prefixes
+    monkeypatch.setattr("atlasfs.tree.filetable.MAX_PREFIXES", 100)
+    monkeypatch.setattr("atlasfs.tree.filetable.MAX_PREFIX_BYTES", 15)  # room for two 7-byte prefixes
     columns = Locators.build(spans)
     assert columns is not None and list(columns.offset != NO_LOCATOR) == [True, True, False, False, True]

@@ -15,8 +15,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from atlasfs.sources import state
-from atlasfs.sources.state import MAGIC, StateError, decode, encode
+from atlasfs.formats import state
+from atlasfs.formats.state import MAGIC, StateError, decode, encode
 
 FIELDS: dict[str, state.Value] = {
     "count": 3,

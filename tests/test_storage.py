@@ -20,9 +20,16 @@ from pathlib import Path
 
 import pytest
 
-from atlasfs.storage import (LOCAL, StorageChangedError, StorageOptions, StorageUnavailableError, is_url,
-                             open_storage, redact)
-from atlasfs.storage import health
+from atlasfs.storage import (
+    LOCAL,
+    StorageChangedError,
+    StorageOptions,
+    StorageUnavailableError,
+    health,
+    is_url,
+    open_storage,
+    redact,
+)
 from atlasfs.storage.diskcache import DiskCache
 from helpers import REFERENCE
 from s3server import S3Server, free_port, s3_server, upload_copy

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from atlasfs import AtlasDataset, AtlasWriter
-from atlasfs.blocktree import BlockTree
-from atlasfs.tablestore import BESIDE_DATASET, TableStore, cache_folder, cached_tables
+from atlasfs.tree.blocktree import BlockTree
+from atlasfs.tree.tablestore import BESIDE_DATASET, TableStore, cache_folder, cached_tables
 from fusemount import atlasfs, mounted
 
 

@@ -17,9 +17,9 @@ import pytest
 import webdataset as wds
 
 from atlasfs import AtlasDataset, AtlasWriter
-from atlasfs.blocktree import BlockTree
-from atlasfs.tablestore import TableStore
-from atlasfs.tarview import TarLayout, TarView
+from atlasfs.tree.blocktree import BlockTree
+from atlasfs.tree.tablestore import TableStore
+from atlasfs.tree.tarview import TarLayout, TarView
 from fusemount import atlasfs, mounted
 from helpers import REFERENCE, TORCH_STANDIN, expected_examples, in_threads, reference_names
 

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from atlasfs import AtlasDataset, AtlasWriter
-from atlasfs.sources.atlas.writer import MIN_BLOCKS_FOR_DICTIONARY, index_dtype
+from atlasfs.formats.atlas.writer import MIN_BLOCKS_FOR_DICTIONARY, index_dtype
 from helpers import REFERENCE, deep_equal, expected_examples, reference_manifest
 
 DICT = "zstd_dict.bin"

@@ -1,6 +1,6 @@
 """Where a dataset's bytes come from: a local folder or an object store, behind one interface.
 
-The format layer (:mod:`atlasfs.sources.atlas`) reads every file through a
+The format layer (:mod:`atlasfs.formats.atlas`) reads every file through a
 :class:`Storage`, so it never knows whether its bytes are on a local disk or in a
 bucket. Paths are strings: OS paths for :class:`LocalStorage`, URLs
 (``s3://bucket/prefix/00/data.bin``) for :class:`~atlasfs.storage.remote.RemoteStorage`;
@@ -291,7 +291,7 @@ def open_storage(location: str | os.PathLike[str],
     """
     if not is_url(location):
         return LOCAL, os.fspath(location)
-    from .remote import RemoteStorage  # fsspec is optional: imported only for URLs
+    from atlasfs.storage.remote import RemoteStorage  # fsspec is optional: imported only for URLs
 
     storage = RemoteStorage(str(location), options or _defaults)
     return storage, storage.root

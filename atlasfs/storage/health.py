@@ -29,7 +29,7 @@ import logging
 import threading
 import time
 
-from . import StorageUnavailableError
+from atlasfs.storage import StorageUnavailableError
 
 log = logging.getLogger(__name__)
 

@@ -60,9 +60,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable
 
-from . import Storage, StorageChangedError, StorageOptions, StorageUnavailableError, redact, split_userinfo
-from .diskcache import DiskCache
-from .health import StoreHealth
+from atlasfs.storage import (
+    Storage,
+    StorageChangedError,
+    StorageOptions,
+    StorageUnavailableError,
+    redact,
+    split_userinfo,
+)
+from atlasfs.storage.diskcache import DiskCache
+from atlasfs.storage.health import StoreHealth
 
 log = logging.getLogger(__name__)
 

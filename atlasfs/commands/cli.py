@@ -1,0 +1,316 @@
+"""The ``atlasfs`` command line."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from typing import Callable, Sequence
+
+from atlasfs import __version__
+from atlasfs.errors import AtlasFormatError
+from atlasfs.formats.factory import open_source
+from atlasfs.formats.source import Source
+from atlasfs.fuse.mount import MountError, mount, unmount
+from atlasfs.options import MountOptions, OptionError, add_flags, from_args, mount_option_names
+from atlasfs.progress import Progress
+from atlasfs.sizes import format_size
+from atlasfs.storage import set_default_options
+from atlasfs.tree.base import Unreadable
+
+log = logging.getLogger("atlasfs")
+
+
+class UsageError(Exception):
+    """Bad arguments, reported as one line."""
+
+
+def _source(args: argparse.Namespace) -> Source:
+    """The dataset as a source, as a mount would open it."""
+    return open_source(args.dataset, args.settings.format, args.settings.source_options())
+
+
+def cmd_info(args: argparse.Namespace) -> int:
+    from atlasfs.commands.inspection import info_lines
+    with _source(args) as source:  # a shard that cannot be read is one row; the others are summed up
+        lines, problems = info_lines(source)
+    print("\n".join(lines))
+    return 1 if problems else 0
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    from atlasfs.commands.inspection import verify
+    progress: Progress | None = None
+
+    def on_total(total: int) -> None:
+        nonlocal progress
+        progress = Progress("verify", total, "blocks")
+
+    on_block = lambda: progress.advance() if progress else None  # noqa: E731
+    # a folder of no known format is verify's finding too, on stdout like the others
+    report = verify(lambda: _source(args), on_total=on_total, on_block=on_block)
+    if progress:
+        progress.close()
+    for line in report.warnings:
+        print(f"warning: {line}")
+    for line in report.problems:
+        print(line)
+    counts = f"{report.shards} shards, {report.blocks} blocks, {report.examples} examples"
+    if report.problems:
+        print(f"verify: {len(report.problems)} problem(s) ({counts} checked)")
+        return 1
+    print(f"verify: OK ({counts})")
+    return 0
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    from atlasfs.commands.inspection import describe, locate
+    args.settings.lenient = True  # any example whose block is intact shows, also in a damaged shard
+    with _source(args) as source:
+        try:
+            shard, block, pos, index = locate(source, args.index)
+        except IndexError as exc:
+            raise UsageError(str(exc)) from None
+        example = shard.decode_block(block)[0][pos]
+        print(f"example {index} (shard {shard.name}, block {block}, position {pos})")
+        print("\n".join(describe(example)))
+    return 0
+
+
+def cmd_mount(args: argparse.Namespace) -> int:
+    options: MountOptions = args.settings
+    options.foreground = args.foreground
+    return mount(args.dataset, args.mountpoint, options)
+
+
+def cmd_umount(args: argparse.Namespace) -> int:
+    unmount(args.mountpoint, lazy=args.lazy)
+    return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from atlasfs.commands.export import count_files, write_index, write_shard_tar
+    from atlasfs.tree.blocktree import BlockTree
+    with _source(args) as source:
+        names = [s.name for s in source.shards]
+        chosen = args.shards or names
+        unknown = [n for n in chosen if n not in names]
+        if unknown:
+            raise UsageError(f"no shard named {unknown[0]!r} in {args.dataset} (shards: {', '.join(names)})")
+        # A bad shard or block fails its own tar (not written: a tar missing samples is no
+        # shard) and is named here once, in export's words: the tree does not log it.
+        tree = BlockTree(source, cache_bytes=args.settings.cache_bytes, log_failures=False)
+        if os.path.lexists(args.outdir) and not os.path.isdir(args.outdir):
+            raise UsageError(f"{args.outdir}: exists and is not a folder (OUTDIR is the folder the tars go in)")
+        os.makedirs(args.outdir, exist_ok=True)
+        failed = 0
+        written = []
+        for name in chosen:
+            out = os.path.join(args.outdir, f"{name}.tar")
+            os.makedirs(os.path.dirname(out), exist_ok=True)  # a shard named with slashes (Dolma)
+            progress = None
+            try:
+                progress = Progress(f"export {name}.tar", count_files(tree, f"/{name}"), "files")
+                layout = write_shard_tar(tree, f"/{name}", out, progress.advance)
+            except OSError as exc:
+                if progress is not None:
+                    progress.close()
+                others = "; the other shards are written" if len(chosen) > 1 else ""
+                print(f"atlasfs: export of shard {name} failed: {exc.strerror or exc}{others}", file=sys.stderr)
+                failed += 1
+                continue
+            progress.close()
+            samples = layout.samples()
+            written.append((f"{name}.tar", samples))
+            print(f"{out}: {samples} samples, {len(layout)} files, {format_size(layout.size)}")
+        if written:
+            print(f"{write_index(args.outdir, written)}: wids index of {len(written)} shards")
+        if failed:
+            print(f"atlasfs: {failed} of {len(chosen)} shards not written (named above)", file=sys.stderr)
+        return 1 if failed else 0
+
+
+def cmd_index(args: argparse.Namespace) -> int:
+    from atlasfs.tree.blocktree import BlockTree
+    from atlasfs.tree.tablestore import TableStore, make_shared_folder
+    with _source(args) as dataset:
+        store = TableStore(dataset.root, index_dir=args.settings.index_dir, beside=True, storage=dataset.storage)
+        if args.settings.index_dir is not None or not dataset.storage.remote:  # a bucket says so at the first write
+            try:
+                make_shared_folder(store.save_folder)
+            except OSError as exc:
+                raise UsageError(f"{store.save_folder}: cannot create it ({exc.strerror}); "
+                                 "choose a writable folder with --index-dir DIR") from None
+            if not os.access(store.save_folder, os.W_OK):
+                raise UsageError(f"{store.save_folder}: not writable; choose a writable folder with --index-dir DIR")
+        # A bad shard or block leaves its shard's table unstored (a mount builds it again and
+        # says why) and is named here once, in index's words: the tree does not log it.
+        tree = BlockTree(dataset, cache_bytes=0, store=store, log_failures=False)
+        progress = Progress("index", len(dataset.shards), "shards")
+        failed = 0
+        for s, shard in enumerate(dataset.shards):
+            causes: list[str] = []
+            try:
+                tree.table(s, sizes=True)
+            except Unreadable as exc:
+                causes = [exc.cause]
+            causes = tree.failures(s) or causes  # every failed block, also those sizing skipped
+            if causes:
+                more = f" (and {len(causes) - 1} more; atlasfs verify lists them)" if len(causes) > 1 else ""
+                print(f"atlasfs: index of shard {shard.name} failed: {causes[0]}{more}", file=sys.stderr)
+                failed += 1
+            progress.advance()
+        progress.close()
+        if store.failures:
+            raise UsageError(f"{store.save_folder}: {store.failures} of {len(dataset.shards)} file tables "
+                             "could not be stored (see above)")
+        done = len(dataset.shards) - failed
+        print(f"file tables of {done} of {len(dataset.shards)} shards are up to date in {store.save_folder}" if failed
+              else f"file tables of {done} shards are up to date in {store.save_folder}")
+    return 1 if failed else 0
+
+
+def cmd_cache(args: argparse.Namespace) -> int:
+    from atlasfs.tree import tablestore
+    if args.clear:
+        freed = tablestore.clear(args.dataset)
+        what = f"the tables of {args.dataset}" if args.dataset else "every table"
+        print(f"removed {what} from {tablestore.cache_root()} ({format_size(freed)})")
+        return 0
+    tables = tablestore.cached_tables(args.dataset)
+    by_dataset: dict[str, list[tablestore.CachedTable]] = {}
+    for table in tables:
+        by_dataset.setdefault(table.dataset, []).append(table)
+    for dataset, found in sorted(by_dataset.items(), key=lambda item: -item[1][-1].used):
+        print(f"{dataset}: {len(found)} tables, {format_size(sum(t.bytes for t in found))}")
+    total = sum(t.bytes for t in tables)
+    print(f"{tablestore.cache_root()}: {format_size(total)} of {format_size(tablestore.cache_bound())} "
+          "(least recently used tables go first past that bound; ATLASFS_TABLE_CACHE_SIZE sets it)")
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from atlasfs.commands.demo import write_demo
+    write_demo(args.path, args.count)
+    print(f"wrote the demo dataset to {args.path}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of ``atlasfs``."""
+    parser = argparse.ArgumentParser(
+        prog="atlasfs",
+        description="Read, check, export and mount Atlas datasets as WebDataset-style file trees.")
+    parser.add_argument("--version", action="version", version=f"atlasfs {__version__}")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log more (debug level)")
+    # -v after the command name too; SUPPRESS keeps a -v given before it from being reset
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
+                        help="log more (debug level)")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def command(name: str, func: Callable[[argparse.Namespace], int], help: str) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help, description=help, parents=[common])
+        p.set_defaults(func=func)
+        return p
+
+    def source(p: argparse.ArgumentParser, command: str) -> None:
+        p.add_argument("dataset", help="the dataset: an Atlas folder (meta.json), a Dolma folder (documents/), "
+                                       "a folder of Lavender shardsets, a .pbin file or folder of them, or the "
+                                       "s3:// (or other fsspec) URL of an Atlas dataset")
+        add_flags(p, command)
+
+    p = command("info", cmd_info, "summarise a dataset: shards, examples, blocks, strategies, sizes")
+    source(p, "info")
+    p = command("verify", cmd_verify, "decode every block and check everything; exit 1 if anything is wrong")
+    source(p, "verify")
+    p = command("show", cmd_show, "print one example readably")
+    source(p, "show")
+    p.add_argument("index", type=int, help="global example index (negative counts from the end)")
+
+    p = command("mount", cmd_mount, "mount a dataset read-only as a WebDataset-style tree")
+    source(p, "mount")
+    p.add_argument("mountpoint", help="empty folder to mount on")
+    p.add_argument("-f", "--foreground", action="store_true",
+                   help="stay in the foreground until unmounted or signalled (for systemd: Type=notify)")
+    p.add_argument("-o", dest="options", action="append", default=[], metavar="OPT[,OPT...]",
+                   help=f"mount options, the flags' names with underscores ({mount_option_names()}), and libfuse "
+                        "options such as default_permissions, uid=N or max_read=N; fstab-only options (nofail, "
+                        "noauto, x-systemd.*...) are ignored")
+
+    p = command("umount", cmd_umount, "unmount an atlasfs mount (other file systems are refused)")
+    p.add_argument("mountpoint", help="the mount point of an atlasfs mount")
+    p.add_argument("-z", "--lazy", action="store_true",
+                   help="detach now even if busy or dead (the mount goes once nothing uses it)")
+
+    p = command("export", cmd_export, "write each shard as a WebDataset tar (<shard>.tar, samples in example order) "
+                                      "and a wids index (shards.json), without FUSE")
+    source(p, "export")
+    p.add_argument("outdir", help="folder for the tar files (created if missing)")
+    p.add_argument("--shards", nargs="+", metavar="SHARD", help="shard folder names to export (default: all)")
+
+    p = command("index", cmd_index,
+                "build the shards' file tables ahead of time, beside the dataset (DATASET/.atlasfs-tables), "
+                "so that every mount of it lists without decoding")
+    source(p, "index")
+
+    p = command("cache", cmd_cache, "show or clear the file tables mounts keep in the user's cache")
+    p.add_argument("dataset", nargs="?", help="only this dataset's tables")
+    p.add_argument("--clear", action="store_true", help="delete them")
+
+    p = command("demo", cmd_demo, "write the small built-in demo dataset")
+    p.add_argument("path", help="where to write it (must not exist)")
+    p.add_argument("--count", type=int, default=200, help="number of examples (default 200)")
+    return parser
+
+
+def _setup_logging(verbose: bool) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("atlasfs: %(message)s"))
+    root = logging.getLogger("atlasfs")
+    root.addHandler(handler)
+    root.setLevel(logging.DEBUG if verbose else logging.INFO)
+
+
+def mount_helper(argv: Sequence[str] | None = None) -> int:
+    """``mount.fuse.atlasfs SOURCE MOUNTPOINT [-sfnv] [-o OPTS]``: what mount(8) runs for
+    ``fuse.atlasfs`` lines in /etc/fstab. Returns once the mount is live."""
+    parser = argparse.ArgumentParser(prog="mount.fuse.atlasfs", description=mount_helper.__doc__)
+    parser.add_argument("dataset")
+    parser.add_argument("mountpoint")
+    parser.add_argument("-o", dest="options", action="append", default=[])
+    parser.add_argument("-t", dest="type")  # the type mount(8) was given; nothing to do with it
+    parser.add_argument("-N", dest="namespace")
+    for flag in ("-s", "-f", "-n", "-v"):  # sloppy, fake, no mtab, verbose: mount(8)'s own
+        parser.add_argument(flag, action="store_true")
+    args = parser.parse_args(argv)
+    if args.f:
+        return 0
+    return main(["mount", args.dataset, args.mountpoint, *(f"-o{o}" for o in args.options)])
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run ``atlasfs``; returns the exit code."""
+    args = build_parser().parse_args(argv)
+    _setup_logging(args.verbose)
+    try:
+        if hasattr(args, "dataset") and args.command != "cache":
+            args.settings = from_args(args)  # every setting: -o options, then flags
+            set_default_options(args.settings.storage)
+        return args.func(args)
+    except (AtlasFormatError, MountError, OptionError, UsageError) as exc:
+        print(f"atlasfs: {exc}", file=sys.stderr)
+    except FileExistsError as exc:
+        print(f"atlasfs: {exc}", file=sys.stderr)
+    except OSError as exc:
+        where = f"{exc.filename}: " if exc.filename else ""
+        print(f"atlasfs: {where}{exc.strerror or exc}", file=sys.stderr)
+    except KeyboardInterrupt:
+        print("atlasfs: interrupted", file=sys.stderr)
+        return 130
+    return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

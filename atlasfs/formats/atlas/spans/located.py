@@ -1,0 +1,144 @@
+"""The shard's side of located reads: :class:`LocatedReads`, mixed into an Atlas
+:class:`~atlasfs.formats.atlas.dataset.Shard` (a :class:`BlockStore`), gives the tree
+``file_spans`` and ``read_span`` from the finding (:mod:`.find`), reading (:mod:`.read`)
+and caches (:mod:`.payloads`) of this package."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any, Protocol, cast, runtime_checkable
+
+import numpy as np
+import zstandard
+
+from atlasfs.formats.atlas.meta import CompressionStrategy
+from atlasfs.formats.atlas.spans.find import FINGERPRINT_READ_MAX, block_fingerprint, file_locators, stored_crc
+from atlasfs.formats.atlas.spans.payloads import JUST_DECODED, PAYLOADS
+from atlasfs.formats.atlas.spans.read import BlockReader, read_span, run_in
+from atlasfs.formats.source import Locator, SpanMismatch
+
+
+@runtime_checkable
+class BlockStore(Protocol):
+    """What :class:`LocatedReads` needs of the shard it is mixed into (an Atlas
+    :class:`~atlasfs.formats.atlas.dataset.Shard`): where its blocks are and how to read
+    them. ``tests/test_located_reads.py`` checks that a shard is one."""
+
+    data_path: str
+    index_path: str
+    index: np.ndarray  # block ``b``'s stored bytes are ``index[b]:index[b + 1]`` of data.bin
+    codec: Any  # its BlockCodec: strategy, dictionary, bounds, decompress
+
+    @property
+    def num_blocks(self) -> int: ...
+
+    def block_where(self, block: int) -> str: ...
+
+    def check_unchanged(self) -> None: ...
+
+    def read_raw(self, block: int) -> bytes: ...
+
+    def read_range(self, block: int, offset: int, size: int) -> bytes: ...
+
+
+class LocatedReads:
+    """:meth:`~atlasfs.formats.source.SourceShard.file_spans` and
+    :meth:`~atlasfs.formats.source.SourceShard.read_span` for an Atlas
+    :class:`~atlasfs.formats.atlas.dataset.Shard` (mixed into it, so that the
+    reader module keeps only what reads blocks): the shard must be a :class:`BlockStore`."""
+
+    def _payload_key(self, block: int) -> tuple[Any, ...]:
+        shard = cast(BlockStore, self)
+        return (shard.data_path, shard.index_path, block, int(shard.index[block]), int(shard.index[block + 1]))
+
+    def payload_keeper(self, block: int) -> Callable[[bytes], None] | None:
+        """What keeps a compressed block's decompressed pickle once decoded (in
+        :data:`JUST_DECODED`): :meth:`file_spans`, which the tree asks next when it builds a
+        table, then searches it without decompressing the block again."""
+        shard = cast(BlockStore, self)
+        if shard.codec.strategy == CompressionStrategy.NO_COMPRESSION:
+            return None  # its stored bytes are its pickle: read again in place
+        return functools.partial(JUST_DECODED.put, self._payload_key(block))
+
+    def kept_payload(self, block: int) -> bytes | None:
+        """The decompressed pickle of ``block`` if a located read or a decode made it a moment
+        ago (in :data:`PAYLOADS`, which holds whole blocks only), checked unchanged on disk:
+        a decode then only unpickles it."""
+        shard = cast(BlockStore, self)
+        if shard.codec.strategy == CompressionStrategy.NO_COMPRESSION:
+            return None
+        if isinstance(shard.index, np.memmap):  # first: a mapped index.npy truncated since open would raise SIGBUS
+            shard.check_unchanged()
+        payload = PAYLOADS.get(self._payload_key(block))
+        if payload is not None:
+            shard.check_unchanged()
+        return payload
+
+    def file_spans(self, block: int, fields: list[list[tuple[str, Any]]]) -> list[list[Locator | None]] | None:
+        """The block's decompressed pickle (kept by its decode, or read and decompressed
+        again) is searched; nothing is unpickled."""
+        shard = cast(BlockStore, self)
+        where = shard.block_where(block)
+        codec = shard.codec
+        if codec.strategy == CompressionStrategy.NO_COMPRESSION:
+            raw = shard.read_raw(block)
+            return file_locators(raw, fields, block_fingerprint(raw, codec.strategy))
+        shard.check_unchanged()
+        length = int(shard.index[block + 1]) - int(shard.index[block])
+        head = shard.read_range(block, 0, 18)
+        content_size = codec.check_header(head, where)
+        payload = JUST_DECODED.get(self._payload_key(block)) or PAYLOADS.get(self._payload_key(block))
+        raw = None
+        if payload is None or len(payload) != content_size:  # not kept whole: decompressed again
+            raw = shard.read_raw(block)
+            payload = codec.decompress(raw, where)
+        if zstandard.get_frame_parameters(head).has_checksum and length >= 4:
+            fingerprint: int | None = int.from_bytes(shard.read_range(block, length - 4, 4), "little")
+        elif length <= FINGERPRINT_READ_MAX:
+            fingerprint = stored_crc(raw if raw is not None else shard.read_raw(block))
+        else:
+            fingerprint = None
+        return file_locators(payload, fields, fingerprint)
+
+    def read_span(self, block: int, locator: Locator, size: int, scratch: Any = None) -> bytes | None:
+        """A pread of the run (strategy 0, or raw zstd blocks), the frame decompressed up to
+        the run's end with a pooled context, or for an inline file the block's fingerprint:
+        checked against the locator either way. Nothing is unpickled. What was decompressed
+        is kept in ``scratch`` (the tree's cache), or without one in :data:`PAYLOADS`."""
+        shard = cast(BlockStore, self)
+        where = shard.block_where(block)
+        if locator.size != size:
+            raise SpanMismatch(f"{where}: a locator of {locator.size} bytes for a file of {size}")
+        if not 0 <= block < shard.num_blocks:
+            raise SpanMismatch(f"{where}: no such block")
+        # As for any read that needs the disk: a data.bin or index.npy changed since the
+        # dataset was opened fails the read (EIO through the block path), rather than mixing.
+        shard.check_unchanged()
+        start, end = int(shard.index[block]), int(shard.index[block + 1])
+        reader = BlockReader(functools.partial(shard.read_range, block), end - start)
+        codec = shard.codec
+        if locator.inline or locator.length == 0 or codec.strategy == CompressionStrategy.NO_COMPRESSION:
+            return read_span(reader, locator, codec, where)
+        # A run inside a compressed block: read_span takes the run alone if the zstd blocks
+        # over it are stored raw; else the block is decompressed whole, once, and kept (the
+        # tree's scratch for this block, within its cache bound; and PAYLOADS, where a decode
+        # of the block for a file without a locator finds it). Decompressing only up to the
+        # run's end costs half a block on average, but random readers come back to a block:
+        # in the benchmark's cold pass (8-16 reads a block) a first partial decompression and
+        # a later whole one or a decode cost 20-30% more in all than one whole decompression.
+        key = self._payload_key(block)
+        kept = scratch.get() if scratch is not None else None
+        if kept is None:
+            kept = PAYLOADS.get(key)
+        if kept is not None:
+            return run_in(locator, kept, where)
+
+        def decompress_whole() -> bytes:
+            payload = codec.decompress(shard.read_raw(block), where)  # bounds checked as any block's
+            PAYLOADS.put(key, payload)
+            if scratch is not None:
+                scratch.put(payload)
+            return payload
+
+        return read_span(reader, locator, codec, where, whole=decompress_whole)

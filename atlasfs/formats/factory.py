@@ -1,0 +1,90 @@
+"""Open a dataset as a :class:`~atlasfs.formats.source.Source`: by its layout, or the format asked for.
+
+Each format module offers ``looks_like(path) -> bool`` (a cheap look at the
+layout, no parsing) and ``open_source(path, options) -> Source``. Adding a
+format is one line in :data:`FORMATS`.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import stat
+from dataclasses import dataclass
+
+from atlasfs.errors import AtlasFormatError
+from atlasfs.formats.source import Source
+from atlasfs.storage import is_url
+
+#: Format name -> (module, what its layout looks like, for the error when nothing matches).
+#: Detection tries them in this order.
+FORMATS: dict[str, tuple[str, str]] = {
+    "atlas": ("atlasfs.formats.atlas", "a meta.json (Atlas)"),
+    "dolma": ("atlasfs.formats.dolma", "a documents/ folder of *.jsonl.gz|zst (Dolma)"),
+    "lavender": ("atlasfs.formats.lavender", "folders of shard.NNNNN.csv|parquet (Lavender shardsets)"),
+    "pbin": ("atlasfs.formats.pbin", "a .pbin file or a folder of them (Modalities)"),
+}
+
+
+@dataclass
+class SourceOptions:
+    """What the user may choose about how a dataset is read (``atlasfs mount -o``)."""
+
+    #: Unpickle without the allow-list (Atlas blocks, .pbin indexes): runs code from the data.
+    trust_pickle: bool = False
+    #: Lavender: the column that joins the rows of a shard's shardsets.
+    uid_column: str = "uid"
+    #: Open shards as far as their files go (``show``: the blocks of a truncated Atlas
+    #: ``data.bin`` before the cut), where a mount fails a damaged shard whole.
+    lenient: bool = False
+
+
+def detect(path: str) -> str:
+    """The format of the dataset at ``path``; :class:`AtlasFormatError` (one line) if none fits."""
+    if is_url(path):  # a dataset in object storage: only Atlas reads through atlasfs.storage
+        return "atlas"
+    _check_readable(path)
+    for kind, (module, _) in FORMATS.items():
+        if importlib.import_module(module).looks_like(path):
+            return kind
+    looked_for = "; ".join(what for _, what in FORMATS.values())
+    raise AtlasFormatError(f"{path}: not a dataset atlasfs knows (looked for {looked_for}); "
+                           "name one with --format")
+
+
+def _check_readable(path: str) -> None:
+    """:class:`AtlasFormatError` if ``path`` is missing or this user may not read it: each
+    format's look at the layout sees an unreadable folder as empty, which would say
+    "not a dataset" instead of the real cause."""
+    try:
+        is_folder = stat.S_ISDIR(os.stat(path).st_mode)
+    except (FileNotFoundError, NotADirectoryError):
+        raise AtlasFormatError(f"{path}: no such dataset (file or folder)") from None
+    except PermissionError:
+        raise AtlasFormatError(f"{path}: permission denied (cannot reach it: a folder above it may not be "
+                               "entered; check their permissions)") from None
+    except OSError as exc:
+        raise AtlasFormatError(f"{path}: {exc.strerror}") from None
+    try:
+        if is_folder:
+            os.listdir(path)
+            if not os.access(path, os.X_OK):  # listed, but its files cannot be opened
+                raise PermissionError
+        else:
+            os.close(os.open(path, os.O_RDONLY | os.O_NONBLOCK))  # NONBLOCK: a FIFO must not hang it
+    except PermissionError:
+        what = "folder" if is_folder else "file"
+        raise AtlasFormatError(f"{path}: permission denied (cannot read the {what}; check its permissions)") from None
+    except OSError:
+        pass  # anything else: the format's own checks say what is wrong
+
+
+def open_source(path: str, kind: str | None = None, options: SourceOptions | None = None) -> Source:
+    """Open the dataset at ``path`` as ``kind`` (None: detected from its layout)."""
+    path = os.fspath(path)
+    if kind is None:
+        kind = detect(path)
+    if kind not in FORMATS:
+        raise AtlasFormatError(f"unknown format {kind!r} (formats: {', '.join(FORMATS)})")
+    module = importlib.import_module(FORMATS[kind][0])
+    return module.open_source(path, options or SourceOptions())

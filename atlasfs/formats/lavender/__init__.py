@@ -1,0 +1,63 @@
+"""Lavender Data shardsets: reading, and mounting as a source.
+
+A Lavender dataset is a folder of shardsets, each a folder of
+``shard.NNNNN.csv`` or ``shard.NNNNN.parquet`` files holding some of the
+dataset's columns, and all holding the uid column (``uid`` unless told
+otherwise: ``-o uid_column=COLUMN``). A sample is the join by uid of the rows of
+the shards with the same index in every shardset; a uid missing from a
+shardset lacks that shardset's columns.
+
+Mounted, shard index ``N`` is the folder ``shard.NNNNN`` and each sample the
+files ``<uid>.<column>...`` of the naming contract (a csv cell is a string:
+``<uid>.caption.txt``; parquet cells keep their types: an int is
+``<uid>.score.cls``, a float ``.json``, binary data keeps the column's name
+as it is; a parquet null is no file). The uid column is the key, not a file,
+except for a sample whose uid cannot be a file name (it has a ``.`` or a
+``/``...): that sample gets an index key, and its uid a file, so it is not lost.
+
+Order: the rows of the first shardset (by folder name) that has the shard
+index, in file order, then the uids only later shardsets have, in theirs. A
+block is a run of :data:`BLOCK_ROWS` samples or fewer (for parquet, a row
+group of the first shardset, or an even part of one, when they are of one
+size); :meth:`LavenderShard.prepare` reads the uid column of every file of the
+shard once and keeps where each sample's row is in every shardset (and, for
+csv, where every row starts), so a block reads only its rows: for parquet its
+row groups (a few kept in memory for the neighbouring blocks), for csv the
+byte range of its rows.
+
+A column name found in more than one shardset (other than the uid column;
+letter case aside, as WebDataset folds it) would give two files one name:
+each of them is named ``<shardset>.<column>`` instead (``<uid>.captions_v2.
+caption.txt``), in every shardset that has it, and the renaming is logged
+once.
+
+Broken rules are named one line each (file and row, or uid) and left out,
+while the rest serves: a shard file without the uid column is left out of its
+shard; a row without a uid, or repeating one already in its file, is left
+out; a uid in shard N of one shardset and in shard M of another cannot be
+joined, and stays unjoined in each (``Source.problems`` finds every case for
+``verify``; a mount logs those it meets in the shards it opens).
+
+The package's rooms: ``files.py`` (one shard file: the pass over its uid column, reads
+of chosen rows), ``shard.py`` (:class:`LavenderShard`: the join, its saved state, blocks),
+``source.py`` (:class:`LavenderSource`, the dataset folder) and ``write.py``
+(:func:`write_csv_shard`, for producers).
+"""
+
+from __future__ import annotations
+
+from atlasfs.formats.lavender.files import CSV_GAP_ROWS, SHARD_FILE, LavenderError, RowGroupCache, ScanResult, ShardFile
+from atlasfs.formats.lavender.shard import BLOCK_ROWS, STATE_VERSION, LavenderShard
+from atlasfs.formats.lavender.source import (
+           DEFAULT_UID,
+           LOGGED_PROBLEMS,
+           ROW_GROUP_CACHE_BYTES,
+           LavenderSource,
+           looks_like,
+           open_source,
+)
+from atlasfs.formats.lavender.write import write_csv_shard
+
+__all__ = ["BLOCK_ROWS", "CSV_GAP_ROWS", "DEFAULT_UID", "LOGGED_PROBLEMS", "ROW_GROUP_CACHE_BYTES", "SHARD_FILE",
+           "STATE_VERSION", "LavenderError", "LavenderShard", "LavenderSource", "RowGroupCache", "ScanResult",
+           "ShardFile", "looks_like", "open_source", "write_csv_shard"]

@@ -1,0 +1,304 @@
+"""One shard file of one shardset (``shard.NNNNN.csv`` or ``.parquet``): the pass over its
+uid column (:meth:`ShardFile.scan`; for csv, where every row starts too) and reads of
+chosen rows only (:meth:`ShardFile.read_rows`: a csv file's byte ranges, a parquet file's
+row groups through a bounded :class:`RowGroupCache`). Nothing here joins shardsets.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import re
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+import numpy as np
+
+from atlasfs.errors import AtlasFormatError
+
+SHARD_FILE = re.compile(r"shard\.([0-9]+)\.(csv|parquet)")
+#: Two rows of a csv file closer than this are read in one range when a block needs both.
+CSV_GAP_ROWS = 64
+
+
+class LavenderError(AtlasFormatError):
+    """A shardset, shard, row or uid that breaks the rules; the message names it."""
+
+
+def uid_text(value: Any) -> str:
+    """A uid cell as text (a parquet uid column may hold ints)."""
+    return value if isinstance(value, str) else str(value)
+
+
+class RowGroupCache:
+    """Decoded parquet row groups, least recently used first out, bounded in bytes."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self._groups: OrderedDict[tuple[str, int], Any] = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()
+
+    def get(self, key: tuple[str, int]) -> Any:
+        with self._lock:
+            table = self._groups.get(key)
+            if table is not None:
+                self._groups.move_to_end(key)
+            return table
+
+    def put(self, key: tuple[str, int], table: Any) -> None:
+        size = table.nbytes
+        if size > self.max_bytes // 2:
+            return  # one such group would push out every other
+        with self._lock:
+            if key in self._groups:
+                return
+            self._groups[key] = table
+            self._bytes += size
+            while self._bytes > self.max_bytes:
+                _, old = self._groups.popitem(last=False)
+                self._bytes -= old.nbytes
+
+
+@dataclass
+class ScanResult:
+    """What one pass over a shard file's rows found."""
+
+    uids: list[str | None]  # per row; None: the row has no usable uid (named in problems)
+    offsets: np.ndarray | None  # csv: byte offset where each row starts, and the end (rows + 1)
+    problems: list[str]
+
+
+@dataclass
+class ShardFile:
+    """One ``shard.NNNNN.<csv|parquet>`` of one shardset."""
+
+    shardset: str
+    path: str
+    index: int
+    kind: str  # "csv" or "parquet"
+
+    def __post_init__(self) -> None:
+        self._columns: list[str] | None = None
+        self._offsets: np.ndarray | None = None  # csv row offsets, from the scan or a stored state
+        self._parquet: Any = None
+        self._group_starts: np.ndarray | None = None
+        self._lock = threading.Lock()
+
+    def columns(self) -> list[str]:
+        """The column names, in file order (raises :class:`LavenderError` if unreadable)."""
+        if self._columns is None:
+            try:
+                if self.kind == "csv":
+                    with open(self.path, newline="", encoding="utf-8-sig") as f:
+                        self._columns = next(csv.reader(f), [])
+                else:
+                    self._columns = list(self._parquet_file().schema_arrow.names)
+            except (OSError, UnicodeDecodeError, csv.Error, ValueError) as exc:
+                raise LavenderError(f"{self.path}: cannot be read ({_reason(exc)})") from None
+        return self._columns
+
+    def _parquet_file(self) -> Any:
+        if self._parquet is None:
+            import pyarrow.parquet as pq
+            try:
+                parquet = pq.ParquetFile(self.path)
+            except Exception as exc:  # pyarrow raises its own ArrowInvalid/OSError kinds
+                raise LavenderError(f"{self.path}: cannot be read ({_reason(exc)})") from None
+            metadata = parquet.metadata
+            sizes = [metadata.row_group(g).num_rows for g in range(metadata.num_row_groups)]
+            self._group_starts = np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)])
+            self._parquet = parquet
+        return self._parquet
+
+    def row_groups(self) -> list[int]:
+        """Rows in each parquet row group (an empty list for csv)."""
+        if self.kind == "csv":
+            return []
+        with self._lock:
+            self._parquet_file()
+        assert self._group_starts is not None
+        return np.diff(self._group_starts).tolist()
+
+    def scan(self, uid: str) -> ScanResult:
+        """Every row's uid (and for csv where rows start), in one pass; raises
+        :class:`LavenderError` if the file has no ``uid`` column or cannot be read."""
+        if uid not in self.columns():
+            raise LavenderError(f"{self.path}: no {uid!r} column (choose it with -o uid_column=COLUMN or --uid-column)")
+        try:
+            if self.kind == "csv":
+                result = self._scan_csv(uid)
+                self._offsets = result.offsets
+                return result
+            with self._lock:
+                table = self._parquet_file().read(columns=[uid])
+            problems = []
+            uids: list[str | None] = []
+            for row, value in enumerate(table.column(0).to_pylist()):
+                if value is None:
+                    problems.append(f"{self.path} row {row + 1}: no uid (null)")
+                    uids.append(None)
+                else:
+                    uids.append(uid_text(value))
+            return ScanResult(uids, None, problems)
+        except LavenderError:
+            raise
+        except Exception as exc:  # csv.Error, OSError, pyarrow's errors: the file as a whole fails
+            raise LavenderError(f"{self.path}: cannot be read ({_reason(exc)})") from None
+
+    def _scan_csv(self, uid: str) -> ScanResult:
+        """The csv pass: where every row starts and its uid. A file without a quote character
+        (the usual case) has a row per line, found by splitting; any other goes through
+        :mod:`csv` one line at a time (a quoted cell may span lines)."""
+        with open(self.path, "rb") as f:
+            data = f.read()
+        if b'"' not in data and b"\r" not in data.replace(b"\r\n", b"\n"):
+            try:
+                data.decode("utf-8")
+            except UnicodeDecodeError:
+                pass  # the slow pass names the line
+            else:
+                return self._scan_plain_csv(data, uid)
+        del data
+        return self._scan_quoted_csv(uid)
+
+    def _scan_plain_csv(self, data: bytes, uid: str) -> ScanResult:
+        header = self.columns()
+        column = header.index(uid)
+        width = len(header)
+        lines = data.split(b"\n")
+        if lines and lines[-1] == b"":
+            lines.pop()  # the file ends with a newline
+        sizes = np.fromiter((len(line) + 1 for line in lines), dtype=np.int64, count=len(lines))
+        offsets = np.concatenate([[0], np.cumsum(sizes)])
+        offsets[-1] = min(int(offsets[-1]), len(data))
+        uids: list[str | None] = []
+        problems: list[str] = []
+        for number, line in enumerate(lines[1:], start=2):
+            cells = line.rstrip(b"\r").split(b",") if line not in (b"", b"\r") else []
+            if len(cells) != width:
+                problems.append(f"{self.path} line {number}: {len(cells)} cells, the header has {width}")
+                uids.append(None)
+            else:
+                uids.append(cells[column].decode("utf-8"))
+        return ScanResult(uids, offsets[1:], problems)
+
+    def _scan_quoted_csv(self, uid: str) -> ScanResult:
+        header = self.columns()
+        column = header.index(uid)
+        width = len(header)
+        uids: list[str | None] = []
+        offsets = [0]
+        problems: list[str] = []
+        position = 0
+        line = 0
+        with open(self.path, "rb") as f:
+            def lines() -> Iterator[str]:
+                nonlocal position, line
+                for raw in f:
+                    position += len(raw)
+                    line += 1
+                    try:
+                        yield raw.decode("utf-8")
+                    except UnicodeDecodeError:
+                        raise LavenderError(f"{self.path} line {line}: not UTF-8 text") from None
+            reader = csv.reader(lines())
+            next(reader, None)  # the header
+            offsets[0] = position
+            first_line = line + 1
+            for record in reader:
+                if len(record) != width:
+                    problems.append(f"{self.path} line {first_line}: {len(record)} cells, the header has {width}")
+                    uids.append(None)
+                else:
+                    uids.append(record[column])
+                offsets.append(position)
+                first_line = line + 1
+        return ScanResult(uids, np.array(offsets, dtype=np.int64), problems)
+
+    def set_offsets(self, offsets: np.ndarray) -> None:
+        """Where the csv rows start, from a stored state (instead of :meth:`scan`)."""
+        self._offsets = offsets
+
+    def read_rows(self, rows: np.ndarray, cache: RowGroupCache) -> tuple[dict[int, Any], int]:
+        """Rows ``rows`` (row numbers, in any order) as sequences of values in
+        :meth:`columns` order (csv cells as strings, parquet cells as Python values), and
+        about the bytes read. Reads only the byte ranges (csv) or row groups (parquet) that
+        hold them."""
+        wanted = np.unique(rows)
+        if len(wanted) == 0:
+            return {}, 0
+        try:
+            return self._read_csv(wanted) if self.kind == "csv" else self._read_parquet(wanted, cache)
+        except LavenderError:
+            raise
+        except Exception as exc:
+            raise LavenderError(f"{self.path}: rows {int(wanted[0]) + 1}..{int(wanted[-1]) + 1} cannot be read "
+                                f"({_reason(exc)})") from None
+
+    def _read_csv(self, wanted: np.ndarray) -> tuple[dict[int, Any], int]:
+        offsets = self._offsets
+        if offsets is None:
+            raise LavenderError(f"{self.path}: read before its rows were scanned")
+        width = len(self.columns())
+        out: dict[int, Any] = {}
+        read = 0
+        # runs of rows near each other: one read and one parse each
+        breaks = np.flatnonzero(np.diff(wanted) > CSV_GAP_ROWS) + 1
+        with open(self.path, "rb") as f:
+            for run in np.split(wanted, breaks):
+                first, last = int(run[0]), int(run[-1])
+                f.seek(int(offsets[first]))
+                text = f.read(int(offsets[last + 1] - offsets[first])).decode("utf-8")
+                read += len(text)
+                records = list(csv.reader(io.StringIO(text, newline="")))
+                if len(records) != last - first + 1:
+                    raise LavenderError(f"{self.path}: rows {first + 1}..{last + 1} are not where the scan found "
+                                        "them (the file changed?)")
+                for row in run.tolist():
+                    record = records[row - first]
+                    if len(record) == width:
+                        out[row] = record
+        return out, read
+
+    def _read_parquet(self, wanted: np.ndarray, cache: RowGroupCache) -> tuple[dict[int, Any], int]:
+        import pyarrow as pa
+        with self._lock:
+            parquet = self._parquet_file()
+        starts = self._group_starts
+        assert starts is not None
+        groups = np.searchsorted(starts, wanted, side="right") - 1
+        out: dict[int, Any] = {}
+        read = 0
+        for group in np.unique(groups).tolist():
+            if group >= len(starts) - 1:
+                raise LavenderError(f"{self.path}: row {int(wanted[-1]) + 1} is past its end (the file changed?)")
+            table = cache.get((self.path, group))
+            if table is None:
+                with self._lock:
+                    table = parquet.read_row_group(group)
+                cache.put((self.path, group), table)
+            rows = wanted[groups == group]
+            local = rows - starts[group]
+            if local[-1] - local[0] + 1 == len(local):  # a run: slicing copies nothing
+                part = table.slice(int(local[0]), len(local))
+            else:
+                part = table.take(pa.array(local))
+            read += part.nbytes
+            # a column at a time, then zipped: much cheaper than a dict per row
+            out.update(zip(rows.tolist(), zip(*(column.to_pylist() for column in part.columns))))
+        return out, read
+
+    def close(self) -> None:
+        """Forget the open parquet file (reopened on the next read)."""
+        with self._lock:
+            self._parquet = None
+
+
+def _reason(exc: BaseException) -> str:
+    """An exception as a few words on one line."""
+    text = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
+    return " ".join(str(text).split())[:300]
+

@@ -1,0 +1,314 @@
+"""Shard index ``N`` across the shardsets (:class:`LavenderShard`, the folder ``shard.NNNNN``):
+the join by uid of its files' rows, made once by :meth:`LavenderShard.prepare` and kept as
+a saved state (:mod:`atlasfs.formats.state`) that :meth:`LavenderShard.restore` takes back,
+checked as untrusted input; then blocks of samples read from only their rows.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from atlasfs.formats import state
+from atlasfs.formats.lavender.files import LavenderError, ShardFile, uid_text
+from atlasfs.formats.source import SourceShard
+from atlasfs.tree.naming import INDEX_KEY_MIN_WIDTH, index_key_width, key_problem
+
+if TYPE_CHECKING:
+    from atlasfs.formats.lavender.source import LavenderSource
+
+#: Uids surely safe as keys, told apart without :func:`naming.key_problem`'s full check.
+_PLAIN_UID = re.compile(r"(?!__)[A-Za-z0-9_+=,@:~-]{1,200}")
+#: Most samples in a block.
+BLOCK_ROWS = 2048
+#: Version of what :meth:`LavenderShard.prepare` returns (:mod:`.state`); a stored state of another is not restored.
+STATE_VERSION = 2
+
+
+def _block_rows(groups: list[int]) -> int:
+    """Samples per block: a parquet row group of the first shardset, or an even part of one,
+    when its groups (but the last) are of one size; else :data:`BLOCK_ROWS`."""
+    if not groups:
+        return BLOCK_ROWS
+    size = groups[0]
+    if size <= 0 or any(g != size for g in groups[:-1]) or groups[-1] > size:
+        return BLOCK_ROWS
+    if size <= BLOCK_ROWS:
+        return size
+    part = next(d for d in range(BLOCK_ROWS, 0, -1) if size % d == 0)
+    return part if part >= BLOCK_ROWS // 4 else BLOCK_ROWS
+
+
+class LavenderShard(SourceShard):
+    """Shard index ``index`` across the shardsets: the folder ``shard.NNNNN``."""
+
+    def __init__(self, source: LavenderSource, index: int, files: dict[str, ShardFile]) -> None:
+        self.source = source
+        self.index = index
+        self.files = files  # shardset name -> its file of this index, in shardset order
+        self.name = f"shard.{index:05d}"
+        self.path = f"{source.root}/*/{self.name}"
+        self.uid = source.uid
+        self.first_index = 0  # each shard numbers its samples from 0 (index keys only where a uid cannot be a key)
+        self.mtime = 0.0
+        self.data_size = 0
+        for file in files.values():
+            try:
+                st = os.stat(file.path)
+            except OSError:
+                continue
+            self.mtime = max(self.mtime, st.st_mtime)
+            self.data_size += st.st_size
+        self._ready = False
+        self._num_samples = 0
+        self._block_rows = BLOCK_ROWS
+        self._width = INDEX_KEY_MIN_WIDTH
+        self._used: list[str] = []  # shardsets joined, in order (files left out are not)
+        self._rows: dict[str, np.ndarray] = {}  # shardset -> row of each sample in its file, -1: none
+        self._names: dict[str, dict[str, str]] = {}  # shardset -> column -> field name (renamed clashes)
+        self._problems: list[str] = []
+        self._unsafe: frozenset[int] = frozenset()  # samples whose uid cannot be a key
+        self._partial: dict[str, list[str]] = {}  # shardset -> uids it has that another shardset lacks here
+
+    # -- the pass over its files
+
+    def prepare(self) -> bytes:
+        """Read the uid column of every file of the shard, join them, note what breaks the
+        rules; returns all that (and where csv rows start) for :meth:`restore`."""
+        problems: list[str] = []
+        uids_of: dict[str, list[str | None]] = {}
+        offsets: dict[str, np.ndarray] = {}
+        for name, file in self.files.items():
+            try:
+                scan = file.scan(self.uid)
+            except LavenderError as exc:
+                problems.append(str(exc))  # the file is left out; the other shardsets serve
+                continue
+            uids_of[name] = scan.uids
+            problems.extend(scan.problems)
+            if scan.offsets is not None:
+                offsets[name] = scan.offsets
+        if not uids_of:
+            self._problems = problems
+            raise LavenderError(f"{self.path}: no file of this shard can be read ({problems[0] if problems else ''})")
+        # the join: sample order is the first shardset's rows, then uids only later ones have
+        # (dict operations over whole lists: a Python loop per row would cost more than the parse)
+        order: dict[str, int] = {}  # uid -> sample number
+        found: dict[str, tuple[list[int], list[int]]] = {}  # shardset -> (sample numbers, rows)
+        for name, uids in uids_of.items():
+            count = len(uids)
+            mine = dict(zip(reversed(uids), range(count - 1, -1, -1)))  # uid -> its first row
+            mine.pop(None, None)  # type: ignore[call-overload]
+            if len(mine) != count - uids.count(None):
+                problems.extend(self._repeated(self.files[name].path, uids))
+            new = [uid for uid in mine if uid not in order]  # (reversed order: sorted by row below)
+            new.sort(key=mine.__getitem__)
+            order.update(zip(new, range(len(order), len(order) + len(new))))
+            found[name] = (list(map(order.__getitem__, mine)), list(mine.values()))
+        count = len(order)
+        arrays = {}
+        for name, (samples, rows) in found.items():
+            arrays[name] = np.full(count, -1, dtype=np.int64)
+            arrays[name][np.array(samples, dtype=np.int64)] = rows
+        unsafe = [number for uid, number in order.items()
+                  if not _PLAIN_UID.fullmatch(uid) and key_problem(uid, 0) is not None]
+        partial = self._partial_uids(order, arrays)
+        groups = next(iter(self.files[n].row_groups() for n in arrays), [])
+        digits = {len(uid) for uid in order if uid.isdigit() and uid.isascii()}
+        fields: dict[str, state.Value] = {
+            "uid": self.uid, "count": count, "used": list(arrays), "block_rows": _block_rows(groups),
+            "width": self._key_width(count, digits), "problems": problems,
+            "unsafe": np.array(unsafe, dtype="<i8"),
+            **{f"rows:{name}": array.astype("<i8") for name, array in arrays.items()},
+            **{f"offsets:{name}": array.astype("<i8") for name, array in offsets.items()},
+            **{f"partial:{name}": uids for name, uids in partial.items()}}
+        saved = state.encode("lavender", STATE_VERSION, fields)
+        self.restore(saved)
+        return saved
+
+    @staticmethod
+    def _repeated(path: str, uids: list[str | None]) -> list[str]:
+        """One line per row repeating a uid found in an earlier row of the file."""
+        first: dict[str, int] = {}
+        problems = []
+        for row, uid in enumerate(uids):
+            if uid is not None and first.setdefault(uid, row) != row:
+                problems.append(f"{path} row {row + 1}: uid {uid!r} again (first at row {first[uid] + 1})")
+        return problems
+
+    @staticmethod
+    def _key_width(count: int, digit_lengths: set[int]) -> int:
+        """Index-key digits wider than any all-digit uid of exactly that width: the naming layer
+        refuses a ``__key__`` shaped like an index key, so numeric uids would lose their names."""
+        width = index_key_width(count)
+        while width in digit_lengths:
+            width += 1
+        return width
+
+    @staticmethod
+    def _partial_uids(order: dict[str, int], arrays: dict[str, np.ndarray]) -> dict[str, list[str]]:
+        """Per shardset, the uids it has here that another shardset lacks here: the only ones
+        that may sit in another shard index elsewhere (checked across shards as they open)."""
+        if len(arrays) < 2:
+            return {}
+        uids = np.array(list(order), dtype=object)
+        present = np.stack([a >= 0 for a in arrays.values()])
+        lacking = ~present.all(axis=0)
+        return {name: uids[lacking & present[i]].tolist() for i, name in enumerate(arrays)
+                if (lacking & present[i]).any()}
+
+    def restore(self, saved: bytes) -> None:
+        """Take back what :meth:`prepare` returned; ``ValueError`` if it does not fit this shard."""
+        fields = state.decode(saved, "lavender", STATE_VERSION)
+        fields.only({"uid", "count", "used", "block_rows", "width", "problems", "unsafe"},
+                    ("rows:", "offsets:", "partial:"))
+        if fields.text("uid", one_line=False, max_len=1 << 16) != self.uid:
+            raise state.StateError("the state is for another uid column")
+        count = fields.integer("count")
+        used = fields.texts("used", max_count=len(self.files), one_line=False)
+        if any(name not in self.files for name in used) or len(set(used)) != len(used):
+            raise state.StateError("the state's shardsets are not this shard's")
+        rows = {name: fields.array(f"rows:{name}", "<i8", (count,)) for name in used}
+        for name in used:
+            file = self.files[name]
+            if file.kind == "csv":
+                offsets = self._checked_offsets(fields, name)
+                if len(rows[name]) and int(rows[name].max()) >= len(offsets) - 1:
+                    raise state.StateError(f"rows of {name} past the rows of {file.path}")
+                file.set_offsets(offsets)
+            if len(rows[name]) and int(rows[name].min()) < -1:
+                raise state.StateError(f"rows of {name} are not row numbers")
+        unsafe = fields.array("unsafe", "<i8")
+        if len(unsafe) and (int(unsafe.min()) < 0 or int(unsafe.max()) >= count):
+            raise state.StateError("unsafe uids that are not samples of the shard")
+        self._used = used
+        self._num_samples = count
+        self._rows = rows
+        self._unsafe = frozenset(unsafe.tolist())
+        self._block_rows = fields.integer("block_rows", 1)
+        self._width = fields.integer("width", 1, 1 << 16)
+        self._problems = fields.texts("problems", max_len=1 << 20, one_line=False)
+        self._partial = {name[len("partial:"):]: fields.texts(name, max_len=1 << 20, one_line=False)
+                         for name in fields.names("partial:")}
+        try:
+            self._names = self._field_names()
+        except LavenderError as exc:  # a file unreadable now: prepare() will say so
+            raise ValueError(str(exc)) from None
+        self._ready = True
+        self.source._opened(self)
+
+    def _checked_offsets(self, fields: state.State, name: str) -> np.ndarray:
+        """Where the csv rows of ``name``'s file start, as stored: in order and within the file."""
+        offsets = fields.array(f"offsets:{name}", "<i8")
+        path = self.files[name].path
+        try:
+            size = os.path.getsize(path)
+        except OSError as exc:
+            raise state.StateError(f"{path}: cannot be read ({exc.strerror})") from None
+        if len(offsets) == 0 or int(offsets[0]) < 0 or int(offsets[-1]) > size or np.any(np.diff(offsets) < 0):
+            raise state.StateError(f"stored row offsets of {path} are out of order or past its end")
+        return offsets
+
+    def _field_names(self) -> dict[str, dict[str, str]]:
+        """Each used shardset's columns and the field names they get: the column's own, or
+        ``<shardset>.<column>`` for a name (case folded) two shardsets have."""
+        columns = {name: [c for c in self.files[name].columns() if c != self.uid] for name in self._used}
+        seen: dict[str, list[str]] = {}
+        for name, names in columns.items():
+            for column in names:
+                seen.setdefault(column.casefold(), []).append(name)
+        clashing = {folded for folded, sets in seen.items() if len(sets) > 1}
+        fields = {}
+        for name, names in columns.items():
+            fields[name] = {c: (f"{name}.{c}" if c.casefold() in clashing else c) for c in names}
+            for column in names:
+                if column.casefold() in clashing:
+                    self.source._log_once(f"{self.source.root}: column {column!r} is in shardsets "
+                                          f"{', '.join(seen[column.casefold()])}: shown as <shardset>.{column}")
+        return fields
+
+    # -- blocks
+
+    @property
+    def num_samples(self) -> int:
+        """Samples in the shard (once prepared or restored)."""
+        return self._num_samples
+
+    @property
+    def block_size(self) -> int:
+        return self._block_rows
+
+    @property
+    def num_blocks(self) -> int:
+        return -(-self._num_samples // self._block_rows)
+
+    def block_length(self, block: int) -> int:
+        return max(0, min(self._block_rows, self._num_samples - block * self._block_rows))
+
+    @property
+    def key_width(self) -> int:
+        return self._width
+
+    def block_where(self, block: int) -> str:
+        first = block * self._block_rows
+        return f"{self.path} samples {first}..{first + self.block_length(block) - 1}"
+
+    def decode_block(self, block: int) -> tuple[list[Any], int]:
+        """The block's samples: ``{"__key__": uid, "<column>": value, ...}`` joined from every
+        shardset that has the uid."""
+        if not self._ready:
+            raise LavenderError(f"{self.path}: read before it was prepared")
+        first = block * self._block_rows
+        last = first + self.block_length(block)
+        samples: list[dict[str, Any] | None] = [None] * (last - first)
+        held = 150 * (last - first)
+        for name in self._used:
+            file = self.files[name]
+            wanted = self._rows[name][first:last]
+            records, read = file.read_rows(wanted[wanted >= 0], self.source.row_groups)
+            held += 2 * read
+            columns = file.columns()
+            key_at = columns.index(self.uid)
+            named = self._names[name]
+            # the columns shown, as (position in the row, field name); a "__key__" column is not
+            keep = [(i, named[c]) for i, c in enumerate(columns) if c != self.uid and named[c] != "__key__"]
+            positions = [i for i, _ in keep]
+            fields = [f for _, f in keep]
+            for pos, row in enumerate(wanted.tolist()):
+                if row < 0:
+                    continue
+                record = records.get(row)
+                if record is None:
+                    raise LavenderError(f"{file.path} row {row + 1}: cannot be read (the file changed?)")
+                sample = samples[pos]
+                if sample is None:
+                    uid = record[key_at]
+                    sample = samples[pos] = {"__key__": uid if type(uid) is str else uid_text(uid)}
+                    if first + pos in self._unsafe:
+                        sample[self.uid] = uid  # it will get an index key: keep the uid as a file
+                for field, value in zip(fields, [record[i] for i in positions]):
+                    if value is not None:  # a parquet null is no file
+                        sample[field] = value
+        return samples, held
+
+    # -- what a stored table depends on
+
+    def table_files(self) -> list[str]:
+        return [file.path for file in self.files.values()]
+
+    def table_key(self) -> dict[str, Any]:
+        """The files' signatures, the uid column (another one joins other samples) and the
+        state's version."""
+        return {**super().table_key(), "uid": self.uid, "lavender": STATE_VERSION}
+
+    def problems(self) -> list[str]:
+        """What the pass over the shard's files found wrong, one line each."""
+        return list(self._problems)
+
+    def close(self) -> None:
+        for file in self.files.values():
+            file.close()
+

@@ -1,0 +1,145 @@
+"""Located reads: a random read of a file whose block is not cached, served from where the
+file's bytes lie without decoding the block (issue #18).
+
+While a table is built from a decoded block, the source may say where each file's bytes
+can be had without decoding it (:meth:`~atlasfs.formats.source.SourceShard.file_spans`:
+an Atlas file's run in the decompressed block, or a small file's bytes themselves); the
+table keeps those locators. A read of a file whose block is not cached, by a reader not
+going through the shard in order, asks the source for the bytes there
+(:meth:`~atlasfs.formats.source.SourceShard.read_span`), which checks them; anything
+else, or a check that fails (logged once per block), takes the block path. Either way
+the bytes are those the block path gives.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import OrderedDict
+
+from atlasfs.errors import AtlasFormatError
+from atlasfs.formats.source import SpanMismatch
+from atlasfs.storage import StorageUnavailableError
+from atlasfs.tree.base import Entry
+from atlasfs.tree.blockcache import BlockCache
+from atlasfs.tree.blocks import Blocks, log_unavailable
+from atlasfs.tree.filetable import FileTable
+from atlasfs.tree.listing import FileRef
+from atlasfs.tree.placement import shard_ino
+
+log = logging.getLogger("atlasfs")
+
+#: Bytes of recently located files kept for the read requests that follow the first (a
+#: file larger than one request, read without its block, is located once, not per request).
+LOCATED_KEEP_BYTES = 8 << 20
+
+
+class _Scratch:
+    """A block's :class:`~atlasfs.formats.source.Scratch`: a value kept in the tree's block
+    cache under ``(shard, block, "scratch")``, charged its length (so that located reads'
+    scratch and decoded blocks share the one bound)."""
+
+    __slots__ = ("_cache", "_key")
+
+    def __init__(self, cache: BlockCache[object], key: tuple[int, int, str]) -> None:
+        self._cache = cache
+        self._key = key
+
+    def get(self) -> bytes | None:
+        return self._cache.peek(self._key)
+
+    def put(self, value: bytes) -> None:
+        self._cache.put(self._key, value, len(value) + 100)
+
+
+class LocatedReads:
+    """When to read a file through its locator, and the bytes kept for a big file's next requests."""
+
+    def __init__(self, blocks: Blocks) -> None:
+        self.blocks = blocks
+        # Blocks whose located reads failed their source's check: read through the block
+        # from then on (logged once each).
+        self._unlocated: set[tuple[int, int]] = set()
+        # Recently located files larger than the request that located them: inode -> bytes.
+        self._kept: OrderedDict[int, bytes] = OrderedDict()
+        self._kept_bytes = 0
+        self._lock = threading.Lock()
+        #: Whether random reads of files whose blocks are not cached go through their
+        #: locators (tests of the block path turn it off).
+        self.enabled = True
+        #: Reads served through a locator, and located reads that fell back to the block (for
+        #: tests and benchmarks; threads may race on them: approximate).
+        self.reads = 0
+        self.fallbacks = 0
+
+    def read(self, table: FileTable | None, entry: Entry, ref: FileRef, offset: int, size: int) -> bytes | None:
+        """The whole file through its locator (its block is not cached), or None: no
+        locator, a reader going through the shard in order (it keeps the block path and
+        its read-ahead), or a check that failed (then logged once for the block)."""
+        if offset:  # a later request of a big file located by its first one
+            with self._lock:
+                kept = self._kept.get(entry.ino)
+            if kept is not None:
+                if offset + size >= len(kept):
+                    self._forget(entry.ino)
+                return kept
+            return None  # its first request did not keep it: the block serves the rest
+        if size < entry.size and entry.size > LOCATED_KEEP_BYTES // 4:
+            return None  # too big to keep for its next requests: each would read it whole again
+        s, block = ref.shard, ref.block
+        last, run = self.blocks.last_block[s]
+        # In order: the reader came from the block before this one's (or this one) and from
+        # the one before that. A random reader lands next to its last block now and then
+        # (1 in 15 on a shard of 30 blocks) but seldom twice running; each time it would
+        # pay a whole block. A reader in order pays one located read per shard at most.
+        if (run >= 2 and (block == last or block == last + 1)) or (s, block) in self._unlocated:
+            return None
+        if not self.enabled or (s, block) in self.blocks.failed:  # a block known to fail fails all its files
+            return None
+        if table is None or table.locators is None:
+            return None
+        row = entry.ino - shard_ino(s) - 1
+        if not 0 <= row < len(table) or table.block.item(row) != block:
+            return None
+        locator = table.locator(row)
+        if locator is None or locator.size != entry.size:
+            return None
+        self.blocks.reading(s, block)
+        shard = self.blocks.shards[s]
+        try:
+            data = shard.read_span(block, locator, entry.size, _Scratch(self.blocks.cache, (s, block, "scratch")))
+            if data is None:  # the source would rather have the block decoded
+                return None
+            if len(data) != entry.size:
+                raise SpanMismatch(f"{shard.block_where(block)}: a located read gave {len(data)} bytes "
+                                   f"for a file of {entry.size}")
+        except Exception as exc:  # the block path decides: it serves, or fails with EIO and says why
+            if isinstance(exc, StorageUnavailableError):  # transient, not remembered; the block path would
+                log_unavailable(exc)                       # wait for the same store again: EIO now
+                raise
+            self.fallbacks += 1
+            if (s, block) not in self._unlocated:
+                self._unlocated.add((s, block))
+                log.warning("%s; its files are read through the block from now on",
+                            exc if isinstance(exc, AtlasFormatError) else f"{shard.block_where(block)}: {exc!r}")
+            return None
+        self.reads += 1
+        if offset + size < len(data) and len(data) <= LOCATED_KEEP_BYTES // 4:
+            self._keep(entry.ino, data)
+        return data
+
+    def _keep(self, ino: int, data: bytes) -> None:
+        with self._lock:
+            if ino in self._kept:
+                return
+            self._kept[ino] = data
+            self._kept_bytes += len(data)
+            while self._kept_bytes > LOCATED_KEEP_BYTES:
+                _, old = self._kept.popitem(last=False)
+                self._kept_bytes -= len(old)
+
+    def _forget(self, ino: int) -> None:
+        with self._lock:
+            old = self._kept.pop(ino, None)
+            if old is not None:
+                self._kept_bytes -= len(old)

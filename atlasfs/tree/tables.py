@@ -1,0 +1,300 @@
+"""Shard file tables for the tree: loaded from the table store, or built the first time a
+shard is looked into (by its source's pass over its files, then decoding its blocks
+once and naming their examples, or from its own index through
+:meth:`~atlasfs.formats.source.SourceShard.describe_block`), stored, and sized.
+
+Naming needs no encoding, so a fresh table knows only the sizes of raw bytes fields;
+the others are filled in when their files are first looked up (which encodes their
+example, as reading it would), and the table is stored again once it knows them all.
+A block that cannot be decoded gives ``<index key>.unreadable`` rows whose lookups
+and reads fail with EIO; a shard that cannot be opened fails its folder.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from atlasfs.errors import AtlasFormatError
+from atlasfs.formats.source import SourceShard
+from atlasfs.storage import StorageUnavailableError
+from atlasfs.tree.blocks import Blocks, max_suffix_bytes
+from atlasfs.tree.filetable import FILE, UNKNOWN_SIZE, UNREADABLE, FileTable, Limits, Rows
+from atlasfs.tree.listing import PathIndex
+from atlasfs.tree.naming import LAYOUT_VERSION, NO_KEY, KeyAssigner, declared_key, example_fields
+from atlasfs.tree.tablestore import TableStore
+
+log = logging.getLogger("atlasfs")
+
+#: Problems of a shard's pass over its files logged one by one (a file of bad lines would flood the log).
+LOGGED_PROBLEMS = 10
+#: Suffix of the entries standing for examples of a block that cannot be decoded.
+UNREADABLE_SUFFIX = "unreadable"
+
+
+class _Unsized:
+    """What it takes to size a table's files: its rows grouped by block, the count
+    still unknown, and the key to store it under once complete (None: not stored)."""
+
+    def __init__(self, table: FileTable, blocks: int, key: dict[str, Any] | None) -> None:
+        self._order = np.argsort(table.block, kind="stable").astype(np.uint32)  # 4 bytes a file
+        self._bounds = np.searchsorted(table.block[self._order], np.arange(blocks + 1))
+        self.left = int(np.count_nonzero(table.size == UNKNOWN_SIZE))
+        self.key = key
+
+    def rows_of(self, block: int) -> np.ndarray:
+        """The table rows of block ``block`` (files of unreadable blocks and folders included)."""
+        return self._order[self._bounds.item(block):self._bounds.item(block + 1)].astype(np.intp)
+
+
+def _distinct(values: np.ndarray) -> list[int]:
+    """The distinct values, ascending. (np.unique would import numpy.ma on first use:
+    10-20 ms of a daemon's first listing.)"""
+    return sorted(set(values.tolist()))
+
+
+
+
+class Tables:
+    """The file tables of a source's shards, each made once (one lock per shard)."""
+
+    def __init__(self, kind: str, shards: Sequence[SourceShard], blocks: Blocks,
+                 store: TableStore | None) -> None:
+        self.kind = kind
+        self.shards = shards
+        self.blocks = blocks
+        self.store = store
+        self.tables: dict[int, FileTable] = {}
+        self.locks = [threading.Lock() for _ in shards]
+        # Tables that do not know every size yet.
+        self._unsized: dict[int, _Unsized] = {}
+        # Each looked-into shard's lookup index (built at its first lookup).
+        self._indexes: dict[int, PathIndex] = {}
+
+    def index(self, s: int, table: FileTable) -> PathIndex:
+        """Shard position ``s``'s lookup index (built at its first lookup)."""
+        index = self._indexes.get(s)
+        if index is None:
+            with self.locks[s]:
+                index = self._indexes.get(s)
+                if index is None:
+                    index = self._indexes[s] = PathIndex(table)
+        return index
+
+    def table(self, s: int, sizes: bool = False) -> FileTable:
+        """The file table of shard position ``s``: loaded from the store, or built by
+        decoding and naming the shard's blocks (then stored). With ``sizes``, every
+        size it does not know yet is filled in first (encoding those examples);
+        files that fail to encode are left unsized and fail with EIO when read."""
+        shard = self.shards[s]
+        if shard.error is not None:
+            raise self.blocks.fail(s, -1, str(shard.error))
+        table = self.tables.get(s)
+        if table is None:
+            with self.locks[s]:
+                table = self.tables.get(s)
+                if table is None:
+                    table = self.tables[s] = self._load_or_build(s)
+        if sizes:
+            for block in _distinct(table.block[table.size == UNKNOWN_SIZE]):
+                try:
+                    self._size_block(s, table, block)
+                except OSError:  # logged once by _fail; the rest of the shard is still sized
+                    pass
+        return table
+
+    def fill_sizes(self, s: int, table: FileTable, rows: list[int]) -> None:
+        """Fill in the sizes of table rows ``rows`` that are not known yet by encoding
+        their blocks' examples: a whole block at once, since whoever looks up one
+        file of a block (tar, ls -l, du) looks up the others next."""
+        if len(rows) == 1:
+            if table.size.item(rows[0]) != UNKNOWN_SIZE:
+                return
+            blocks = [table.block.item(rows[0])]
+        else:
+            picked = np.asarray(rows)
+            blocks = _distinct(table.block[picked[table.size[picked] == UNKNOWN_SIZE]])
+        for block in blocks:
+            self._size_block(s, table, block)
+
+    def size_located(self, s: int, table: FileTable, i: int) -> bool:
+        """Fill in the size of table row ``i`` from its locator, without decoding its block;
+        False if it has none. (The locator's size was checked against the file's encoding
+        when the table was built; a stored one that lies fails its read's check.)"""
+        locator = table.locator(i)
+        if locator is None:
+            return False
+        with self.locks[s]:
+            unsized = self._unsized.get(s)
+            if table.size.item(i) != UNKNOWN_SIZE:
+                return True
+            table.size[i] = locator.size
+            if unsized is None:
+                return True
+            unsized.left -= 1
+            if unsized.left:
+                return True
+            del self._unsized[s]
+        if unsized.key is not None:
+            self._store(s, unsized.key, table)
+        return True
+
+    def _size_block(self, s: int, table: FileTable, block: int) -> None:
+        unsized = self._unsized.get(s)
+        if unsized is None:  # sized meanwhile by another thread
+            return
+        rows = unsized.rows_of(block)
+        rows = rows[table.size[rows] == UNKNOWN_SIZE]
+        if not len(rows):
+            return
+        self.blocks.reading(s, block)
+        decoded = self.blocks.decoded(s, block)
+        sizes = []
+        for pos, file in zip(table.pos[rows].tolist(), table.file[rows].tolist()):
+            files = self.blocks.example_of(decoded, s, block, pos)
+            if file >= len(files):  # only if a stored table lies
+                raise self.blocks.mismatch(s, block)
+            sizes.append(len(files[file]))
+        with self.locks[s]:
+            still = table.size[rows] == UNKNOWN_SIZE  # another thread may have been first
+            table.size[rows[still]] = np.array(sizes, dtype=np.uint64)[still]
+            unsized.left -= int(np.count_nonzero(still))
+            if unsized.left or s not in self._unsized:
+                return
+            del self._unsized[s]
+        if unsized.key is not None:
+            self._store(s, unsized.key, table)
+
+    def _store(self, s: int, key: dict[str, Any], table: FileTable) -> None:
+        assert self.store is not None
+        name = self.shards[s].name
+        log.debug("stored the file table of shard %s in %s", name, self.store.save(name, key, table))
+
+    def table_key(self, s: int) -> dict[str, Any]:
+        """What a shard's table depends on: the naming rules, the source's kind, and what
+        the shard's table depends on (its files, its first index, its options)."""
+        return {"layout": LAYOUT_VERSION, "source": self.kind, **self.shards[s].table_key()}
+
+    def _load_or_build(self, s: int) -> FileTable:
+        shard = self.shards[s]
+        key = None
+        table = None
+        if self.store is not None:
+            key = self.table_key(s)
+
+            def limits(state: bytes) -> Limits:  # the stored state first: a Dolma shard's blocks come from it
+                shard.restore(state)
+                return Limits(shard.num_blocks, shard.block_size)
+
+            table = self.store.load(shard.name, key, limits)
+        if table is None:
+            try:
+                state = shard.prepare()
+            except AtlasFormatError as exc:
+                raise self.blocks.fail(s, -1, str(exc)) from None
+            except Exception as exc:  # a source's bug or an unforeseen file still only fails its folder
+                raise self.blocks.fail(s, -1, f"{shard.path}: cannot be read ({exc!r})") from None
+            problems = shard.problems()
+            for problem in problems[:LOGGED_PROBLEMS]:
+                log.warning("%s", problem)
+            if len(problems) > LOGGED_PROBLEMS:
+                log.warning("%s: %d more problems (atlasfs verify lists them all)", shard.path,
+                            len(problems) - LOGGED_PROBLEMS)
+            table, complete = self._build_table(s)
+            table.state = state
+            if not complete:  # a table with unreadable blocks is rebuilt next time
+                key = None
+            elif key is not None:  # stored at once, sizes or not: the next mount lists without decoding
+                self._store(s, key, table)
+        if bool(np.any(table.size == UNKNOWN_SIZE)):
+            self._unsized[s] = _Unsized(table, shard.num_blocks, key)
+        return table
+
+    def _describe_block(self, s: int, block: int) -> list[tuple[Any, list[tuple[str, int]]]] | None:
+        """What :meth:`SourceShard.describe_block` tells of a block's samples; None if it tells nothing."""
+        shard = self.shards[s]
+        try:
+            return shard.describe_block(block)
+        except AtlasFormatError as exc:
+            raise self.blocks.fail(s, block, str(exc)) from None
+
+    def _build_table(self, s: int) -> tuple[FileTable, bool]:
+        """Decode every block of shard ``s`` and name its files (sizes only of bytes
+        fields, which are served as they are); the flag is False if a block could
+        not be decoded."""
+        shard = self.shards[s]
+        assigner = KeyAssigner(shard.key_width)
+        rows: Rows = []  # (path, kind, size, block, pos, file[, locator])
+        complete = True
+        for block in range(shard.num_blocks):
+            base = shard.first_index + block * shard.block_size
+            try:
+                described = self._describe_block(s, block)
+                if described is not None:  # names and sizes from the source's index: nothing decoded
+                    for pos, (declared, files) in enumerate(described):
+                        longest = max((len(suffix.encode("utf-8")) for suffix, _ in files), default=0)
+                        key, key_note = assigner.assign(declared, base + pos, longest)
+                        if key_note:
+                            log.info("%s example %d: %s", shard.path, base + pos, key_note)
+                        rows.extend((f"{key}.{suffix}", FILE, size, block, pos, j)
+                                    for j, (suffix, size) in enumerate(files))
+                    continue
+                named = self._name_block(s, block)
+                located = self._file_spans(s, block, [fields for _, fields, _ in named])
+            except StorageUnavailableError:  # no table from a store that did not answer: built on a later look
+                raise
+            except OSError:
+                complete = False
+                for pos in range(shard.block_length(block)):
+                    key, _ = assigner.assign(NO_KEY, base + pos, 0)
+                    rows.append((f"{key}.{UNREADABLE_SUFFIX}", UNREADABLE, 0, block, pos, 0))
+                continue
+            for pos, (declared, fields, note) in enumerate(named):
+                longest = max(len(suffix.encode("utf-8")) for suffix, _ in fields)
+                key, key_note = assigner.assign(declared, base + pos, longest)
+                for message in (key_note, note):
+                    if message:
+                        log.info("%s example %d: %s", shard.path, base + pos, message)
+                locators = located[pos] if located is not None else None
+                for j, (suffix, value) in enumerate(fields):
+                    size = len(value) if type(value) is bytes else UNKNOWN_SIZE
+                    locator = locators[j] if locators is not None else None
+                    if locator is not None and size not in (UNKNOWN_SIZE, locator.size):
+                        locator = None
+                    # A locator knows its file's size, but the table learns it only at the file's
+                    # lookup (_size_located): a table whose sizes are all known hands out every
+                    # file's attributes with its listings, and the kernel and libfuse keep an
+                    # entry for each (~250 bytes a file, docs/performance.md "Memory").
+                    rows.append((f"{key}.{suffix}", FILE, size, block, pos, j, locator))
+        return FileTable.build(rows), complete
+
+    def _file_spans(self, s: int, block: int, fields: list[list[tuple[str, Any]]]) -> list[list[Any]] | None:
+        """The locators the source gives for a block's files (:meth:`SourceShard.file_spans`),
+        or None; a source that fails here only leaves the block's files to the block path."""
+        shard = self.shards[s]
+        try:
+            with self.blocks.decoders:  # the source may decode the block's bytes again: bounded like a decode
+                found = shard.file_spans(block, fields)
+        except Exception as exc:
+            log.info("%s: its files are not located (%s)", shard.block_where(block), exc)
+            return None
+        if found is None or len(found) != len(fields) or any(len(a) != len(b) for a, b in zip(found, fields)):
+            return None
+        return found
+
+    def _name_block(self, s: int, block: int) -> list[tuple[object, list[tuple[str, Any]], str | None]]:
+        """(declared key, fields, note) of each example of a block (decoded through the cache)."""
+        decoded = self.blocks.decoded(s, block)
+        shard = self.shards[s]
+        try:
+            named = [(declared_key(example), *example_fields(example, max_suffix_bytes(shard)))
+                     for example in decoded.examples]
+        except Exception as exc:  # an example the naming rules cannot handle
+            raise self.blocks.fail(s, block, f"{shard.block_where(block)}: cannot name its examples ({exc!r})") from None
+        decoded.fields = [fields for _, fields, _ in named]
+        self.blocks.cache.charge((s, block), 100 * sum(len(fields) for fields in decoded.fields))
+        return named

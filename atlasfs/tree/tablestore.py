@@ -1,0 +1,322 @@
+"""Where shard file tables are kept between mounts.
+
+A mount never writes into the dataset it shows. It reads tables from, in
+this order: the folder given with ``--index-dir``; the dataset's own
+``.atlasfs-tables/`` folder, written only by ``atlasfs index`` (for datasets
+shared read-only by many users); and the user's cache,
+``$XDG_CACHE_HOME/atlasfs/tables/<dataset id>/`` (default ``~/.cache``), where
+the dataset id is a hash of the dataset's resolved path. It saves new tables
+to ``--index-dir`` if given, else to the user's cache; ``atlasfs index`` saves
+beside the dataset instead (for a dataset in a bucket, through its store: the
+only writes atlasfs ever makes to a bucket).
+
+A table is used only if it was built from exactly the same shard files
+(sizes and mtimes) and naming rules; a stale, foreign or corrupt one is
+ignored with one log line and built again. Tables are written atomically
+(a temporary file, then a rename), so two mounts of one dataset at once
+each leave a whole table. The user's cache is bounded in bytes: after each
+save, the tables used least recently go until it fits.
+
+Tables stored for others (beside the dataset, or in ``--index-dir``) are
+readable by every user whatever the umask: files 0644, and the folders atlasfs
+creates for them 0755 (a folder that exists keeps its mode). They hold the
+dataset's file names and sizes, which its readers see anyway. The user's cache
+stays private (0600 files).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import time
+import urllib.parse
+from dataclasses import dataclass
+from typing import Any
+
+from atlasfs.sizes import parse_size
+from atlasfs.storage import LOCAL, Storage, StorageUnavailableError, is_url, redact
+from atlasfs.tree.filetable import FileTable, Limits, LimitsOf, TableError
+
+log = logging.getLogger("atlasfs")
+#: The folder ``atlasfs index`` writes inside a dataset (hidden, so never taken for a shard).
+BESIDE_DATASET = ".atlasfs-tables"
+#: Default bound of the user's table cache; ``ATLASFS_TABLE_CACHE_SIZE`` sets another (e.g. ``4G``).
+DEFAULT_CACHE_BOUND = 1 << 30
+#: Permission bits of tables stored for every user of a dataset, and of the folders made for them.
+SHARED_FILE_MODE = 0o644
+SHARED_FOLDER_MODE = 0o755
+_SOURCE_FILE = "dataset.json"
+_SUFFIX = ".table"
+
+
+def cache_root() -> str:
+    """The user's table cache: ``$XDG_CACHE_HOME/atlasfs/tables`` (default ``~/.cache/atlasfs/tables``)."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "atlasfs", "tables")
+
+
+def cache_bound() -> int:
+    """The bound of the user's table cache in bytes."""
+    text = os.environ.get("ATLASFS_TABLE_CACHE_SIZE")
+    if not text:
+        return DEFAULT_CACHE_BOUND
+    try:
+        return parse_size(text)
+    except ValueError as exc:
+        log.warning("ATLASFS_TABLE_CACHE_SIZE: %s; using %d bytes", exc, DEFAULT_CACHE_BOUND)
+        return DEFAULT_CACHE_BOUND
+
+
+def table_file_name(shard: str) -> str:
+    """The file name of a shard's table: its name, quoted so that a shard in a sub-folder
+    (a Dolma documents file ``cc/part-1``) stays one file (``cc%2Fpart-1.table``)."""
+    return urllib.parse.quote(shard.encode("utf-8", "surrogateescape"), safe="") + _SUFFIX
+
+
+def _dataset_id(dataset_root: str) -> str:
+    """What names a dataset in the cache: its resolved path, or its URL (no credentials)."""
+    return redact(dataset_root.rstrip("/")) if is_url(dataset_root) else os.path.realpath(dataset_root)
+
+
+def cache_folder(dataset_root: str) -> str:
+    """A dataset's folder in the user's cache (named by a hash of its resolved path or URL)."""
+    path = _dataset_id(dataset_root).encode("utf-8", "surrogateescape")
+    return os.path.join(cache_root(), hashlib.sha256(path).hexdigest()[:20])
+
+
+class TableStore:
+    """Loads and saves the file tables of one dataset's shards.
+
+    ``index_dir`` (if given) is read first and written to; otherwise tables are
+    written to the user's cache, or beside the dataset when ``beside`` is true
+    (``atlasfs index``).
+    """
+
+    def __init__(self, dataset_root: str, index_dir: str | None = None, beside: bool = False,
+                 storage: Storage = LOCAL) -> None:
+        self.dataset_root = _dataset_id(dataset_root)
+        self.cache_folder = cache_folder(dataset_root)
+        if storage.remote:
+            # A bucket: tables beside the dataset are read and written through its store
+            # (written only by `atlasfs index`); the cache and --index-dir are local.
+            beside_folder = f"{dataset_root.rstrip('/')}/{BESIDE_DATASET}"
+        else:
+            # A dataset that is one file (a .pbin) keeps its tables in the folder holding it.
+            holder = self.dataset_root if os.path.isdir(self.dataset_root) else os.path.dirname(self.dataset_root)
+            beside_folder = os.path.join(holder, BESIDE_DATASET)
+        self._beside = beside_folder
+        self._storage = storage
+        if index_dir is not None:
+            self.save_folder = os.path.abspath(index_dir)
+        else:
+            self.save_folder = beside_folder if beside else self.cache_folder
+        self.folders = list(dict.fromkeys(
+            [f for f in (index_dir and self.save_folder, beside_folder, self.cache_folder) if f]))
+        if beside:  # `atlasfs index`: a table found elsewhere (the cache) would not be stored where asked
+            self.folders = [self.save_folder]
+        self._beside_only = beside
+        self._cache_bytes: int | None = None  # the cache's size as last counted, kept up to date by saves
+        #: Tables that could not be stored (each logged).
+        self.failures = 0
+
+    def _store_of(self, folder: str) -> Storage:
+        """Local folders are read with the OS; the folder beside a dataset in a bucket, through its store."""
+        return self._storage if folder == self._beside else LOCAL
+
+    def _path(self, folder: str, shard: str) -> str:
+        name = table_file_name(shard)
+        return f"{folder}/{name}" if self._store_of(folder).remote else os.path.join(folder, name)
+
+    def load(self, shard: str, key: dict[str, Any], limits: Limits | LimitsOf) -> FileTable | None:
+        """The stored table of ``shard`` built from ``key``, from the first place holding a valid one
+        (``limits``: see :meth:`FileTable.from_bytes`)."""
+        unavailable: StorageUnavailableError | None = None
+        for folder in self.folders:
+            path = self._path(folder, shard)
+            store = self._store_of(folder)
+            try:
+                if not store.isfile(path):
+                    continue
+                table = FileTable.from_bytes(store.read(path), key, limits)
+            except StorageUnavailableError as exc:  # transient, and building it would wait for the same store
+                unavailable = exc
+                continue
+            except (TableError, OSError) as exc:
+                why = str(exc) if isinstance(exc, TableError) else f"cannot be read ({exc.strerror or exc})"
+                log.info("ignoring the stored file table %s: it %s; building it again", store.describe(path), why)
+                continue
+            if folder == self.cache_folder:
+                _touch(path)  # eviction goes by last use
+            elif self._beside_only and not store.remote:
+                _share(path)  # `atlasfs index` keeps it: stored 0600 by an older atlasfs, it becomes 0644
+            return table
+        if unavailable is not None:  # not "no table": it is there, and read on a later look
+            raise unavailable
+        return None
+
+    def save(self, shard: str, key: dict[str, Any], table: FileTable) -> str | None:
+        """Store ``table``; returns where, or None if it could not be written (logged)."""
+        folder = self.save_folder
+        path = self._path(folder, shard)
+        store = self._store_of(folder)
+        try:
+            if folder == self.cache_folder:
+                os.makedirs(folder, exist_ok=True)
+                _write_source(folder, self.dataset_root)
+                store.write(path, table.to_bytes(key))
+            else:  # for every user of the dataset: readable by all (module docstring)
+                if not store.remote:
+                    make_shared_folder(folder)
+                store.write(path, table.to_bytes(key), mode=SHARED_FILE_MODE)
+        except OSError as exc:
+            log.warning("cannot store the file table of shard %s in %s: %s", shard, store.describe(folder),
+                        exc.strerror or exc)
+            self.failures += 1
+            return None
+        if folder == self.cache_folder:
+            self._keep_cache_bound(path)
+        return store.describe(path)
+
+    def _keep_cache_bound(self, just_saved: str) -> None:
+        size = os.path.getsize(just_saved)
+        if self._cache_bytes is None:
+            self._cache_bytes = sum(entry.bytes for entry in cached_tables())
+        else:
+            self._cache_bytes += size
+        bound = cache_bound()
+        if self._cache_bytes > bound:
+            self._cache_bytes = evict(bound, keep=just_saved)
+
+
+def make_shared_folder(folder: str) -> None:
+    """Create ``folder`` and any missing parents as :data:`SHARED_FOLDER_MODE` (whatever the
+    umask); folders that exist keep their mode."""
+    missing = []
+    path = os.path.abspath(folder)
+    while not os.path.isdir(path):
+        missing.append(path)
+        path = os.path.dirname(path)
+    for path in reversed(missing):
+        try:
+            os.mkdir(path, SHARED_FOLDER_MODE)
+        except FileExistsError:  # made meanwhile (another index run), or a file: the write says which
+            continue
+        os.chmod(path, SHARED_FOLDER_MODE)  # mkdir's mode is cut by the umask
+
+
+@dataclass(frozen=True)
+class CachedTable:
+    """One table file in the user's cache."""
+
+    path: str
+    dataset: str  # the dataset's path, as recorded when the folder was made ("?" if unknown)
+    bytes: int
+    used: float  # last use, seconds since the epoch
+
+
+def cached_tables(dataset_root: str | None = None) -> list[CachedTable]:
+    """Every table in the user's cache (only ``dataset_root``'s if given), least recently used first."""
+    found = []
+    root = cache_root()
+    only = cache_folder(dataset_root) if dataset_root is not None else None
+    try:
+        folders = list(os.scandir(root))
+    except OSError:
+        return []
+    for folder in folders:
+        if not folder.is_dir(follow_symlinks=False) or only not in (None, folder.path):
+            continue
+        source = _read_source(folder.path)
+        try:
+            entries = list(os.scandir(folder.path))
+        except OSError:
+            continue
+        for entry in entries:
+            if entry.name.endswith(_SUFFIX):
+                try:
+                    st = entry.stat(follow_symlinks=False)
+                except OSError:
+                    continue
+                found.append(CachedTable(entry.path, source, st.st_size, st.st_mtime))
+    found.sort(key=lambda t: t.used)
+    return found
+
+
+def evict(bound: int, keep: str | None = None) -> int:
+    """Delete the least recently used tables of the user's cache until it holds at most
+    ``bound`` bytes (never ``keep``); returns the bytes left."""
+    tables = cached_tables()
+    total = sum(t.bytes for t in tables)
+    for table in tables:
+        if total <= bound:
+            break
+        if table.path == keep:
+            continue
+        try:
+            os.unlink(table.path)
+        except OSError:
+            continue
+        total -= table.bytes
+        _remove_if_empty(os.path.dirname(table.path))
+    return total
+
+
+def clear(dataset_root: str | None = None) -> int:
+    """Delete the user's cached tables (only those of ``dataset_root`` if given); returns bytes freed."""
+    tables = cached_tables(dataset_root)
+    freed = 0
+    for table in tables:
+        try:
+            os.unlink(table.path)
+            freed += table.bytes
+        except OSError:
+            pass
+    for folder in {os.path.dirname(t.path) for t in tables}:
+        _remove_if_empty(folder)
+    return freed
+
+
+def _remove_if_empty(folder: str) -> None:
+    """Remove a dataset's cache folder once it holds no table (rmdir fails if a mount saved one meanwhile)."""
+    try:
+        if not any(name.endswith(_SUFFIX) for name in os.listdir(folder)):
+            os.unlink(os.path.join(folder, _SOURCE_FILE))
+            os.rmdir(folder)
+    except OSError:
+        pass
+
+
+def _share(path: str) -> None:
+    """Give a stored table :data:`SHARED_FILE_MODE` if it has other bits (logged if not allowed)."""
+    try:
+        if os.stat(path).st_mode & 0o7777 != SHARED_FILE_MODE:
+            os.chmod(path, SHARED_FILE_MODE)
+    except OSError as exc:
+        log.warning("%s: cannot make it readable by every user (%s)", path, exc.strerror or exc)
+
+
+def _touch(path: str) -> None:
+    try:
+        os.utime(path)
+    except OSError:  # a read-only cache still serves
+        pass
+
+
+def _write_source(folder: str, dataset_root: str) -> None:
+    """Record which dataset a cache folder belongs to (for ``atlasfs cache``)."""
+    path = os.path.join(folder, _SOURCE_FILE)
+    if not os.path.exists(path):
+        tmp = f"{path}.{os.getpid()}.{time.monotonic_ns()}.tmp"
+        with open(tmp, "w") as f:
+            json.dump({"dataset": dataset_root}, f)
+        os.replace(tmp, path)
+
+
+def _read_source(folder: str) -> str:
+    try:
+        with open(os.path.join(folder, _SOURCE_FILE)) as f:
+            return str(json.load(f)["dataset"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return "?"

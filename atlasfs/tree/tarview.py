@@ -1,0 +1,322 @@
+"""Tar shards as seekable files: the bytes of ``atlasfs export``, made on read.
+
+A :class:`TarLayout` places every member of one folder's tar (a pax-format
+tar of its files in example order, :meth:`~atlasfs.tree.base.Tree.members`)
+from the members' names and sizes alone: where each header, each file's
+bytes and the end blocks lie. Any byte range can then be produced by
+reading only the files under it. ``atlasfs export`` streams a layout into
+a file; :class:`TarView` shows each shard folder of a tree as
+``<shard>.tar`` beside a wids index, ``shards.json``.
+
+A shard whose tar cannot be laid out (the shard cannot be opened, or a block
+cannot be decoded when its files are sized: :class:`~atlasfs.tree.base.Unreadable`)
+fails alone: its ``<shard>.tar`` is listed but fails with EIO, and
+``shards.json`` lists the other shards (the log says which it leaves out), so
+that wids and webdataset read every good shard.
+
+Headers are made by :class:`tarfile.TarInfo` exactly as :mod:`tarfile`
+writes them: members are mode 0444, uid and gid 0, no user or group names,
+mtime the file's (whole seconds). A header is one 512-byte block unless the
+name is longer than 100 bytes or not ASCII, or a number does not fit, when
+a pax extended header goes before it.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import logging
+import os
+import tarfile
+import threading
+from collections.abc import Iterator, Sequence
+from typing import Callable
+
+import numpy as np
+
+from atlasfs.tree.base import Entry, Tree, Unreadable, not_found, split_path
+
+BLOCK = tarfile.BLOCKSIZE
+RECORD = tarfile.RECORDSIZE
+MEMBER_MODE = 0o444
+#: The wids shard index file of the tar view.
+INDEX_NAME = "shards.json"
+#: Inode numbers of the view's own files start here (the base tree's stay below).
+VIEW_INO_BASE = 1 << 62
+
+log = logging.getLogger("atlasfs")
+
+
+def _header(name: str, size: int, mtime: int) -> bytes:
+    info = tarfile.TarInfo(name)
+    info.size = size
+    info.mtime = mtime
+    info.mode = MEMBER_MODE
+    info.uname = info.gname = ""
+    return info.tobuf(tarfile.PAX_FORMAT, "utf-8", "surrogateescape")
+
+
+def _header_size(name: str, size: int, mtime: int) -> int:
+    if name.isascii() and len(name) <= tarfile.LENGTH_NAME and size < 8**11 and 0 <= mtime < 8**11:
+        return BLOCK  # a plain ustar header: no need to make it to know its length
+    return len(_header(name, size, mtime))
+
+
+def _padded(size: int) -> int:
+    return -(-size // BLOCK) * BLOCK
+
+
+class TarLayout:
+    """Where the members of the tar of folder ``folder`` of ``tree`` lie.
+
+    Holds, per member, its header offset, size and mtime in numpy arrays and its
+    name in one blob: about 40 bytes per member plus its name.
+    """
+
+    def __init__(self, tree: Tree, folder: str) -> None:
+        self.tree = tree
+        self.folder = folder.rstrip("/")
+        names: list[bytes] = []
+        sizes: list[int] = []
+        mtimes: list[int] = []
+        for name, entry in tree.members(folder):
+            names.append(name.encode("utf-8", "surrogateescape"))
+            sizes.append(entry.size)
+            mtimes.append(int(entry.mtime))
+        n = len(names)
+        self.sizes = np.array(sizes, dtype=np.uint64)
+        self.mtimes = np.array(mtimes, dtype=np.int64)
+        self._name_offsets = np.zeros(n + 1, dtype=np.uint64)
+        np.cumsum([len(b) for b in names], out=self._name_offsets[1:])
+        self._names = b"".join(names)
+        spans = [_header_size(self.name(i), sizes[i], mtimes[i]) + _padded(sizes[i]) for i in range(n)]
+        #: offset of member i's header; entry n is where the end blocks start
+        self.starts = np.zeros(n + 1, dtype=np.uint64)
+        np.cumsum(spans, out=self.starts[1:])
+        end = int(self.starts[-1]) + 2 * BLOCK
+        self.size = -(-end // RECORD) * RECORD
+
+    def __len__(self) -> int:
+        return len(self.sizes)
+
+    def name(self, i: int) -> str:
+        """Member ``i``'s name (its path relative to the folder)."""
+        return self._names[int(self._name_offsets[i]):int(self._name_offsets[i + 1])].decode("utf-8", "surrogateescape")
+
+    def header(self, i: int) -> bytes:
+        """Member ``i``'s header blocks (pax extended header included)."""
+        return _header(self.name(i), int(self.sizes[i]), int(self.mtimes[i]))
+
+    def samples(self) -> int:
+        """The number of samples: runs of members sharing a key (a name up to the first dot of its last part)."""
+        count, last = 0, None
+        for i in range(len(self)):
+            folder, _, base = self.name(i).rpartition("/")
+            key = (folder, base.split(".", 1)[0])
+            if key != last:
+                count, last = count + 1, key
+        return count
+
+    def read(self, offset: int, size: int) -> bytes:
+        """Up to ``size`` bytes of the tar from ``offset``; reads only the files under the range."""
+        end = min(offset + size, self.size)
+        if offset >= end:
+            return b""
+        starts = self.starts
+        parts: list[bytes] = []
+        i = max(int(np.searchsorted(starts, offset, side="right")) - 1, 0)
+        at = offset
+        while at < end and i < len(self):
+            header_start, member_end = starts.item(i), starts.item(i + 1)
+            size_i = self.sizes.item(i)
+            data_start = member_end - _padded(size_i)  # the header's length, without making it
+            if at < data_start:
+                parts.append(self.header(i)[at - header_start:min(end, data_start) - header_start])
+                at = min(end, data_start)
+            if at < end and at < data_start + size_i:
+                stop = min(end, data_start + size_i)
+                parts.append(self._data(i, at - data_start, stop - at))
+                at = stop
+            if at < end and at < member_end:  # padding to the next block
+                stop = min(end, member_end)
+                parts.append(bytes(stop - at))
+                at = stop
+            i += 1
+        if at < end:  # the end-of-archive blocks and the record padding: zeros
+            parts.append(bytes(end - at))
+        return b"".join(parts)
+
+    def _data(self, i: int, offset: int, size: int) -> bytes:
+        entry = self.tree.lookup(f"{self.folder}/{self.name(i)}")
+        if entry.size != int(self.sizes[i]):  # the tree changed under the layout
+            raise OSError(errno.EIO, f"{self.folder}/{self.name(i)}: its size changed")
+        data = self.tree.read(entry, offset, size)
+        if len(data) != size:
+            raise OSError(errno.EIO, f"{self.folder}/{self.name(i)}: short read")
+        return data
+
+    def write_to(self, out: "object", on_member: Callable[[], None] | None = None, chunk: int = 1 << 20) -> None:
+        """Write the whole tar to the binary file ``out``, a member at a time (files in chunks)."""
+        write = out.write  # type: ignore[attr-defined]
+        for i in range(len(self)):
+            start, stop = self.starts.item(i), self.starts.item(i + 1)
+            for at in range(start, stop, chunk):
+                write(self.read(at, min(chunk, stop - at)))
+            if on_member is not None:
+                on_member()
+        write(bytes(self.size - self.starts.item(len(self))))
+
+
+def shard_index(folders: Sequence[tuple[str, int]]) -> bytes:
+    """The wids shard index (``wids_version`` 1) of ``(shard tar name, samples)`` pairs, urls relative."""
+    shardlist = [{"url": name, "nsamples": samples} for name, samples in folders]
+    return (json.dumps({"wids_version": 1, "shardlist": shardlist}, indent=1) + "\n").encode()
+
+
+class TarView(Tree):
+    """``base``'s shard folders (:meth:`~atlasfs.tree.base.Tree.shard_folders`) as ``<shard>.tar``
+    files, each where ``atlasfs export`` writes it (a shard named ``cc/b`` is ``cc/b.tar``,
+    in the folder ``cc``), with ``shards.json`` at the root; with ``folders=True`` the base's
+    folders are shown too (and everything under them)."""
+
+    def __init__(self, base: Tree, folders: bool = False) -> None:
+        self.base = base
+        self.show_folders = folders
+        self._layouts: dict[str, TarLayout] = {}
+        self._locks: dict[str, threading.Lock] = {}
+        self._lock = threading.Lock()
+        # Shards whose tars cannot be laid out, and why (bad data: it stays bad).
+        self._unreadable: dict[str, str] = {}
+        self._index: bytes | None = None
+        self._index_lock = threading.Lock()
+        root = base.lookup("/")
+        self._root = root
+        self._shards = base.shard_folders()
+        #: Tar path ("cc/b.tar") -> (shard, inode number).
+        self._tars = {f"{shard}.tar": (shard, VIEW_INO_BASE + 1 + i) for i, shard in enumerate(self._shards)}
+        #: Each folder of the view ("" the root) -> its tars and sub-folders, in shard order.
+        self._children: dict[str, list[tuple[str, bool]]] = {"": []}
+        for path in self._tars:
+            parts = path.split("/")
+            for k in range(1, len(parts)):
+                folder, child = "/".join(parts[:k - 1]), (parts[k - 1], True)
+                if child not in self._children.setdefault(folder, []):
+                    self._children[folder].append(child)
+                self._children.setdefault("/".join(parts[:k]), [])
+            self._children["/".join(parts[:-1])].append((parts[-1], False))
+        # Folders above tars in a view without the base's folders: inode numbers after the tars'.
+        self._folder_ino = {folder: VIEW_INO_BASE + 1 + len(self._tars) + i
+                            for i, folder in enumerate(f for f in self._children if f)}
+
+    def layout(self, shard: str) -> TarLayout:
+        """The layout of ``shard``'s tar, made on first use and kept; raises
+        :class:`~atlasfs.tree.base.Unreadable` (every time, remembered) if it cannot be made."""
+        layout = self._layouts.get(shard)
+        if layout is None:
+            with self._lock:
+                lock = self._locks.setdefault(shard, threading.Lock())
+            with lock:
+                layout = self._layouts.get(shard)
+                if layout is None:
+                    cause = self._unreadable.get(shard)
+                    if cause is not None:
+                        raise Unreadable(cause)
+                    try:
+                        layout = self._layouts[shard] = TarLayout(self.base, f"/{shard}")
+                    except Unreadable as exc:
+                        self._unreadable[shard] = exc.cause
+                        raise
+        return layout
+
+    def _index_bytes(self) -> bytes:
+        """``shards.json``: every shard whose tar can be laid out (made on first use)."""
+        with self._index_lock:
+            if self._index is None:
+                listed = []
+                for s in self._shards:
+                    try:
+                        listed.append((f"{s}.tar", self.layout(s).samples()))
+                    except Unreadable as exc:
+                        log.error("%s leaves out %s.tar, which fails with EIO: %s", INDEX_NAME, s, exc.cause)
+                self._index = shard_index(listed)
+        return self._index
+
+    def lookup(self, path: str) -> Entry:
+        relative = "/".join(split_path(path))
+        if not relative:
+            return self._root
+        tar = self._tars.get(relative)
+        if tar is not None:
+            layout = self.layout(tar[0])
+            return Entry(False, layout.size, self._root.mtime, tar[1], layout)
+        if relative == INDEX_NAME:
+            return Entry(False, len(self._index_bytes()), self._root.mtime, VIEW_INO_BASE, INDEX_NAME)
+        if self.show_folders:
+            return self.base.lookup(path)
+        if relative in self._folder_ino:
+            return Entry(True, 0, self._root.mtime, self._folder_ino[relative])
+        raise not_found(path)
+
+    def listdir(self, path: str) -> list[tuple[str, Entry]]:
+        prefix = path.rstrip("/")
+        return [(name, self.lookup(f"{prefix}/{name}")) for name, _, _ in self.names(path)]
+
+    def names(self, path: str) -> Sequence[tuple[str, bool, int]]:
+        folder = "/".join(split_path(path))
+        ours = self._children.get(folder)
+        if self.show_folders:
+            base = self.base.names(path)
+            if ours is None:  # inside a shard folder: the base's alone
+                return base
+            return [*base, *self._files(folder)]
+        if ours is None:
+            raise self._not_a_folder(path)
+        prefix = f"{folder}/" if folder else ""
+        return [(name, True, self._folder_ino[prefix + name]) for name, is_dir in ours if is_dir] + self._files(folder)
+
+    def _files(self, folder: str) -> list[tuple[str, bool, int]]:
+        """The tars in ``folder`` (and ``shards.json`` at the root)."""
+        prefix = f"{folder}/" if folder else ""
+        files = [(name, False, self._tars[prefix + name][1]) for name, is_dir in self._children[folder] if not is_dir]
+        return files + [(INDEX_NAME, False, VIEW_INO_BASE)] if not folder else files
+
+    def known_entries(self, path: str, start: int = 0, stop: int | None = None) -> Sequence[Entry | None]:
+        folder = "/".join(split_path(path))
+        if folder not in self._children:
+            if self.show_folders:
+                return self.base.known_entries(path, start, stop)
+            raise self._not_a_folder(path)
+        # a tar's size needs its layout: known only once made
+        prefix = f"/{folder}" if folder else ""
+        return [self._known(f"{prefix}/{name}") for name, _, _ in list(self.names(path))[start:stop]]
+
+    def _known(self, path: str) -> Entry | None:
+        tar = self._tars.get(path[1:])
+        if tar is not None:
+            return self.lookup(path) if tar[0] in self._layouts else None
+        if path[1:] == INDEX_NAME:
+            return self.lookup(path) if self._index is not None else None
+        return None if self.show_folders else self.lookup(path)  # a folder of the view
+
+    def _not_a_folder(self, path: str) -> OSError:
+        self.lookup(path)  # ENOENT if it is nothing at all
+        return OSError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), path)
+
+    def read(self, entry: Entry, offset: int, size: int) -> bytes:
+        ref = entry.ref
+        if isinstance(ref, TarLayout):
+            return ref.read(offset, size)
+        if ref == INDEX_NAME:
+            return self._index_bytes()[offset:offset + size]
+        return self.base.read(entry, offset, size)
+
+    def total_bytes(self) -> int:
+        return self.base.total_bytes()
+
+    def shard_folders(self) -> list[str]:
+        return self._shards if self.show_folders else []
+
+    def members(self, path: str) -> Iterator[tuple[str, Entry]]:
+        if self.show_folders and "/".join(split_path(path)) not in self._children:
+            return self.base.members(path)  # a shard folder: the base knows its example order
+        return super().members(path)
