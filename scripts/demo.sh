@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The main job on the built-in demo: write a dataset, mount it, look, export with tar,
-# read the export back with webdataset, unmount. Usage: scripts/demo.sh VENV_BIN_DIR
+# The main job on the built-in demo: write a dataset, mount it, look, archive a shard with tar
+# and export it with atlasfs export, read both back with webdataset, unmount. Usage: scripts/demo.sh VENV_BIN_DIR
 set -euo pipefail
 bin=${1:-.venv/bin}
 atlasfs="$bin/atlasfs"
@@ -34,24 +34,31 @@ step "its label and metadata: cat ${sample#$mnt/}.cls ${sample#$mnt/}.json"
 cat "$sample.cls"; echo
 cat "$sample.json"; echo
 
-step "exporting shard 0 with tar, in example order and with clean keys (no ./ prefix):"
+step "archiving shard 0 with tar, keys clean (no ./ prefix); find lists it label folder by label folder:"
 echo "    find $mnt/0 -type f -printf '%P\n' | tar cf $work/0.tar -C $mnt/0 --no-recursion -T -"
 find "$mnt/0" -type f -printf '%P\n' | tar cf "$work/0.tar" -C "$mnt/0" --no-recursion -T -
 ls -l "$work/0.tar"
 
-step "reading the tar back with the webdataset library"
-"$bin/python" - "$work/0.tar" <<'PY'
+step "exporting it in the dataset's example order, without FUSE: atlasfs export $work/dataset $work/export --shards 0"
+"$atlasfs" export "$work/dataset" "$work/export" --shards 0
+
+step "reading both tars back with the webdataset library"
+"$bin/python" - "$work/0.tar" "$work/export/0.tar" <<'PY'
 import sys
 import webdataset as wds
-samples = list(wds.WebDataset(sys.argv[1], shardshuffle=False).decode())
-first = samples[0]
-print(f"{len(samples)} samples; the first: key={first['__key__']!r} cls={first['cls']!r} "
+found, exported = ([s for s in wds.WebDataset(path, shardshuffle=False).decode()] for path in sys.argv[1:])
+first = exported[0]
+print(f"{len(exported)} samples; the first: key={first['__key__']!r} cls={first['cls']!r} "
       f"json={first['json']!r} png={len(first['png'])} bytes")
-assert len(samples) == 50, len(samples)
-assert not any(s["__key__"].startswith("./") for s in samples), "keys must be clean"
+assert len(found) == len(exported) == 50, (len(found), len(exported))
+assert not any(s["__key__"].startswith("./") for s in found + exported), "keys must be clean"
+assert sorted(s["__key__"] for s in found) == sorted(s["__key__"] for s in exported)
+order = [s["json"]["index"] for s in exported]
+assert order == sorted(order), "export keeps the dataset's example order"
+print("find | tar holds the same samples, grouped by folder; export holds them in example order")
 PY
 
 step "unmounting: atlasfs umount $mnt"
 "$atlasfs" umount "$mnt"
 echo
-echo "demo finished: mounted, listed, exported and read back 50 samples, unmounted"
+echo "demo finished: mounted, listed, archived and exported a shard, read back its 50 samples, unmounted"
