@@ -677,6 +677,8 @@ def main() -> None:
         log: list[str] = []
         if not (venv / "bin" / "python").exists():
             run([sys.executable, "-m", "venv", str(venv)], log)
+        else:
+            log.append(f"{sys.executable} -m venv {venv}   # (made by an earlier run, reused)")
         for group in TOOLS[tool]["pip"]:
             run([str(venv / "bin" / "pip"), "install", "-q", *group], log)
         tmp = Path(tempfile.mkdtemp(prefix=f"atlasfs-fixture-{tool}-"))
