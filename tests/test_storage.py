@@ -190,7 +190,7 @@ def test_buffer_stays_bounded(server: S3Server, forwarder: Forwarder):
     storage.listdir(root)
     for offset in range(0, BIG_SIZE, 100_000):
         storage.pread(f"{root}/x.bin", offset, 100_000)
-        assert storage._buffer_bytes <= 3 * WINDOW  # (prefetch + 2) windows: the floor of the bound
+        assert storage.windows.buffered_bytes <= 3 * WINDOW  # (prefetch + 2) windows: the floor of the bound
 
 
 # -------------------------------------------------------------------- failures
