@@ -125,7 +125,8 @@ def test_readme_demo_command_runs_from_a_clean_checkout(tmp_path: Path) -> None:
     result = subprocess.run(["make", "demo"], cwd=checkout, capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     out = result.stdout
-    for expected in ("==> mounting it", "==> one sample's files", "==> exporting shard 0 with tar, in example order and with clean keys",
-                     "50 samples; the first: key=", "==> unmounting", "demo finished"):
+    for expected in ("==> mounting it", "==> one sample's files", "==> archiving shard 0 with tar, keys clean",
+                     "==> exporting it in the dataset's example order", "50 samples; the first: key=",
+                     "export holds them in example order", "==> unmounting", "demo finished"):
         assert expected in out, out
     assert not any("atlasfs-demo" in line for line in open("/proc/self/mountinfo"))
