@@ -124,8 +124,9 @@ def unshift_merge(pairs: list[tuple[int, int]], data_bytes: int,
     except OverflowError:
         return None
     starts, lengths = table[:, 0], table[:, 1]
-    if (np.any(lengths < 0) or np.any(lengths > data_bytes) or np.any(np.abs(starts) > data_bytes)
-            or np.any(lengths % width)):
+    # bounds first (empty parts step back 12 bytes each: a start may be below 0), so that no sum overflows
+    if (np.any(lengths < 0) or np.any(lengths > data_bytes) or np.any(starts > data_bytes)
+            or np.any(starts < -MERGE_SHIFT * count - data_bytes) or np.any(lengths % width)):
         return None
     ends_before = np.zeros(count, dtype=np.int64)
     ends_before[1:] = starts[:-1] + lengths[:-1]
