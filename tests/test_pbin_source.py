@@ -94,11 +94,12 @@ def test_a_stored_state_restores_without_the_index_and_odd_states_are_refused(tm
     fresh.restore(state)
     assert [a["npy"].tolist() for a in fresh.decode_block(0)[0]] == [[1, 2], [3]]
     fields = {"header": 12, "width": 2, "data_bytes": 6, "starts": np.array([0, 4]), "lengths": np.array([4, 2]),
-              "bad": np.zeros(0, dtype="<i8"), "problems": []}
+              "bad": np.zeros(0, dtype="<i8"), "problems": [], "merge": []}
     assert saved.encode("pbin", STATE_VERSION, fields) == state
     forged = [{"starts": np.array([0, 6])}, {"lengths": np.array([4, -2])}, {"starts": np.array([0, 3])},
               {"data_bytes": 1 << 40}, {"width": 3}, {"bad": np.array([5])}, {"bad": np.array([1]), "problems": []},
-              {"lengths": np.array([4])}, {"starts": np.array([0.0, 4.0])}]
+              {"lengths": np.array([4])}, {"starts": np.array([0.0, 4.0])}, {"merge": ["a", "b"]},
+              {"merge": ["two\nlines"]}]
     for bad in [b"", b"\x05\x00\x00\x00{}", state[:-3], saved.encode("pbin", STATE_VERSION + 1, fields),
                 saved.encode("dolma", STATE_VERSION, fields), *(saved.encode("pbin", STATE_VERSION, {**fields, **f})
                                                                 for f in forged)]:

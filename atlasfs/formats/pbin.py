@@ -19,6 +19,20 @@ the user trusts the data. A document whose entry lies outside the data
 segment, overlaps the document before it, or is not a whole number of tokens
 is reported by name and fails alone; the others serve.
 
+A file made by Modalities' merge (``join_embedded_stream_data``, what ``modalities data
+merge_packed_data`` calls; checked against Modalities 0.5.0) has the parts' data segments
+concatenated and the right header, but writes the index entries of part *k* (from 0) at
+``offset + earlier parts' data bytes - 12 * k``: it subtracts its header size after each
+part, though offsets are relative to the data segment. Read as written, every document of
+a later part starts ``12 * k`` bytes early (Modalities' own reader returns those tokens
+silently; the first of each part overlaps the document before it). :func:`unshift_merge`
+recognises that signature (each entry starts where the one before it ends, or exactly a
+multiple of 12 bytes before: a part boundary) and takes it back only when the corrected
+index tiles the data segment exactly, from byte 0 to its end with no gap or overlap: the
+documents are then served as their parts held them, and the file's one finding (logged
+on mount, listed by ``verify``) names the writer's shifted offsets. Any other index is
+judged as written.
+
 As a mountable source (:class:`PbinSource`), each ``.pbin`` file is a folder
 named by its stem, and each document a file ``<document number>.npy`` (the
 number zero-padded to the width the file's document count needs): its tokens
@@ -34,6 +48,7 @@ from __future__ import annotations
 
 import functools
 import io
+import logging
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -46,7 +61,13 @@ from atlasfs.formats.source import Source, SourceShard
 from atlasfs.storage import LocalStorage
 from atlasfs.tree.naming import NO_KEY, index_key_width
 
+log = logging.getLogger("atlasfs")
+
 SUFFIX = ".pbin"
+#: Bytes Modalities' merge subtracts from each later part's offsets (its ``HEADER_SIZE_IN_BYTES``).
+MERGE_SHIFT = 12
+#: Part boundaries a merge finding names before "...".
+NAMED_PARTS = 5
 #: Documents decoded together (a block of the tree): their token bytes are read in one pread.
 DOCUMENTS_PER_BLOCK = 256
 _WIDTHS = {1: np.dtype("<u1"), 2: np.dtype("<u2"), 4: np.dtype("<u4")}
@@ -82,6 +103,48 @@ def _parse_index(raw: bytes, where: str, trust: bool) -> list[tuple[int, int]]:
             raise PbinError(f"{where}: index entry {number} is {entry!r}, not a (start, length) pair of ints")
         pairs.append((entry[0], entry[1]))
     return pairs
+
+
+def unshift_merge(pairs: list[tuple[int, int]], data_bytes: int,
+                  width: int) -> tuple[list[tuple[int, int]], str] | None:
+    """If ``pairs`` is the index Modalities' merge writes (see the module's docstring),
+    ``(the pairs where the parts held their documents, a finding without the file's name)``;
+    else None (the index is judged as written).
+
+    The signature: entry ``i`` starts where entry ``i - 1`` ends (entry -1 ending at 0), or
+    ``12 * m`` bytes (``m >= 1``) before that, once at least (``m`` parts joined there, empty
+    ones included); every length is a whole number of tokens; and the entries, each moved
+    by the bytes of all the steps back up to it, tile the data segment exactly. A packer's
+    own file never steps back, so it is never touched."""
+    count = len(pairs)
+    if count == 0 or data_bytes <= 0:
+        return None
+    try:
+        table = np.array(pairs, dtype=np.int64).reshape(count, 2)
+    except OverflowError:
+        return None
+    starts, lengths = table[:, 0], table[:, 1]
+    # bounds first (empty parts step back 12 bytes each: a start may be below 0), so that no sum overflows
+    if (np.any(lengths < 0) or np.any(lengths > data_bytes) or np.any(starts > data_bytes)
+            or np.any(starts < -MERGE_SHIFT * count - data_bytes) or np.any(lengths % width)):
+        return None
+    ends_before = np.zeros(count, dtype=np.int64)
+    ends_before[1:] = starts[:-1] + lengths[:-1]
+    back = ends_before - starts
+    if np.any(back < 0) or np.any(back % MERGE_SHIFT) or not np.any(back):
+        return None
+    shift = np.cumsum(back)
+    fixed = starts + shift  # each entry now starts where the one before it ends, the first at 0
+    if int(fixed[-1] + lengths[-1]) != data_bytes:
+        return None
+    boundaries = np.flatnonzero(back).tolist()
+    named = ", ".join(str(b) for b in boundaries[:NAMED_PARTS]) + (", ..." if len(boundaries) > NAMED_PARTS else "")
+    finding = (f"offsets shifted by Modalities' merge (join_embedded_stream_data): the {len(boundaries)} "
+               f"part(s) from document(s) {named} have their index entries written {MERGE_SHIFT}..{int(shift[-1])} "
+               f"bytes before their tokens ({MERGE_SHIFT} per part before them); atlasfs reads documents "
+               f"{boundaries[0]}..{count - 1} where their parts held them (the corrected index tiles the "
+               f"{data_bytes} data bytes)")
+    return list(zip(fixed.tolist(), lengths.tolist())), finding
 
 
 def _check(pairs: list[tuple[int, int]], data_bytes: int, width: int) -> tuple[np.ndarray, np.ndarray, dict[int, str]]:
@@ -145,6 +208,12 @@ class PbinFile:
             raise PbinError(f"{path}: {len(head)} bytes, too short for a .pbin header")
         self.data_bytes = int.from_bytes(head[:8], "little")
         pairs, self.header_bytes, width = self._read_index(head, trust_pickle)
+        #: The finding of a file Modalities' merge wrote, whose offsets were corrected (one line), or None.
+        self.merge_note: str | None = None
+        unshifted = unshift_merge(pairs, self.data_bytes, width) if self.header_bytes == 12 else None
+        if unshifted is not None:
+            pairs, note = unshifted
+            self.merge_note = f"{path}: {note}"
         self.token_width = width
         self.dtype = _WIDTHS[width]
         self.starts, self.lengths, problems = _check(pairs, self.data_bytes, width)
@@ -254,7 +323,7 @@ def npy_size(dtype: np.dtype, count: int) -> int:
 # ---------------------------------------------------------------- the mountable source
 
 #: Version of what :meth:`PbinShard.prepare` returns (:mod:`.state`); a stored state of another is not restored.
-STATE_VERSION = 2
+STATE_VERSION = 3
 
 
 class PbinShard(SourceShard):
@@ -281,6 +350,7 @@ class PbinShard(SourceShard):
         self._starts = np.zeros(0, dtype=np.int64)
         self._lengths = np.zeros(0, dtype=np.int64)
         self._problems: dict[int, str] = {}
+        self._merge_note: str | None = None
 
     # -- the pass over the file
 
@@ -288,12 +358,13 @@ class PbinShard(SourceShard):
         """Read and check the file's index; returns it as arrays (:meth:`restore` takes them)."""
         pbin = PbinFile(self.path, trust_pickle=self.trust_pickle)
         pbin.close()
-        self._set(pbin.header_bytes, pbin.dtype, pbin.starts, pbin.lengths, pbin.problems)
+        self._set(pbin.header_bytes, pbin.dtype, pbin.starts, pbin.lengths, pbin.problems, pbin.merge_note)
         bad = sorted(pbin.problems)
         return state.encode("pbin", STATE_VERSION, {
             "header": pbin.header_bytes, "width": pbin.token_width, "data_bytes": pbin.data_bytes,
             "starts": pbin.starts.astype("<i8"), "lengths": pbin.lengths.astype("<i8"),
-            "bad": np.array(bad, dtype="<i8"), "problems": [pbin.problems[n] for n in bad]})
+            "bad": np.array(bad, dtype="<i8"), "problems": [pbin.problems[n] for n in bad],
+            "merge": [pbin.merge_note] if pbin.merge_note else []})
 
     def restore(self, saved: bytes) -> None:
         """Take back what :meth:`prepare` returned; ``ValueError`` if it is not that, or if
@@ -307,6 +378,7 @@ class PbinShard(SourceShard):
         lengths = fields.array("lengths", "<i8", (len(starts),))
         bad = fields.array("bad", "<i8")
         problems = fields.texts("problems", max_count=len(bad), max_len=1 << 16, one_line=False)
+        merge = fields.texts("merge", max_count=1, max_len=1 << 16)
         if len(problems) != len(bad) or (len(bad) and (bad.min() < 0 or bad.max() >= len(starts)
                                                        or np.any(np.diff(bad) <= 0))):
             raise state.StateError(f"{self.path}: stored bad documents are not documents of the file")
@@ -315,12 +387,16 @@ class PbinShard(SourceShard):
         s, n = starts[good], lengths[good]
         if np.any(s < 0) or np.any(n < 0) or np.any(s > data_bytes - n) or np.any((s | n) % width):
             raise state.StateError(f"{self.path}: stored documents lie outside its data segment")
-        self._set(header, _WIDTHS[width], starts, lengths, dict(zip(bad.tolist(), problems)))
+        self._set(header, _WIDTHS[width], starts, lengths, dict(zip(bad.tolist(), problems)),
+                  merge[0] if merge else None)
+        if self._merge_note:  # a mount that restores makes no pass, and still says it (the tree logs a pass's)
+            log.warning("%s", self._merge_note)
 
     def _set(self, header_bytes: int, dtype: np.dtype, starts: np.ndarray, lengths: np.ndarray,
-             problems: dict[int, str]) -> None:
+             problems: dict[int, str], merge_note: str | None) -> None:
         self._header_bytes, self._dtype = header_bytes, dtype
         self._starts, self._lengths, self._problems = starts, lengths, problems
+        self._merge_note = merge_note
 
     # -- blocks
 
@@ -389,8 +465,10 @@ class PbinShard(SourceShard):
         return {**super().table_key(), "pbin": STATE_VERSION, "trust_pickle": self.trust_pickle}
 
     def problems(self) -> list[str]:
-        """One line per bad document, naming the file and document."""
-        return [self._problems[n] for n in sorted(self._problems)]
+        """The merge's shifted offsets (corrected, still a finding) and one line per bad
+        document, each naming the file."""
+        merge = [self._merge_note] if self._merge_note else []
+        return merge + [self._problems[n] for n in sorted(self._problems)]
 
     def close(self) -> None:
         self._file.close_file(self.path)
