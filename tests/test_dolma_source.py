@@ -274,6 +274,33 @@ def test_clashing_names_keep_their_suffix(tmp_path: Path) -> None:
     assert names == ["a.jsonl", "a.jsonl.gz", "b.jsonl", "b/c", "d/e"]
 
 
+def test_every_name_dolma_s_tools_read_is_a_documents_file(tmp_path: Path) -> None:
+    """.json, .jsonl, .gz, .zst and .zstd (zstd, as `dolma tag` reads it), whatever comes
+    before the compression extension; attributes in the same compression; and a state saved
+    for each restores."""
+    files = {"a.json": "plain", "b.gz": "gz", "c.json.zstd": "zst", "d.txt.gz": "gz", "e.json.zst": "zst",
+             "f.jsonl": "plain", "g.json.gz": "gz"}
+    made = {}
+    for relative, kind in files.items():
+        made[relative] = docs(relative[0], LINES_PER_BLOCK + 3)
+        write_jsonl(tmp_path / "documents" / relative, made[relative], kind)
+        write_jsonl(tmp_path / "attributes" / "tox" / relative,
+                    [{"id": r["id"], "attributes": {"tox": i}} for i, r in enumerate(made[relative])], kind)
+    source = DolmaSource(str(tmp_path))
+    assert [s.name for s in source.shards] == ["a", "b", "c", "d.txt", "e", "f", "g"]
+    assert source.problems() == [] and source.warnings() == []
+    states = {}
+    for shard in source.shards:
+        states[shard.name] = shard.prepare()
+        assert shard.problems() == [] and list(shard.attributes) == ["tox"]
+        samples = samples_of(shard)
+        assert [json.loads(s["json"]) for s in samples] == made[shard.relative]
+        assert json.loads(samples[-1]["tox.json"])["attributes"] == {"tox": LINES_PER_BLOCK + 2}
+    for shard in DolmaSource(str(tmp_path)).shards:
+        shard.restore(states[shard.name])
+        assert [json.loads(s["json"]) for s in samples_of(shard)] == made[shard.relative]
+
+
 def test_reads_from_many_threads_agree_and_keep_few_handles(tmp_path: Path) -> None:
     made = make_dataset(tmp_path, 5 * LINES_PER_BLOCK)
     source = DolmaSource(str(tmp_path))

@@ -20,7 +20,7 @@ from atlasfs.storage import is_url
 #: Detection tries them in this order.
 FORMATS: dict[str, tuple[str, str]] = {
     "atlas": ("atlasfs.formats.atlas", "a meta.json (Atlas)"),
-    "dolma": ("atlasfs.formats.dolma", "a documents/ folder of *.jsonl.gz|zst (Dolma)"),
+    "dolma": ("atlasfs.formats.dolma", "a documents/ folder of *.json[l][.gz|.zst] (Dolma)"),
     "lavender": ("atlasfs.formats.lavender", "folders of shard.NNNNN.csv|parquet (Lavender shardsets)"),
     "pbin": ("atlasfs.formats.pbin", "a .pbin file or a folder of them (Modalities)"),
 }

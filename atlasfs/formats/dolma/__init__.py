@@ -1,10 +1,10 @@
 """Dolma documents and attributes: reading, and mounting as a source.
 
-A Dolma dataset is a folder with ``documents/`` (any tree of ``*.jsonl.gz``,
-``*.jsonl.zst`` or ``*.jsonl`` files, one JSON document per line with at least
-``id`` and ``text``) and ``attributes/<name>/`` folders mirroring it: the
-attributes file at the same relative path holds, line for line, the
-attributes of the same documents (``{"id": ..., "attributes": {...}}``).
+A Dolma dataset is a folder with ``documents/`` (any tree of ``*.json.gz``,
+``*.jsonl.gz``, ``*.jsonl.zst``, ``*.jsonl`` ... files, :mod:`.names` says which; one
+JSON document per line with at least ``id`` and ``text``) and ``attributes/<name>/``
+folders mirroring it: the attributes file at the same relative path holds, line for
+line, the attributes of the same documents (``{"id": ..., "attributes": {...}}``).
 
 Each documents file is a shard (:class:`DolmaFile`, a folder of the tree named
 by its path under ``documents/`` without the suffix) read a block of
@@ -34,7 +34,8 @@ compressed file that ends early (a truncated gzip member, a cut zstd frame)
 keeps the blocks before the damage; the block it falls in fails, with one
 line naming the file.
 
-The package's rooms: ``seek.py`` (the gzip and zstd seek machinery: one pass over a
+The package's rooms: ``names.py`` (which files are documents files, their folder names),
+``seek.py`` (the gzip and zstd seek machinery: one pass over a
 file's text, positioned reads after it), ``scan.py`` (the pass over a documents file
 and its attributes files, and a line as a sample), ``saved.py`` (the pass's result as a
 saved state, checked on the way back), ``shard.py`` (:class:`DolmaFile`, a shard) and
@@ -54,10 +55,11 @@ from atlasfs.formats.dolma.seek import (
                    gzip_damage,
                    zstd_frame_starts,
 )
-from atlasfs.formats.dolma.shard import LOGGED_PROBLEMS, SUFFIXES, DolmaFile, strip_suffix
+from atlasfs.formats.dolma.names import READ, file_kind, folder_name, is_documents_file, why_not_read
+from atlasfs.formats.dolma.shard import LOGGED_PROBLEMS, DolmaFile
 from atlasfs.formats.dolma.source import DolmaSource, looks_like, open_source
 
 __all__ = ["LINES_PER_BLOCK", "LOGGED_PROBLEMS", "MAX_LINE_BYTES", "MAX_PROBLEMS", "OPEN_FILES", "SEEK_SPACING",
-           "STATE_VERSION", "SUFFIXES", "DolmaError", "DolmaFile", "DolmaSource", "Scan", "TextPass",
-           "check_gzip_index", "decode_state", "encode_state", "gzip_damage", "looks_like", "open_source",
-           "strip_suffix", "zstd_frame_starts"]
+           "READ", "STATE_VERSION", "DolmaError", "DolmaFile", "DolmaSource", "Scan", "TextPass",
+           "check_gzip_index", "decode_state", "encode_state", "file_kind", "folder_name", "gzip_damage",
+           "is_documents_file", "looks_like", "open_source", "why_not_read", "zstd_frame_starts"]

@@ -26,6 +26,7 @@ import numpy as np
 import zstandard
 
 from atlasfs.errors import AtlasFormatError
+from atlasfs.formats.dolma.names import file_kind
 
 #: Uncompressed bytes between two gzip seek points (a random read inflates at most this much in vain).
 SEEK_SPACING = 1 << 20
@@ -39,11 +40,6 @@ READ_BUFFER = 1 << 17
 
 class DolmaError(AtlasFormatError):
     """A Dolma file or line that cannot be read; the message names it."""
-
-
-def file_kind(path: str) -> str:
-    """``gz``, ``zst`` or ``plain``, by the file's suffix."""
-    return "gz" if path.endswith(".gz") else "zst" if path.endswith(".zst") else "plain"
 
 
 def pack_gzip_index(index: bytes) -> bytes:

@@ -13,6 +13,7 @@ import os
 import threading
 from typing import Any
 
+from atlasfs.formats.dolma.names import folder_name
 from atlasfs.formats.dolma.saved import STATE_VERSION, decode_state, encode_state
 from atlasfs.formats.dolma.scan import LINES_PER_BLOCK, ODD_TEXT, Described, Scan, line_id, make_sample, scan_files
 from atlasfs.formats.dolma.seek import DolmaError, OpenFiles, Reader
@@ -21,17 +22,8 @@ from atlasfs.tree.naming import MAX_NAME_BYTES, NO_KEY, example_fields, index_ke
 
 log = logging.getLogger("atlasfs")
 
-SUFFIXES = (".jsonl.gz", ".jsonl.zst", ".jsonl")
 #: Bad lines logged per file and mount before a summary line.
 LOGGED_PROBLEMS = 10
-
-
-def strip_suffix(name: str) -> str | None:
-    """``name`` without its Dolma suffix, or None if it has none."""
-    for suffix in SUFFIXES:
-        if name.endswith(suffix):
-            return name[:-len(suffix)]
-    return None
 
 
 class DolmaFile(SourceShard):
@@ -44,7 +36,7 @@ class DolmaFile(SourceShard):
         self.root = root
         self.relative = relative  # path under documents/
         self.path = os.path.join(root, "documents", relative)
-        self.name = strip_suffix(relative) or relative
+        self.name = folder_name(relative)
         self.attributes = attributes  # set name -> its file's path
         self.error = None
         self._sizes: dict[str, int] = {}

@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from atlasfs.formats.dolma.scan import LINES_PER_BLOCK
 from atlasfs.formats.dolma.seek import DolmaError, OpenFiles
-from atlasfs.formats.dolma.shard import SUFFIXES, DolmaFile, strip_suffix
+from atlasfs.formats.dolma.names import READ, is_documents_file, why_not_read
+from atlasfs.formats.dolma.shard import DolmaFile
 from atlasfs.formats.source import Source
 
 if TYPE_CHECKING:
     from atlasfs.formats.factory import SourceOptions
+
+log = logging.getLogger("atlasfs")
 
 
 class DolmaSource(Source):
@@ -34,15 +38,31 @@ class DolmaSource(Source):
             self.sets = []
         files = OpenFiles()
         self.files: list[DolmaFile] = []
-        for relative in _document_files(documents):
+        found, self.layout_problems = _walk(documents)
+        #: set name -> documents files (relative) with no file in that set, for verify's warnings
+        self.untagged: dict[str, list[str]] = {}
+        for relative in found:
+            if not is_documents_file(os.path.basename(relative)):
+                self.layout_problems.append(why_not_read(os.path.join(documents, relative)))
+                continue
             attributes = {}
             for name in self.sets:
+                # dolma's rule: the documents path with documents/ replaced by attributes/<set>/
                 path = os.path.join(self.sets_folder, name, relative)
                 if os.path.isfile(path):
                     attributes[name] = path
+                else:
+                    self.untagged.setdefault(name, []).append(relative)
             self.files.append(DolmaFile(self.root, relative, attributes, files))
+        for problem in self.layout_problems:
+            log.warning("%s", problem)
+        for name, missing in sorted(self.untagged.items()):
+            log.info("attribute set %r has no file for %d of %d documents files (first: %s); their documents show "
+                     "without <id>.%s.json (atlasfs verify lists them)", name, len(missing),
+                     len(self.files), os.path.join(self.sets_folder, name, missing[0]), name)
         if not self.files:
-            raise DolmaError(f"{documents}: no {', '.join('*' + s for s in SUFFIXES)} files")
+            raise DolmaError(f"{documents}: no documents files ({', '.join(READ)})"
+                             + (f"; {self.layout_problems[0]}" if self.layout_problems else ""))
         _unique_names(self.files)
 
     @property
@@ -51,16 +71,27 @@ class DolmaSource(Source):
         return self.files
 
     def problems(self) -> list[str]:
-        """Attributes files with no documents file at their path (no shard would show them)."""
-        found = []
+        """Files under ``documents/`` that are not read (a name that is not a documents
+        file's, a folder that cannot be listed), and files in an attribute set with no
+        documents file at their path (no shard would show them)."""
+        found = list(self.layout_problems)
         relatives = {file.relative for file in self.files}
         for name in self.sets:
             folder = os.path.join(self.sets_folder, name)
-            for relative in _document_files(folder):
+            files, unlisted = _walk(folder)
+            found += unlisted
+            for relative in files:
                 if relative not in relatives:
                     found.append(f"{os.path.join(folder, relative)}: no documents file "
                                  f"documents/{relative} (attribute set {name!r})")
         return found
+
+    def warnings(self) -> list[str]:
+        """Documents files with no file in an attribute set: they serve without that set."""
+        return [f"{os.path.join(self.root, 'documents', relative)}: no attributes file "
+                f"{os.path.join(self.sets_folder, name, relative)} (attribute set {name!r}); "
+                f"its documents show without <id>.{name}.json"
+                for name, missing in sorted(self.untagged.items()) for relative in missing]
 
     def info(self) -> list[str]:
         """The dataset, its documents files and attribute sets."""
@@ -86,14 +117,22 @@ def _unique_names(files: Sequence[DolmaFile]) -> None:
             file.name = file.relative
 
 
-def _document_files(documents: str) -> list[str]:
-    found = []
-    for folder, dirs, names in os.walk(documents):
+def _walk(folder: str) -> tuple[list[str], list[str]]:
+    """Every file under ``folder`` (relative paths, sorted; hidden files and folders left
+    out: partial downloads and the like, which dolma's globs do not match either), and a line
+    per folder that cannot be listed."""
+    found: list[str] = []
+    unlisted: list[str] = []
+
+    def failed(exc: OSError) -> None:
+        unlisted.append(f"{exc.filename or folder}: cannot be listed ({exc.strerror}); the files in it are not read")
+
+    for here, dirs, names in os.walk(folder, onerror=failed):
         dirs[:] = sorted(d for d in dirs if not d.startswith("."))
-        for name in sorted(names):
-            if strip_suffix(name) is not None and not name.startswith("."):
-                found.append(os.path.relpath(os.path.join(folder, name), documents).replace(os.sep, "/"))
-    return sorted(found)
+        for name in names:
+            if not name.startswith("."):
+                found.append(os.path.relpath(os.path.join(here, name), folder).replace(os.sep, "/"))
+    return sorted(found), unlisted
 
 
 def looks_like(path: str) -> bool:
