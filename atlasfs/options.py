@@ -61,8 +61,12 @@ class MountOptions:
     view: str = "files"
     #: The dataset's format (None: found from its layout).
     format: str | None = None
-    #: Lavender: the column joining a shard's shardsets.
-    uid_column: str = SourceOptions.uid_column
+    #: Lavender: the column joining a shard's shardsets (None: found from the data).
+    uid_column: str | None = SourceOptions.uid_column
+    #: Lavender: how the other shardsets join onto the main one (``inner`` or ``left``).
+    join: str = SourceOptions.join
+    #: Lavender: the shardset the others join onto (None: found from the data).
+    main_shardset: str | None = SourceOptions.main_shardset
     fuse_options: dict[str, str | bool] = field(default_factory=dict)
     #: How a dataset in object storage is read (docs/storage.md); unused for local folders.
     storage: StorageOptions = field(default_factory=StorageOptions)
@@ -78,7 +82,8 @@ class MountOptions:
 
     def source_options(self) -> SourceOptions:
         """What the source is told about how to read the dataset."""
-        return SourceOptions(trust_pickle=self.trust_pickle, uid_column=self.uid_column, lenient=self.lenient)
+        return SourceOptions(trust_pickle=self.trust_pickle, uid_column=self.uid_column, join=self.join,
+                             main_shardset=self.main_shardset, lenient=self.lenient)
 
     def apply(self, option_text: str) -> None:
         """Apply a ``-o`` argument (comma-separated, as FUSE tools take them)."""
@@ -172,8 +177,14 @@ def _text(text: str) -> str:
 OPTIONS: tuple[Option, ...] = (
     Option("format", "format", _choice(tuple(FORMATS), "format"),
            "read the dataset as this format (default: found from its layout)", DATASET_COMMANDS, "KIND"),
-    Option("uid_column", "uid_column", _text, "Lavender: the column joining the shardsets", DATASET_COMMANDS,
-           "COLUMN"),
+    Option("uid_column", "uid_column", _text, "Lavender: the column joining the shardsets (default: the one "
+           "column every shardset has; uid, id, then __key__ if they share more)", DATASET_COMMANDS, "COLUMN"),
+    Option("join", "join", _choice(("inner", "left"), "join"), "Lavender: inner leaves out a sample some "
+           "shardset lacks (lavender-data's default); left shows it without that shardset's files",
+           DATASET_COMMANDS, "inner|left"),
+    Option("main_shardset", "main_shardset", _text, "Lavender: the shardset whose rows are the samples, the "
+           "others joined onto them (default: the one with the most shards, then the most columns)",
+           DATASET_COMMANDS, "SHARDSET"),
     Option("trust_pickle", "trust_pickle", None, "unpickle Atlas blocks and .pbin indexes without the allow-list: "
            "runs code from the dataset; only for datasets you trust", DATASET_COMMANDS),
     Option("cache_size", "cache_bytes", parse_size, "bound of the block cache (decoded blocks and their files), "

@@ -116,8 +116,8 @@ class LavenderDataset:
     """A folder of shardsets read without a mount: :meth:`scan`, then :meth:`samples` (the format
     layer alone, through :class:`LavenderSource` as the tree drives it: prepare, then blocks)."""
 
-    def __init__(self, root: str, uid: str = DEFAULT_UID) -> None:
-        self.source = LavenderSource(root, uid)
+    def __init__(self, root: str, uid: str | None = DEFAULT_UID, **join: str) -> None:
+        self.source = LavenderSource(root, uid, **join)
         self.root = self.source.root
         self.uid = uid
         self.shards: list[Shard] = []
@@ -165,7 +165,7 @@ def test_lavender_joins_by_uid_and_keeps_parquet_types(tmp_path: Path) -> None:
     for name in ("images", "captions", "scores"):
         (tmp_path / name).mkdir()
     _lavender(tmp_path)
-    dataset = LavenderDataset(str(tmp_path))
+    dataset = LavenderDataset(str(tmp_path), main="images", join="left")
     assert dataset.scan() == []
     shard = dataset.shards[1]
     assert shard.name == "shard.00001" and shard.uids == [str(10 + i) for i in range(10)]
@@ -182,10 +182,11 @@ def test_lavender_broken_rules_are_named_one_line_each(tmp_path: Path) -> None:
                     [{"uid": "12", "caption": "moved"}, {"uid": "1", "caption": "a"}, {"uid": "1", "caption": "b"}])
     write_csv_shard(str(tmp_path / "scores" / "shard.00001.csv"), [{"id": "3", "score": "x"}])
     (tmp_path / "scores" / "shard.00001.parquet").unlink()
-    problems = LavenderDataset(str(tmp_path)).scan()
-    assert len(problems) == 4, problems
+    problems = LavenderDataset(str(tmp_path), main="images", join="left").scan()
+    assert len(problems) == 5, problems
     assert all("\n" not in p for p in problems)
     assert any("row 3: uid '1' again" in p for p in problems)
     assert any("shard.00001.csv: no 'uid' column" in p for p in problems)
     assert any("uid '12' is in shard 0 of captions but in shard 1 of images" in p for p in problems)
     assert any("uid '12' is also in shard 0 of captions" in p for p in problems)
+    assert any("captions/shard.00000.csv row 1: uid '12' is not in" in p and "not shown" in p for p in problems)

@@ -71,17 +71,27 @@ def _prepared(root: Path, **kwargs: str) -> LavenderSource:
 def test_a_sample_is_the_join_by_uid_with_csv_strings_and_parquet_types(tmp_path: Path) -> None:
     _dataset(tmp_path)
     assert looks_like(str(tmp_path)) and not looks_like(str(tmp_path / "images"))
-    source = _prepared(tmp_path)
+    source = _prepared(tmp_path, join="left")
+    # the uid column is the one every shardset has; the main shardset the one with the most columns
+    assert (source.uid, source.main) == ("uid", "scores")
     assert [s.name for s in source.shards] == ["shard.00000", "shard.00001"]
     shard = source.shards[1]
-    assert shard.problems() == [] and source.problems() == []
+    captions, scores = tmp_path / "captions" / "shard.00001.csv", tmp_path / "scores" / "shard.00001.parquet"
+    # a uid only a feature shardset has is not shown (lavender-data never reads it): said, once
+    assert shard.problems() == [f"{captions} row 10: uid 'extra1' is not in {scores} (the main shardset's shard): "
+                                "not shown"] and source.problems() == []
     samples = [s for b in range(shard.num_blocks) for s in shard.decode_block(b)[0]]
-    # the first shardset's rows (captions, by folder name) in its order, then the uid it lacks
-    assert [s["__key__"] for s in samples] == [f"u{10 + i}" for i in range(9)] + ["extra1", "u19"]
+    # the main shardset's rows in its order, the others joined onto them by uid
+    assert [s["__key__"] for s in samples] == [f"u{10 + i}" for i in range(10)]
     assert samples[2] == {"__key__": "u12", "caption": 'a caption, "quoted"\nfor u12 ü', "image_url": "https://x/u12.jpg",
                           "score": 0.5, "n": 2, "jpg": b"u12", "note": "n2"}
-    assert "caption" not in samples[10] and "note" not in samples[1]  # missing from captions; a parquet null
-    assert samples[9] == {"__key__": "extra1", "caption": "only here"}
+    assert "caption" not in samples[9] and "note" not in samples[1]  # join=left: missing from captions; a null
+    # join=inner (the default): the sample captions lacks is left out, in one line
+    inner = _prepared(tmp_path).shards[1]
+    assert [s["__key__"] for b in range(inner.num_blocks) for s in inner.decode_block(b)[0]] == \
+        [f"u{10 + i}" for i in range(9)]
+    assert f"{scores} row 10: uid 'u19' is not in {captions}: left out (join=inner; join=left shows it without " \
+           "those columns)" in inner.problems()
     files = files_of(shard)
     assert files["u12.caption.txt"] == 'a caption, "quoted"\nfor u12 ü'.encode()
     assert (files["u12.score.json"], files["u12.n.cls"], files["u12.jpg"]) == (b"0.5", b"2", b"u12")
@@ -106,7 +116,7 @@ def test_blocks_follow_parquet_row_groups_and_read_only_their_rows(tmp_path: Pat
         assert held > 0
         assert samples[7] == {"__key__": f"k{block * 1000 + 7}", "x": block * 1000 + 7, "y": f"y{block * 1000 + 7}"}
     pq.write_table(pa.table({"uid": [f"k{i}" for i in range(100000)]}), tmp_path / "a" / "shard.00000.parquet")
-    [shard] = _prepared(tmp_path).shards
+    [shard] = _prepared(tmp_path, main_shardset="a").shards
     assert shard.block_size == 2000 and 100000 % shard.block_size == 0  # an even part of one big row group
     (tmp_path / "a" / "shard.00000.parquet").unlink()
     [shard] = _prepared(tmp_path).shards
@@ -148,8 +158,9 @@ def test_another_uid_column(tmp_path: Path) -> None:
         write_csv_shard(str(tmp_path / name / "shard.00000.csv"), [{"id": f"d{i}", column: f"{column}{i}"} for i in range(3)])
     source = _prepared(tmp_path, uid_column="id")
     assert files_of(source.shards[0])["d1.body.txt"] == b"body1"
-    with pytest.raises(LavenderError, match="no file of this shard"):
-        LavenderSource(str(tmp_path)).shards[0].prepare()
+    assert files_of(_prepared(tmp_path).shards[0]) == files_of(source.shards[0])  # found: the column both have
+    with pytest.raises(LavenderError, match="main shardset 'a' cannot be read .*no 'uid' column"):
+        LavenderSource(str(tmp_path), uid="uid").shards[0].prepare()
 
 
 def test_a_column_in_two_shardsets_is_named_by_shardset_and_logged_once(tmp_path: Path,
@@ -174,8 +185,9 @@ def test_numeric_uids_keep_their_names_and_unsafe_ones_keep_their_value(tmp_path
     pq.write_table(pa.table({"uid": [123456, 5, 654321, 7], "v": ["a", "b", "c", "d"]}),
                    tmp_path / "s" / "shard.00000.parquet")
     (tmp_path / "t").mkdir()
-    write_csv_shard(str(tmp_path / "t" / "shard.00000.csv"), [{"uid": "x.y", "v2": "dotted"}, {"uid": "5", "v2": "five"}])
-    [shard] = _prepared(tmp_path).shards
+    write_csv_shard(str(tmp_path / "t" / "shard.00000.csv"), [{"uid": u, "v2": v} for u, v in (
+        ("123456", "a2"), ("5", "five"), ("654321", "c2"), ("7", "d2"), ("x.y", "dotted"))])
+    [shard] = _prepared(tmp_path, main_shardset="t", join="left").shards
     assert shard.key_width == 7  # wider than the six-digit uids, which the naming layer would refuse as keys
     files = files_of(shard)
     assert files["123456.v.txt"] == b"a" and files["654321.v.txt"] == b"c" and files["5.v2.txt"] == b"five"
@@ -192,9 +204,10 @@ def test_broken_rules_are_one_line_each_and_the_rest_serves(tmp_path: Path, capl
     write_csv_shard(str(tmp_path / "captions" / "shard.00003.csv"), [{"id": "u30", "caption": "c"}])
     pq.write_table(pa.table({"uid": ["u30", "u1", None], "score": [1.0, 2.0, 3.0]}),
                    tmp_path / "scores" / "shard.00003.parquet")
-    pq.write_table(pa.table({"uid": ["u0"], "score": [0.0]}), tmp_path / "scores" / "shard.00000.parquet")
+    pq.write_table(pa.table({"uid": [f"u{i}" for i in range(10) if i != 1], "score": [0.0] * 9}),
+                   tmp_path / "scores" / "shard.00000.parquet")
     with caplog.at_level(logging.WARNING, logger="atlasfs"):
-        source = _prepared(tmp_path)
+        source = _prepared(tmp_path, join="left", main_shardset="scores")
     logged = [r.getMessage() for r in caplog.records]
     images2 = str(tmp_path / "images" / "shard.00002.csv")
     assert f"{images2} row 3: uid 'u20' again (first at row 1)" in source.shards[2].problems()
@@ -213,17 +226,24 @@ def test_broken_rules_are_one_line_each_and_the_rest_serves(tmp_path: Path, capl
     files3 = files_of(source.shards[3])
     assert files3["u30.image_url.txt"] == b"https://x/u30.jpg" and files3["u30.score.json"] == b"1.0"
     assert files3["u1.score.json"] == b"2.0" and "u30.caption.txt" not in files3
-    assert files_of(source.shards[0])["u1.caption.txt"].startswith(b"a caption")
+    assert "u1.caption.txt" not in files_of(source.shards[0])  # not in the main shardset's shard 0: said so
+    assert (f"{tmp_path / 'captions' / 'shard.00000.csv'} row 2: uid 'u1' is not in "
+            f"{tmp_path / 'scores' / 'shard.00000.parquet'} (the main shardset's shard): not shown") in source.shards[0].problems()
 
 
 def test_an_unreadable_shard_file_is_left_out_alone(tmp_path: Path) -> None:
     _dataset(tmp_path)
-    (tmp_path / "scores" / "shard.00001.parquet").write_bytes(b"PAR1 not really")
+    (tmp_path / "captions" / "shard.00001.csv").write_bytes(b"\xff\xfe\x00 not csv")
     source = _prepared(tmp_path)
     [problem] = source.shards[1].problems()
-    assert problem.startswith(f"{tmp_path / 'scores' / 'shard.00001.parquet'}: cannot be read") and "\n" not in problem
+    assert problem.startswith(f"{tmp_path / 'captions' / 'shard.00001.csv'}: cannot be read") and "\n" not in problem
     assert files_of(source.shards[1])["u12.image_url.txt"] == b"https://x/u12.jpg"
-    assert "u12.score.json" not in files_of(source.shards[1])
+    assert "u12.caption.txt" not in files_of(source.shards[1]) and "u19.score.json" in files_of(source.shards[1])
+    # the main shardset's file unreadable: the shard fails, in one line
+    (tmp_path / "scores" / "shard.00001.parquet").write_bytes(b"PAR1 not really")
+    with pytest.raises(LavenderError, match="main shardset 'scores' cannot be read") as info:
+        LavenderSource(str(tmp_path)).shards[1].prepare()
+    assert "\n" not in str(info.value)
 
 
 def test_not_lavender(tmp_path: Path) -> None:
@@ -254,7 +274,7 @@ def test_mounted_shardsets_list_read_tar_and_export_equal(tmp_path: Path) -> Non
         listed = subprocess.run(["ls", "-U", str(mnt / "shard.00000")], capture_output=True, text=True,
                                 check=True).stdout.split()
         assert listed == list(expected)  # in sample order, as the tree lists
-        for name in ("u2.caption.txt", "u2.score.json", "u2.n.cls", "u2.jpg", "extra0.caption.txt"):
+        for name in ("u2.caption.txt", "u2.score.json", "u2.n.cls", "u2.jpg", "u3.caption.txt"):
             data = subprocess.run(["cat", str(mnt / "shard.00000" / name)], capture_output=True, check=True).stdout
             assert data == expected[name]
         found = subprocess.run(["find", str(mnt), "-type", "f"], capture_output=True, text=True, check=True).stdout
@@ -267,7 +287,7 @@ def test_mounted_shardsets_list_read_tar_and_export_equal(tmp_path: Path) -> Non
         by_key = {s["__key__"]: s for s in samples}
         assert by_key["u2"]["caption.txt"].decode() == 'a caption, "quoted"\nfor u2 ü'
         assert json.loads(by_key["u2"]["score.json"]) == 0.5 and by_key["u2"]["jpg"] == b"u2"
-        assert "caption.txt" not in by_key["u9"] and by_key["extra0"]["caption.txt"] == b"only here"
+        assert "u9" not in by_key and "extra0" not in by_key  # join=inner; only in a feature shardset
         out = tmp_path / "export"
         result = atlasfs("export", str(tmp_path / "ds"), str(out))
         assert result.returncode == 0, result.stderr
@@ -278,7 +298,9 @@ def test_mounted_shardsets_list_read_tar_and_export_equal(tmp_path: Path) -> Non
     info = atlasfs("info", str(tmp_path / "ds"))
     assert info.returncode == 0 and "lavender" in info.stdout, info.stdout + info.stderr
     verify = atlasfs("verify", str(tmp_path / "ds"))
-    assert verify.returncode == 0, verify.stdout + verify.stderr
+    assert verify.returncode == 1, verify.stdout + verify.stderr  # the samples not shown are findings
+    for needle in ("row 10: uid 'u9' is not in", "row 10: uid 'extra0' is not in"):
+        assert any(needle in line for line in verify.stdout.splitlines()), verify.stdout
 
 
 def test_mounted_with_another_uid_column(tmp_path: Path) -> None:
@@ -298,9 +320,10 @@ def test_mounted_bad_input_is_logged_one_line_each_and_the_rest_serves(tmp_path:
                                                       encoding="utf-8")
     write_csv_shard(str(root / "captions" / "shard.00003.csv"), [{"id": "u30", "caption": "c"}])
     pq.write_table(pa.table({"uid": ["u30", "u1"], "score": [1.0, 2.0]}), root / "scores" / "shard.00003.parquet")
-    pq.write_table(pa.table({"uid": ["u0"], "score": [0.0]}), root / "scores" / "shard.00000.parquet")
+    pq.write_table(pa.table({"uid": [f"u{i}" for i in range(10) if i != 1], "score": [0.0] * 9}),
+                   root / "scores" / "shard.00000.parquet")
     log = tmp_path / "daemon.log"
-    with mounted(root, "-o", f"log_file={log}") as mnt:
+    with mounted(root, "-o", f"log_file={log},join=left,main_shardset=scores") as mnt:
         for shard in ("shard.00000", "shard.00001", "shard.00002", "shard.00003"):
             assert os.listdir(mnt / shard)
         assert (mnt / "shard.00002" / "u20.image_url.txt").read_bytes() == b"a"

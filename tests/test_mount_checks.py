@@ -38,7 +38,8 @@ def test_every_option_is_one_name_with_one_default_as_flag_and_as_o() -> None:
     """The table makes both: -o NAME=VALUE and --NAME VALUE set the same field to the same
     value, and a flag given after -o wins; the help shows the field's own default."""
     values = {"format": "pbin", "uid_column": "id", "cache_size": "1G", "view": "both", "index_dir": "/x",
-              "log_file": "/y", "endpoint_url": "http://127.0.0.1:1", "disk_cache": "/z", "disk_cache_size": "2G"}
+              "log_file": "/y", "endpoint_url": "http://127.0.0.1:1", "disk_cache": "/z", "disk_cache_size": "2G",
+              "join": "left", "main_shardset": "m"}
     parser = build_parser()
     for option in OPTIONS:
         if "mount" not in option.commands:

@@ -32,8 +32,13 @@ class SourceOptions:
 
     #: Unpickle without the allow-list (Atlas blocks, .pbin indexes): runs code from the data.
     trust_pickle: bool = False
-    #: Lavender: the column that joins the rows of a shard's shardsets.
-    uid_column: str = "uid"
+    #: Lavender: the column that joins the rows of a shard's shardsets (None: found from the data).
+    uid_column: str | None = None
+    #: Lavender: ``inner`` (lavender-data's default: a sample some shardset lacks is left out)
+    #: or ``left`` (it is shown without that shardset's columns).
+    join: str = "inner"
+    #: Lavender: the shardset the others join onto (None: the one with the most shards, then columns).
+    main_shardset: str | None = None
     #: Open shards as far as their files go (``show``: the blocks of a truncated Atlas
     #: ``data.bin`` before the cut), where a mount fails a damaged shard whole.
     lenient: bool = False

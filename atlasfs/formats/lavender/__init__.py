@@ -2,10 +2,13 @@
 
 A Lavender dataset is a folder of shardsets, each a folder of
 ``shard.NNNNN.csv`` or ``shard.NNNNN.parquet`` files holding some of the
-dataset's columns, and all holding the uid column (``uid`` unless told
-otherwise: ``-o uid_column=COLUMN``). A sample is the join by uid of the rows of
-the shards with the same index in every shardset; a uid missing from a
-shardset lacks that shardset's columns.
+dataset's columns, and all holding the uid column (found from their headers: the
+column every shardset has; or ``-o uid_column=COLUMN``). As lavender-data joins, a
+sample is a row of the main shardset with the rows of the same uid in the shards of
+the same index of the others: ``join=inner`` (the default) leaves out a sample some
+shardset lacks, ``join=left`` shows it without that shardset's columns. Binary
+columns get an extension from their first cell (:mod:`.cells`: ``.png``...;
+lavender-data's serialized ndarrays become ``.npy``).
 
 Mounted, shard index ``N`` is the folder ``shard.NNNNN`` and each sample the
 files ``<uid>.<column>...`` of the naming contract (a csv cell is a string:
@@ -15,10 +18,8 @@ as it is; a parquet null is no file). The uid column is the key, not a file,
 except for a sample whose uid cannot be a file name (it has a ``.`` or a
 ``/``...): that sample gets an index key, and its uid a file, so it is not lost.
 
-Order: the rows of the first shardset (by folder name) that has the shard
-index, in file order, then the uids only later shardsets have, in theirs. A
-block is a run of :data:`BLOCK_ROWS` samples or fewer (for parquet, a row
-group of the first shardset, or an even part of one, when they are of one
+Order: the rows of the main shardset, in file order. A block is a run of :data:`BLOCK_ROWS` samples or fewer (for parquet, a row
+group of the main shardset, or an even part of one, when they are of one
 size); :meth:`LavenderShard.prepare` reads the uid column of every file of the
 shard once and keeps where each sample's row is in every shardset (and, for
 csv, where every row starts), so a block reads only its rows: for parquet its
@@ -38,7 +39,7 @@ out; a uid in shard N of one shardset and in shard M of another cannot be
 joined, and stays unjoined in each (``Source.problems`` finds every case for
 ``verify``; a mount logs those it meets in the shards it opens).
 
-The package's rooms: ``files.py`` (one shard file: the pass over its uid column, reads
+The package's rooms: ``cells.py`` (what a binary cell holds), ``files.py`` (one shard file: the pass over its uid column, reads
 of chosen rows), ``shard.py`` (:class:`LavenderShard`: the join, its saved state, blocks),
 ``source.py`` (:class:`LavenderSource`, the dataset folder) and ``write.py``
 (:func:`write_csv_shard`, for producers).

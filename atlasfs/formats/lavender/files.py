@@ -113,6 +113,32 @@ class ShardFile:
             self._parquet = parquet
         return self._parquet
 
+    def binary_columns(self) -> list[str]:
+        """The parquet columns of binary cells (none for csv: its cells are strings)."""
+        if self.kind == "csv":
+            return []
+        import pyarrow as pa
+        with self._lock:
+            schema = self._parquet_file().schema_arrow
+        return [f.name for f in schema
+                if pa.types.is_binary(f.type) or pa.types.is_large_binary(f.type) or pa.types.is_fixed_size_binary(f.type)]
+
+    def first_cell(self, column: str) -> bytes | None:
+        """The first non-empty cell of a binary parquet column (None: every cell is null or
+        empty), read a small batch at a time so a column of big images is not read whole."""
+        try:
+            with self._lock:
+                batches = self._parquet_file().iter_batches(batch_size=16, columns=[column])
+                for batch in batches:
+                    for value in batch.column(0).to_pylist():
+                        if value:
+                            return value
+        except LavenderError:
+            raise
+        except Exception as exc:
+            raise LavenderError(f"{self.path}: column {column!r} cannot be read ({_reason(exc)})") from None
+        return None
+
     def row_groups(self) -> list[int]:
         """Rows in each parquet row group (an empty list for csv)."""
         if self.kind == "csv":

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from atlasfs.formats import state
+from atlasfs.formats.lavender import cells
 from atlasfs.formats.lavender.files import LavenderError, ShardFile, uid_text
 from atlasfs.formats.source import SourceShard
 from atlasfs.tree.naming import INDEX_KEY_MIN_WIDTH, index_key_width, key_problem
@@ -25,7 +26,7 @@ _PLAIN_UID = re.compile(r"(?!__)[A-Za-z0-9_+=,@:~-]{1,200}")
 #: Most samples in a block.
 BLOCK_ROWS = 2048
 #: Version of what :meth:`LavenderShard.prepare` returns (:mod:`.state`); a stored state of another is not restored.
-STATE_VERSION = 2
+STATE_VERSION = 3
 
 
 def _block_rows(groups: list[int]) -> int:
@@ -69,6 +70,7 @@ class LavenderShard(SourceShard):
         self._used: list[str] = []  # shardsets joined, in order (files left out are not)
         self._rows: dict[str, np.ndarray] = {}  # shardset -> row of each sample in its file, -1: none
         self._names: dict[str, dict[str, str]] = {}  # shardset -> column -> field name (renamed clashes)
+        self._plans: dict[str, list[tuple[int, str, str | None]]] = {}  # shardset -> (position, field, cell kind)
         self._problems: list[str] = []
         self._unsafe: frozenset[int] = frozenset()  # samples whose uid cannot be a key
         self._partial: dict[str, list[str]] = {}  # shardset -> uids it has that another shardset lacks here
@@ -91,43 +93,71 @@ class LavenderShard(SourceShard):
             problems.extend(scan.problems)
             if scan.offsets is not None:
                 offsets[name] = scan.offsets
-        if not uids_of:
+        main = self.source.main
+        if main not in uids_of:
             self._problems = problems
-            raise LavenderError(f"{self.path}: no file of this shard can be read ({problems[0] if problems else ''})")
-        # the join: sample order is the first shardset's rows, then uids only later ones have
-        # (dict operations over whole lists: a Python loop per row would cost more than the parse)
-        order: dict[str, int] = {}  # uid -> sample number
-        found: dict[str, tuple[list[int], list[int]]] = {}  # shardset -> (sample numbers, rows)
-        for name, uids in uids_of.items():
-            count = len(uids)
-            mine = dict(zip(reversed(uids), range(count - 1, -1, -1)))  # uid -> its first row
-            mine.pop(None, None)  # type: ignore[call-overload]
-            if len(mine) != count - uids.count(None):
-                problems.extend(self._repeated(self.files[name].path, uids))
-            new = [uid for uid in mine if uid not in order]  # (reversed order: sorted by row below)
-            new.sort(key=mine.__getitem__)
-            order.update(zip(new, range(len(order), len(order) + len(new))))
-            found[name] = (list(map(order.__getitem__, mine)), list(mine.values()))
+            raise LavenderError(f"{self.path}: the file of its main shardset {main!r} cannot be read "
+                                f"({problems[0] if problems else ''})")
+        order, arrays, partial = self._join(main, uids_of, problems)
         count = len(order)
-        arrays = {}
-        for name, (samples, rows) in found.items():
-            arrays[name] = np.full(count, -1, dtype=np.int64)
-            arrays[name][np.array(samples, dtype=np.int64)] = rows
-        unsafe = [number for uid, number in order.items()
+        unsafe = [number for number, uid in enumerate(order)
                   if not _PLAIN_UID.fullmatch(uid) and key_problem(uid, 0) is not None]
-        partial = self._partial_uids(order, arrays)
-        groups = next(iter(self.files[n].row_groups() for n in arrays), [])
+        groups = self.files[main].row_groups()
         digits = {len(uid) for uid in order if uid.isdigit() and uid.isascii()}
         fields: dict[str, state.Value] = {
-            "uid": self.uid, "count": count, "used": list(arrays), "block_rows": _block_rows(groups),
-            "width": self._key_width(count, digits), "problems": problems,
+            "uid": self.uid, "main": main, "join": self.source.join, "count": count, "used": list(arrays),
+            "block_rows": _block_rows(groups), "width": self._key_width(count, digits), "problems": problems,
             "unsafe": np.array(unsafe, dtype="<i8"),
             **{f"rows:{name}": array.astype("<i8") for name, array in arrays.items()},
-            **{f"offsets:{name}": array.astype("<i8") for name, array in offsets.items()},
+            **{f"offsets:{name}": array.astype("<i8") for name, array in offsets.items() if name in arrays},
             **{f"partial:{name}": uids for name, uids in partial.items()}}
         saved = state.encode("lavender", STATE_VERSION, fields)
         self.restore(saved)
         return saved
+
+    def _join(self, main: str, uids_of: dict[str, list[str | None]],
+              problems: list[str]) -> tuple[list[str], dict[str, np.ndarray], dict[str, list[str]]]:
+        """lavender-data's join: the main shardset's rows in file order, each with its row in
+        every other shardset found by uid (-1: none); with ``inner`` a row some shardset lacks
+        is left out. Returns the samples' uids, the rows per shardset, and per shardset the uids
+        not in every shardset here (checked across shards as they open). Every row not shown
+        is one line in ``problems``."""
+        firsts: dict[str, dict[str, int]] = {}  # shardset -> uid -> its first row
+        for name, uids in uids_of.items():
+            count = len(uids)
+            mine = dict(zip(reversed(uids), range(count - 1, -1, -1)))
+            mine.pop(None, None)  # type: ignore[call-overload]
+            if len(mine) != count - uids.count(None):
+                problems.extend(self._repeated(self.files[name].path, uids))
+            firsts[name] = mine
+        mains = firsts[main]
+        order = sorted(mains, key=mains.__getitem__)
+        main_path = self.files[main].path
+        for name, mine in firsts.items():
+            if name != main:
+                problems.extend(f"{self.files[name].path} row {row + 1}: uid {uid!r} is not in {main_path} (the main "
+                                f"shardset's shard): not shown" for uid, row in mine.items() if uid not in mains)
+        features = [name for name in firsts if name != main]
+        if self.source.join == "inner" and features:
+            kept = []
+            for uid in order:
+                lacking = [self.files[n].path for n in features if uid not in firsts[n]]
+                if lacking:
+                    problems.append(f"{main_path} row {mains[uid] + 1}: uid {uid!r} is not in {', '.join(lacking)}: "
+                                    "left out (join=inner; join=left shows it without those columns)")
+                else:
+                    kept.append(uid)
+            order = kept
+        arrays = {name: np.fromiter((mine.get(uid, -1) for uid in order), dtype=np.int64, count=len(order))
+                  for name, mine in firsts.items()}
+        partial: dict[str, list[str]] = {}
+        if len(firsts) > 1:
+            common = set.intersection(*(set(m) for m in firsts.values()))
+            for name, mine in firsts.items():
+                odd = [uid for uid in mine if uid not in common]
+                if odd:
+                    partial[name] = odd
+        return order, arrays, partial
 
     @staticmethod
     def _repeated(path: str, uids: list[str | None]) -> list[str]:
@@ -148,28 +178,21 @@ class LavenderShard(SourceShard):
             width += 1
         return width
 
-    @staticmethod
-    def _partial_uids(order: dict[str, int], arrays: dict[str, np.ndarray]) -> dict[str, list[str]]:
-        """Per shardset, the uids it has here that another shardset lacks here: the only ones
-        that may sit in another shard index elsewhere (checked across shards as they open)."""
-        if len(arrays) < 2:
-            return {}
-        uids = np.array(list(order), dtype=object)
-        present = np.stack([a >= 0 for a in arrays.values()])
-        lacking = ~present.all(axis=0)
-        return {name: uids[lacking & present[i]].tolist() for i, name in enumerate(arrays)
-                if (lacking & present[i]).any()}
-
     def restore(self, saved: bytes) -> None:
         """Take back what :meth:`prepare` returned; ``ValueError`` if it does not fit this shard."""
         fields = state.decode(saved, "lavender", STATE_VERSION)
-        fields.only({"uid", "count", "used", "block_rows", "width", "problems", "unsafe"},
+        fields.only({"uid", "main", "join", "count", "used", "block_rows", "width", "problems", "unsafe"},
                     ("rows:", "offsets:", "partial:"))
         if fields.text("uid", one_line=False, max_len=1 << 16) != self.uid:
             raise state.StateError("the state is for another uid column")
+        if fields.text("main", one_line=False, max_len=1 << 16) != self.source.main:
+            raise state.StateError("the state is for another main shardset")
+        if fields.text("join") != self.source.join:
+            raise state.StateError("the state is for another join")
         count = fields.integer("count")
         used = fields.texts("used", max_count=len(self.files), one_line=False)
-        if any(name not in self.files for name in used) or len(set(used)) != len(used):
+        if (any(name not in self.files for name in used) or len(set(used)) != len(used)
+                or not used or used[0] != self.source.main):
             raise state.StateError("the state's shardsets are not this shard's")
         rows = {name: fields.array(f"rows:{name}", "<i8", (count,)) for name in used}
         for name in used:
@@ -195,6 +218,7 @@ class LavenderShard(SourceShard):
                          for name in fields.names("partial:")}
         try:
             self._names = self._field_names()
+            self._plans = self._plan()
         except LavenderError as exc:  # a file unreadable now: prepare() will say so
             raise ValueError(str(exc)) from None
         self._ready = True
@@ -229,6 +253,19 @@ class LavenderShard(SourceShard):
                     self.source._log_once(f"{self.source.root}: column {column!r} is in shardsets "
                                           f"{', '.join(seen[column.casefold()])}: shown as <shardset>.{column}")
         return fields
+
+    def _plan(self) -> dict[str, list[tuple[int, str, str | None]]]:
+        """Per used shardset, the columns shown: (position in its rows, field name, cell kind).
+        A binary column's field ends in the extension of its kind (``tokens.npy``,
+        ``image_png.png``); the uid column and a ``__key__`` column are not shown."""
+        kinds = self.source.kinds()
+        plans = {}
+        for name in self._used:
+            named = self._names[name]
+            plans[name] = [(i, cells.field_name(named[c], kinds.get((name, c))), kinds.get((name, c)))
+                           for i, c in enumerate(self.files[name].columns())
+                           if c != self.uid and named[c] != "__key__"]
+        return plans
 
     # -- blocks
 
@@ -270,16 +307,11 @@ class LavenderShard(SourceShard):
             wanted = self._rows[name][first:last]
             records, read = file.read_rows(wanted[wanted >= 0], self.source.row_groups)
             held += 2 * read
-            columns = file.columns()
-            key_at = columns.index(self.uid)
-            named = self._names[name]
-            # the columns shown, as (position in the row, field name); a "__key__" column is not
-            keep = [(i, named[c]) for i, c in enumerate(columns) if c != self.uid and named[c] != "__key__"]
-            positions = [i for i, _ in keep]
-            fields = [f for _, f in keep]
+            key_at = file.columns().index(self.uid)
+            plan = self._plans[name]
             for pos, row in enumerate(wanted.tolist()):
                 if row < 0:
-                    continue
+                    continue  # join=left: a uid this shardset lacks has none of its columns
                 record = records.get(row)
                 if record is None:
                     raise LavenderError(f"{file.path} row {row + 1}: cannot be read (the file changed?)")
@@ -289,9 +321,19 @@ class LavenderShard(SourceShard):
                     sample = samples[pos] = {"__key__": uid if type(uid) is str else uid_text(uid)}
                     if first + pos in self._unsafe:
                         sample[self.uid] = uid  # it will get an index key: keep the uid as a file
-                for field, value in zip(fields, [record[i] for i in positions]):
-                    if value is not None:  # a parquet null is no file
-                        sample[field] = value
+                for at, field, kind in plan:
+                    value = record[at]
+                    if value is None:
+                        continue  # a parquet null is no file
+                    if kind is not None:
+                        if not value:
+                            continue  # an empty cell of a binary column: lavender-data's own null (b"")
+                        try:
+                            value = cells.cell_bytes(kind, value)
+                        except ValueError as exc:
+                            raise LavenderError(f"{file.path} row {row + 1}: column {file.columns()[at]!r} {exc} "
+                                                f"(its files are <uid>.{field}, from its first cell)") from None
+                    sample[field] = value
         return samples, held
 
     # -- what a stored table depends on
@@ -300,9 +342,13 @@ class LavenderShard(SourceShard):
         return [file.path for file in self.files.values()]
 
     def table_key(self) -> dict[str, Any]:
-        """The files' signatures, the uid column (another one joins other samples) and the
-        state's version."""
-        return {**super().table_key(), "uid": self.uid, "lavender": STATE_VERSION}
+        """The files' signatures, what joins them (the uid column, the main shardset, the join:
+        others give other samples), the kind of each binary column (its files' extension) and
+        the state's version."""
+        kinds = self.source.kinds()
+        return {**super().table_key(), "uid": self.uid, "main": self.source.main, "join": self.source.join,
+                "kinds": {f"{n}/{c}": k for (n, c), k in sorted(kinds.items()) if n in self.files},
+                "lavender": STATE_VERSION}
 
     def problems(self) -> list[str]:
         """What the pass over the shard's files found wrong, one line each."""

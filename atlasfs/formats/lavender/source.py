@@ -1,6 +1,7 @@
 """A folder of Lavender shardsets as a source (:class:`LavenderSource`): its shard files found
-by name, a :class:`.shard.LavenderShard` per shard index, and the checks across shards
-(a uid in one shard index here and another there)."""
+by name, the uid column found from their headers, the main shardset the others join onto, the
+extension of each binary column, a :class:`.shard.LavenderShard` per shard index of the main
+shardset, and the checks across shards (a uid in one shard index here and another there)."""
 
 from __future__ import annotations
 
@@ -9,13 +10,21 @@ import os
 import threading
 from typing import Any
 
+from atlasfs.formats.lavender import cells
 from atlasfs.formats.lavender.files import SHARD_FILE, LavenderError, RowGroupCache, ShardFile
 from atlasfs.formats.lavender.shard import LavenderShard
 from atlasfs.formats.source import Source
 
 log = logging.getLogger("atlasfs")
 
-DEFAULT_UID = "uid"
+#: The uid column when none is given: None, found from the data (:meth:`LavenderSource.find_uid`).
+DEFAULT_UID: str | None = None
+#: Uid columns preferred, in this order, when the shardsets share more than one column.
+UID_NAMES = ("uid", "id", "__key__")
+#: How feature shardsets join onto the main one: lavender-data's ``ServerSideReader.get_sample``
+#: default and what its iterations use (``inner``), or its ``left`` (its dataset preview's).
+JOINS = ("inner", "left")
+DEFAULT_JOIN = "inner"
 #: Bytes of parquet row groups kept decoded (per source) for the blocks that share them.
 ROW_GROUP_CACHE_BYTES = 64 << 20
 #: Unjoinable uids logged per shard at most (``verify`` lists all of them).
@@ -27,9 +36,13 @@ class LavenderSource(Source):
 
     kind = "lavender"
 
-    def __init__(self, root: str, uid: str = DEFAULT_UID) -> None:
+    def __init__(self, root: str, uid: str | None = DEFAULT_UID, join: str = DEFAULT_JOIN,
+                 main: str | None = None) -> None:
         self.root = os.fspath(root)
-        self.uid = uid
+        if join not in JOINS:
+            raise LavenderError(f"unknown join {join!r} (choose one of: {', '.join(JOINS)})")
+        self.join = join
+        self._kinds: dict[tuple[str, str], str | None] | None = None  # (shardset, column) -> cell kind
         self.row_groups = RowGroupCache(ROW_GROUP_CACHE_BYTES)
         self.layout_problems: list[str] = []
         self._logged: set[str] = set()
@@ -59,11 +72,99 @@ class LavenderSource(Source):
                 self.shardsets[name] = found
         if not self.shardsets:
             raise LavenderError(f"{self.root}: no shardset folder with shard.NNNNN.csv or .parquet files")
+        self.uid = uid or self.find_uid()
+        self.main = main or self._pick_main()
+        if self.main not in self.shardsets:
+            raise LavenderError(f"{self.root}: no shardset {self.main!r} (shardsets: {', '.join(self.shardsets)})")
+        mains = self.shardsets[self.main]
+        for name, files in self.shardsets.items():
+            for index, file in files.items():
+                if index not in mains:  # lavender reads a feature shard only through its main shard
+                    self.layout_problems.append(f"{file.path}: shard {index} is not in the main shardset "
+                                                f"{self.main!r}; its rows are not shown")
         for problem in self.layout_problems:
             log.warning("%s", problem)
-        indices = sorted({i for files in self.shardsets.values() for i in files})
-        self._shards = [LavenderShard(self, i, {name: files[i] for name, files in self.shardsets.items()
-                                                if i in files}) for i in indices]
+        # the main shardset first: its rows are the samples, the others join onto them
+        order = [self.main] + [n for n in self.shardsets if n != self.main]
+        self._shards = [LavenderShard(self, i, {name: self.shardsets[name][i] for name in order
+                                                if i in self.shardsets[name]}) for i in sorted(mains)]
+
+    def _first_columns(self) -> dict[str, list[str]]:
+        """Each shardset's columns, from the header (csv) or schema (parquet) of its first
+        readable file (a shardset with none is left to its files' own errors)."""
+        found: dict[str, list[str]] = {}
+        for name, files in self.shardsets.items():
+            for index in sorted(files):
+                try:
+                    found[name] = files[index].columns()
+                    break
+                except LavenderError:
+                    continue
+        return found
+
+    def find_uid(self) -> str:
+        """The uid column: the one column every shardset has (``uid``, then ``id``, then
+        ``__key__`` where they share more); :class:`LavenderError` naming the candidates if
+        that does not decide it. Reads only headers and schemas."""
+        columns = self._first_columns()
+        if not columns:
+            return UID_NAMES[0]  # no file can be read: each says so when its shard opens
+        shared = set.intersection(*(set(c) for c in columns.values()))
+        candidates = [c for c in next(iter(columns.values())) if c in shared]
+        if len(candidates) == 1:
+            return candidates[0]
+        preferred = next((name for name in UID_NAMES if name in shared), None)
+        if preferred is not None:
+            return preferred
+        if not candidates:
+            raise LavenderError(f"{self.root}: no column is in every shardset ({', '.join(columns)}), so none can "
+                                "join them: choose the uid column with -o uid_column=COLUMN")
+        return self._undecided(candidates)
+
+    def _undecided(self, candidates: list[str]) -> str:
+        shown = ", ".join(repr(c) for c in candidates[:10]) + (" ..." if len(candidates) > 10 else "")
+        raise LavenderError(f"{self.root}: the uid column could be any of {shown}: choose it with "
+                            "-o uid_column=COLUMN")
+
+    def _pick_main(self) -> str:
+        """The shardset the others join onto when none is named: the one with the most shards,
+        then the most columns, then the first by folder name (lavender-data's main shardset is
+        a setting of its server's database, not of the files)."""
+        columns = self._first_columns()
+        names = list(self.shardsets)
+        return max(names, key=lambda n: (len(self.shardsets[n]), len(columns.get(n, ())), -names.index(n)))
+
+    def kinds(self) -> dict[tuple[str, str], str | None]:
+        """The kind of cell (:func:`.cells.sniff`) of every binary parquet column, per shardset:
+        decided once, from its first non-empty cell in the shardset's first shard that has one,
+        so a column's files have one extension in every sample."""
+        with self._lock:
+            if self._kinds is not None:
+                return self._kinds
+        kinds: dict[tuple[str, str], str | None] = {}
+        for name, files in self.shardsets.items():
+            for column in self._binary_columns(files):
+                kinds[(name, column)] = None
+                for index in sorted(files):
+                    try:
+                        cell = files[index].first_cell(column) if column in files[index].binary_columns() else None
+                    except LavenderError:
+                        continue  # its shard says so when it opens
+                    if cell is not None:
+                        kinds[(name, column)] = cells.sniff(cell)
+                        break
+        with self._lock:
+            self._kinds = kinds
+        return kinds
+
+    @staticmethod
+    def _binary_columns(files: dict[int, ShardFile]) -> list[str]:
+        for index in sorted(files):
+            try:
+                return files[index].binary_columns()
+            except LavenderError:
+                continue
+        return []
 
     @property
     def shards(self) -> list[LavenderShard]:  # type: ignore[override]
@@ -122,7 +223,7 @@ class LavenderSource(Source):
 
     def info(self) -> list[str]:
         sets = ", ".join(f"{name} ({len(files)} shards)" for name, files in self.shardsets.items())
-        return [f"format       lavender: shardsets {sets}; joined by column {self.uid!r}"]
+        return [f"format       lavender: shardsets {sets}; {self.join} join onto {self.main!r} by column {self.uid!r}"]
 
 
 def looks_like(path: str) -> bool:
@@ -143,6 +244,9 @@ def looks_like(path: str) -> bool:
 
 
 def open_source(path: str, options: Any) -> LavenderSource:
-    """The Lavender dataset at ``path``, joined by ``options.uid_column`` (:class:`~.factory.SourceOptions`)."""
-    return LavenderSource(os.fspath(path), uid=options.uid_column or DEFAULT_UID)
+    """The Lavender dataset at ``path``, joined as ``options`` say (:class:`~.factory.SourceOptions`:
+    ``uid_column``, ``join``, ``main_shardset``)."""
+    return LavenderSource(os.fspath(path), uid=options.uid_column or DEFAULT_UID,
+                          join=getattr(options, "join", None) or DEFAULT_JOIN,
+                          main=getattr(options, "main_shardset", None))
 
