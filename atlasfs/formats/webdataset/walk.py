@@ -1,0 +1,112 @@
+"""One pass over a tar shard's headers: where each member's bytes lie, nothing of them read.
+
+Python's :mod:`tarfile` parses the headers (ustar, GNU long names, pax), in random-access
+mode, so a member's data is skipped with a seek, never read. Every place it gives is
+checked against the file's size here: tarfile does not check them, and it ends the
+archive without a word at a header it cannot parse past the first one. Such an end, and
+data after the end-of-archive marker, are a problem line each; a member whose data runs
+past the file's end is kept (its sample's block fails alone, :mod:`.samples`).
+"""
+
+from __future__ import annotations
+
+import re
+import tarfile
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from atlasfs.errors import AtlasFormatError
+
+#: Members webdataset skips as the archive's own metadata (``tar_file_iterator``'s ``meta_prefix``,
+#: ``meta_suffix`` and ``skip_meta``): not samples' files, left out without a word.
+_META = re.compile(r"__[^/]*__($|/)")
+#: Bytes read at a time while looking at what follows the archive's last member.
+_TAIL_CHUNK = 1 << 20
+
+
+class WebDatasetError(AtlasFormatError):
+    """A tar shard (or a member of one) that cannot be read; the message names it."""
+
+
+@dataclass
+class Walk:
+    """What a shard's headers say: its regular members in archive order, and what is wrong.
+
+    ``offsets`` and ``sizes`` (int64) place each member's data in the file; ``problems``
+    are one line each naming the file (and member)."""
+
+    names: list[str]
+    offsets: np.ndarray
+    sizes: np.ndarray
+    problems: list[str] = field(default_factory=list)
+
+
+def is_meta(name: str) -> bool:
+    """Whether webdataset skips the member ``name`` as metadata (``__index__``, ``__x__/y``)."""
+    return ("/" not in name and name.startswith("__") and name.endswith("__")) or _META.match(name) is not None
+
+
+def walk(path: str, file_size: int) -> Walk:
+    """The members of the tar file ``path`` (``file_size`` bytes now). Raises
+    :class:`WebDatasetError` if it is not an uncompressed tar at all (its first header)."""
+    names: list[str] = []
+    offsets: list[int] = []
+    sizes: list[int] = []
+    problems: list[str] = []
+    try:
+        with open(path, "rb") as f:
+            try:
+                tar = tarfile.open(fileobj=f, mode="r:")
+            except tarfile.TarError as exc:
+                raise WebDatasetError(f"{path}: not an uncompressed tar file ({exc}); "
+                                      "compressed shards (.tar.gz) are not read") from None
+            while True:
+                at = tar.offset
+                try:
+                    info = tar.next()
+                except (tarfile.TarError, UnicodeError, ValueError) as exc:  # a bad pax or long-name header
+                    problems.append(f"{path}: bad member header at offset {at} ({exc}); the rest of the "
+                                    "shard is left out")
+                    break
+                if info is None:
+                    problems.extend(_tail(f, path, tar.offset, file_size))
+                    break
+                tar.members.clear()  # kept by tarfile otherwise: a shard of millions of members
+                name = info.name
+                if info.isdir() or is_meta(name):
+                    continue  # webdataset skips them too, and they are no sample's files
+                if not info.isreg() or info.issparse():
+                    what = "a sparse file" if info.issparse() else "a link or special file"
+                    problems.append(f"{path} member {name!r}: {what}, not a regular file; left out "
+                                    "(webdataset skips it too)")
+                    continue
+                names.append(name)
+                offsets.append(info.offset_data)
+                sizes.append(info.size)
+    except OSError as exc:
+        raise WebDatasetError(f"{path}: cannot be read ({exc.strerror or exc})") from None
+    return Walk(names, np.array(offsets, dtype=np.int64), np.array(sizes, dtype=np.int64), problems)
+
+
+def _tail(f, path: str, end: int, file_size: int) -> list[str]:  # noqa: ANN001 (a binary file)
+    """What is wrong with the bytes after the last member tarfile read (from ``end``): none
+    (zero blocks, the end-of-archive marker and padding), a header tarfile stopped at
+    without a word, or data after the marker."""
+    if end >= file_size:
+        return []
+    f.seek(end)
+    head = f.read(tarfile.BLOCKSIZE)
+    if any(head):
+        return [f"{path}: bad member header at offset {end} (not a tar header, or cut short); the rest of the "
+                f"shard ({file_size - end} bytes) is left out"]
+    at = end + len(head)
+    while at < file_size:
+        chunk = f.read(_TAIL_CHUNK)
+        if not chunk:
+            break
+        if any(chunk):
+            first = at + next(i for i, b in enumerate(chunk) if b)
+            return [f"{path}: data after the end-of-archive marker (from offset {first}) is left out"]
+        at += len(chunk)
+    return []
