@@ -59,9 +59,11 @@ class Samples:
         return len(self.keys)
 
 
-def group(path: str, names: list[str], offsets: np.ndarray, sizes: np.ndarray, file_size: int) -> Samples:
+def group(path: str, names: list[str], offsets: np.ndarray, sizes: np.ndarray, file_size: int,
+          cut: str | None = None) -> Samples:
     """The samples of the members ``names`` (data at ``offsets``, ``sizes`` bytes) of the
-    shard ``path``, which is ``file_size`` bytes long now."""
+    shard ``path``, which is ``file_size`` bytes long now; ``cut``: why its headers stop
+    before the archive's end (:attr:`.walk.Walk.cut`), which fails its last sample."""
     keys: list[str] = []
     starts: list[int] = []
     members: list[int] = []
@@ -94,6 +96,11 @@ def group(path: str, names: list[str], offsets: np.ndarray, sizes: np.ndarray, f
         if end > file_size:
             damaged[len(keys) - 1] = (f"{path} member {name!r}: truncated (its {int(sizes[m])} bytes end at "
                                       f"offset {end}, the file has {file_size})")
+    if cut is not None:
+        if not keys:
+            problems.append(f"{path}: {cut}; no sample before it")
+        elif len(keys) - 1 not in damaged:  # it may lack the files after the cut
+            damaged[len(keys) - 1] = f"{path} sample {keys[-1]!r}: the tar is {cut} after it; it may lack files"
     starts.append(len(members))
     member_array = np.array(members, dtype=np.int64)
     start_array = np.array(starts, dtype=np.int64)

@@ -26,7 +26,7 @@ STATE_VERSION = 1
 MAX_GAP_BYTES = 1 << 20
 #: Problem lines a restoring mount logs per shard (the tree logs as many after a pass).
 LOGGED_PROBLEMS = 10
-_FIELDS = {"file_size", "names", "offsets", "sizes", "problems"}
+_FIELDS = {"file_size", "names", "offsets", "sizes", "problems", "cut"}
 
 
 class TarShard(SourceShard):
@@ -56,9 +56,12 @@ class TarShard(SourceShard):
             raise self.error
         found = walk(self.path, self.data_size)
         self._set(found)
-        return state.encode("webdataset", STATE_VERSION, {
+        fields: dict[str, state.Value] = {
             "file_size": self.data_size, "names": found.names, "offsets": found.offsets.astype("<i8"),
-            "sizes": found.sizes.astype("<i8"), "problems": found.problems})
+            "sizes": found.sizes.astype("<i8"), "problems": found.problems}
+        if found.cut is not None:
+            fields["cut"] = found.cut
+        return state.encode("webdataset", STATE_VERSION, fields)
 
     def restore(self, saved: bytes) -> None:
         """Take back :meth:`prepare`'s bytes; ``ValueError`` if they are malformed or place a
@@ -80,7 +83,7 @@ class TarShard(SourceShard):
             if (offsets.min() < 512 or sizes.min() < 0 or np.any(offsets % 512) or offsets.max() > self.data_size
                     or np.any(offsets[1:] < ends[:-1])):
                 raise state.StateError(f"{self.path}: stored members overlap or lie outside the file")
-        self._set(Walk(list(names), offsets, sizes, problems))
+        self._set(Walk(list(names), offsets, sizes, problems, fields.optional_text("cut", 1 << 17)))
         shown = self.problems()
         for problem in shown[:LOGGED_PROBLEMS]:  # what the tree logs after a pass, said by a mount that made none
             log.warning("%s", problem)
@@ -89,7 +92,7 @@ class TarShard(SourceShard):
                         len(shown) - LOGGED_PROBLEMS)
 
     def _set(self, found: Walk) -> None:
-        samples = group(self.path, found.names, found.offsets, found.sizes, self.data_size)
+        samples = group(self.path, found.names, found.offsets, found.sizes, self.data_size, found.cut)
         with self._lock:
             self._walk, self._samples = found, samples
 

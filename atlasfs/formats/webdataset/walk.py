@@ -3,9 +3,10 @@
 Python's :mod:`tarfile` parses the headers (ustar, GNU long names, pax), in random-access
 mode, so a member's data is skipped with a seek, never read. Every place it gives is
 checked against the file's size here: tarfile does not check them, and it ends the
-archive without a word at a header it cannot parse past the first one. Such an end, and
-data after the end-of-archive marker, are a problem line each; a member whose data runs
-past the file's end is kept (its sample's block fails alone, :mod:`.samples`).
+archive without a word at a header it cannot parse past the first one. Such an end (a tar
+cut short, or damaged) is the walk's :attr:`Walk.cut`: the last sample read may lack files,
+so its block fails alone (:mod:`.samples`), as does that of a member whose data runs past
+the file's end. Data after the end-of-archive marker is a problem line.
 """
 
 from __future__ import annotations
@@ -34,12 +35,14 @@ class Walk:
     """What a shard's headers say: its regular members in archive order, and what is wrong.
 
     ``offsets`` and ``sizes`` (int64) place each member's data in the file; ``problems``
-    are one line each naming the file (and member)."""
+    are one line each naming the file (and member); ``cut``, why the walk stopped before
+    the archive's end, if it did."""
 
     names: list[str]
     offsets: np.ndarray
     sizes: np.ndarray
     problems: list[str] = field(default_factory=list)
+    cut: str | None = None
 
 
 def is_meta(name: str) -> bool:
@@ -54,6 +57,7 @@ def walk(path: str, file_size: int) -> Walk:
     offsets: list[int] = []
     sizes: list[int] = []
     problems: list[str] = []
+    cut = None
     try:
         with open(path, "rb") as f:
             try:
@@ -65,12 +69,11 @@ def walk(path: str, file_size: int) -> Walk:
                 at = tar.offset
                 try:
                     info = tar.next()
-                except (tarfile.TarError, UnicodeError, ValueError) as exc:  # a bad pax or long-name header
-                    problems.append(f"{path}: bad member header at offset {at} ({exc}); the rest of the "
-                                    "shard is left out")
+                except (tarfile.TarError, UnicodeError, ValueError) as exc:  # cut, or a bad pax or long-name header
+                    cut = f"cut short or damaged at offset {at} ({exc})"
                     break
                 if info is None:
-                    problems.extend(_tail(f, path, tar.offset, file_size))
+                    cut = _tail(f, path, tar.offset, file_size, problems)
                     break
                 tar.members.clear()  # kept by tarfile otherwise: a shard of millions of members
                 name = info.name
@@ -86,20 +89,19 @@ def walk(path: str, file_size: int) -> Walk:
                 sizes.append(info.size)
     except OSError as exc:
         raise WebDatasetError(f"{path}: cannot be read ({exc.strerror or exc})") from None
-    return Walk(names, np.array(offsets, dtype=np.int64), np.array(sizes, dtype=np.int64), problems)
+    return Walk(names, np.array(offsets, dtype=np.int64), np.array(sizes, dtype=np.int64), problems, cut)
 
 
-def _tail(f, path: str, end: int, file_size: int) -> list[str]:  # noqa: ANN001 (a binary file)
-    """What is wrong with the bytes after the last member tarfile read (from ``end``): none
-    (zero blocks, the end-of-archive marker and padding), a header tarfile stopped at
-    without a word, or data after the marker."""
+def _tail(f, path: str, end: int, file_size: int, problems: list[str]) -> str | None:  # noqa: ANN001 (a binary file)
+    """Why the archive stops before its end at ``end``, where tarfile stopped without a word
+    (a header it cannot parse, or cut short), or None: zero blocks (the end-of-archive marker
+    and padding), or the file's end. Data after the marker is added to ``problems``."""
     if end >= file_size:
-        return []
+        return None
     f.seek(end)
     head = f.read(tarfile.BLOCKSIZE)
     if any(head):
-        return [f"{path}: bad member header at offset {end} (not a tar header, or cut short); the rest of the "
-                f"shard ({file_size - end} bytes) is left out"]
+        return f"cut short or damaged at offset {end} (not a tar header; {file_size - end} bytes left out)"
     at = end + len(head)
     while at < file_size:
         chunk = f.read(_TAIL_CHUNK)
@@ -107,6 +109,7 @@ def _tail(f, path: str, end: int, file_size: int) -> list[str]:  # noqa: ANN001 
             break
         if any(chunk):
             first = at + next(i for i, b in enumerate(chunk) if b)
-            return [f"{path}: data after the end-of-archive marker (from offset {first}) is left out"]
+            problems.append(f"{path}: data after the end-of-archive marker (from offset {first}) is left out")
+            break
         at += len(chunk)
-    return []
+    return None
