@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import io
 import logging
+import os
 import shutil
 import subprocess
 import tarfile
@@ -212,3 +213,45 @@ def test_layouts_a_single_tar_a_nested_folder_and_compressed_shards(tmp_path: Pa
     assert result.returncode == 1 and "Traceback" not in result.stderr
     [line] = [line for line in result.stdout.splitlines() if "x.tar" in line]
     assert "not an uncompressed tar file" in line, result.stdout
+
+
+def test_a_tar_rewritten_under_its_stored_table_fails_rather_than_serving_other_bytes(tmp_path: Path) -> None:
+    """The stored walk places members by offset; a tar rewritten with the same size and mtime
+    (its samples in another order) is caught by the header read along with each member."""
+    (tmp_path / "ds").mkdir()
+    path = tmp_path / "ds" / "t.tar"
+
+    def write(order: list[int]) -> None:
+        with tarfile.open(path, "w", format=tarfile.USTAR_FORMAT) as tar:
+            for n in order:
+                add(tar, f"s{n}.txt", f"text {n}".encode())
+
+    write([0, 1, 2])
+    stat = path.stat()
+    store = TableStore(str(tmp_path / "ds"), index_dir=str(tmp_path / "tables"))
+    BlockTree(open_source(str(tmp_path / "ds")), store=store).listdir("/t")
+    write([2, 1, 0])
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    tree = BlockTree(open_source(str(tmp_path / "ds")), store=store)
+    with pytest.raises(OSError) as info:
+        tree.read(tree.lookup("/t/s0.txt"), 0, 100)
+    assert info.value.errno == 5
+
+
+def test_a_forged_state_is_refused(tmp_path: Path) -> None:
+    """A stored walk whose members overlap, lie past the file, are not on header bounds, or are
+    of another file size is refused (ValueError), never taken."""
+    from atlasfs.formats import state
+
+    data = Path(shutil.copytree(FIXTURES / "webdataset" / "tiny" / "data", tmp_path / "data"))
+    shard = open_source(str(data)).shards[0]
+    fields = state.decode(shard.prepare(), "webdataset", wds_format.STATE_VERSION).values()
+    offsets = fields["offsets"].copy()
+    forged = [{"file_size": 1}, {"offsets": offsets + 1}, {"offsets": offsets[::-1].copy()},
+              {"offsets": offsets + (1 << 40)}, {"sizes": fields["sizes"] * 0 - 1}, {"names": fields["names"][:-1]},
+              {"names": ["", *fields["names"][1:]]}, {"extra": 1}]
+    for change in forged:
+        with pytest.raises(ValueError):
+            open_source(str(data)).shards[0].restore(state.encode("webdataset", wds_format.STATE_VERSION,
+                                                                  {**fields, **change}))
+    open_source(str(data)).shards[0].restore(state.encode("webdataset", wds_format.STATE_VERSION, fields))

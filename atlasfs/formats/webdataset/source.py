@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import tarfile
 import threading
 from typing import Any
 
@@ -163,15 +164,24 @@ class TarShard(SourceShard):
 
     def _read(self, walked: Walk, members: list[int]) -> dict[int, bytes]:
         """The bytes of ``members``: one read spanning them, or a read each if members left
-        out between them would make that read much larger."""
+        out between them would make that read much larger. Each member's header (the 512
+        bytes before its data) is read along and checked: a tar rewritten since its headers
+        were read (same size and mtime, so its stored table was taken) fails, never serves
+        another member's bytes."""
         offsets, sizes = walked.offsets, walked.sizes
-        places = {m: (int(offsets[m]), int(sizes[m])) for m in members}
+        places = {m: (int(offsets[m]) - tarfile.BLOCKSIZE, int(sizes[m]) + tarfile.BLOCKSIZE) for m in members}
         lo = min(offset for offset, _ in places.values())
         hi = max(offset + size for offset, size in places.values())
         if hi - lo - sum(size for _, size in places.values()) > MAX_GAP_BYTES:
-            return {m: self._pread(offset, size) for m, (offset, size) in places.items()}
-        view = memoryview(self._pread(lo, hi - lo))
-        return {m: bytes(view[offset - lo:offset - lo + size]) for m, (offset, size) in places.items()}
+            spans = {m: memoryview(self._pread(offset, size)) for m, (offset, size) in places.items()}
+        else:
+            view = memoryview(self._pread(lo, hi - lo))
+            spans = {m: view[offset - lo:offset - lo + size] for m, (offset, size) in places.items()}
+        out = {}
+        for m, span in spans.items():
+            _check_header(self.path, walked.names[m], bytes(span[:tarfile.BLOCKSIZE]), int(sizes[m]))
+            out[m] = bytes(span[tarfile.BLOCKSIZE:])
+        return out
 
     def _pread(self, offset: int, size: int) -> bytes:
         try:
@@ -221,6 +231,23 @@ class TarShard(SourceShard):
 
     def close(self) -> None:
         self._file.close_file(self.path)
+
+
+def _check_header(path: str, name: str, header: bytes, size: int) -> None:
+    """:class:`WebDatasetError` unless ``header`` is a regular member's header (checksum right)
+    of ``name`` and ``size`` bytes, as it was when the shard's headers were walked. A name or
+    size that a pax or GNU header before it may give instead (long, not ASCII, huge) is not
+    compared: the header itself may hold a shortened or zeroed one."""
+    try:
+        info = tarfile.TarInfo.frombuf(header, "utf-8", "surrogateescape")
+    except tarfile.HeaderError:
+        info = None
+    long_name = not name.isascii() or len(name) > 99
+    same = info is not None and info.isreg() and (info.name == name or long_name) \
+        and (info.size == size or info.size == 0 or size >= 8 ** 11)
+    if not same:
+        raise WebDatasetError(f"{path} member {name!r}: its header is not what it was when the shard's headers "
+                              "were read (the tar changed); the block is not served")
 
 
 class WebDatasetSource(Source):
