@@ -212,7 +212,7 @@ def test_layouts_a_single_tar_a_nested_folder_and_compressed_shards(tmp_path: Pa
     result = atlasfs("verify", str(gz))
     assert result.returncode == 1 and "Traceback" not in result.stderr
     [line] = [line for line in result.stdout.splitlines() if "x.tar" in line]
-    assert "not an uncompressed tar file" in line, result.stdout
+    assert "not an uncompressed tar file (gzip-compressed)" in line, result.stdout
 
 
 def test_a_tar_rewritten_under_its_stored_table_fails_rather_than_serving_other_bytes(tmp_path: Path) -> None:

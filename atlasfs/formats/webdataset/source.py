@@ -37,7 +37,6 @@ class TarShard(SourceShard):
         self.path = path
         self.name = name
         self.first_index = 0  # each tar numbers its samples from 0 (index keys are rare: bad keys only)
-        self.max_block_bytes = max(BLOCK_BYTES * 2, 1 << 30)
         self._file = LocalStorage()  # a descriptor of its own, closed by close()
         self._lock = threading.Lock()
         self._walk: Walk | None = None

@@ -22,6 +22,8 @@ from atlasfs.errors import AtlasFormatError
 #: Members webdataset skips as the archive's own metadata (``tar_file_iterator``'s ``meta_prefix``,
 #: ``meta_suffix`` and ``skip_meta``): not samples' files, left out without a word.
 _META = re.compile(r"__[^/]*__($|/)")
+#: Magic numbers of compressed files: a shard that is one is refused saying so.
+_COMPRESSED = {b"\x1f\x8b": "gzip", b"\x28\xb5\x2f\xfd": "zstd", b"BZh": "bzip2", b"\xfd7zXZ": "xz"}
 #: Bytes read at a time while looking at what follows the archive's last member.
 _TAIL_CHUNK = 1 << 20
 
@@ -63,8 +65,13 @@ def walk(path: str, file_size: int) -> Walk:
             try:
                 tar = tarfile.open(fileobj=f, mode="r:")
             except tarfile.TarError as exc:
-                raise WebDatasetError(f"{path}: not an uncompressed tar file ({exc}); "
-                                      "compressed shards (.tar.gz) are not read") from None
+                f.seek(0)
+                magic = f.read(6)
+                for packed, kind in _COMPRESSED.items():
+                    if magic.startswith(packed):
+                        raise WebDatasetError(f"{path}: not an uncompressed tar file ({kind}-compressed); "
+                                              "compressed shards are not read") from None
+                raise WebDatasetError(f"{path}: not an uncompressed tar file ({exc})") from None
             while True:
                 at = tar.offset
                 try:
