@@ -100,7 +100,7 @@ def group(path: str, names: list[str], offsets: np.ndarray, sizes: np.ndarray, f
         if not keys:
             problems.append(f"{path}: {cut}; no sample before it")
         elif len(keys) - 1 not in damaged:  # it may lack the files after the cut
-            damaged[len(keys) - 1] = f"{path} sample {keys[-1]!r}: the tar is {cut} after it; it may lack files"
+            damaged[len(keys) - 1] = f"{path} sample {keys[-1]!r}: may lack files, as the tar after it is {cut}"
     starts.append(len(members))
     member_array = np.array(members, dtype=np.int64)
     start_array = np.array(starts, dtype=np.int64)

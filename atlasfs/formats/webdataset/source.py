@@ -79,9 +79,11 @@ class TarShard(SourceShard):
         if len(names) != len(offsets) or not all(names):
             raise state.StateError(f"{self.path}: stored member names do not match its members")
         if len(offsets):
-            ends = offsets + sizes
-            if (offsets.min() < 512 or sizes.min() < 0 or np.any(offsets % 512) or offsets.max() > self.data_size
-                    or np.any(offsets[1:] < ends[:-1])):
+            ends = offsets + np.minimum(sizes, 1 << 56)
+            # a header (512 bytes) before each member's data, after the data before it; sizes
+            # bounded first, so that no sum below can overflow
+            if (sizes.min() < 0 or sizes.max() > 1 << 56 or offsets.min() < 512 or np.any(offsets % 512)
+                    or offsets.max() > self.data_size or np.any(offsets[1:] < ends[:-1] + 512)):
                 raise state.StateError(f"{self.path}: stored members overlap or lie outside the file")
         self._set(Walk(list(names), offsets, sizes, problems, fields.optional_text("cut", 1 << 17)))
         shown = self.problems()
