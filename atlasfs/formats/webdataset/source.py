@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 import os
 import tarfile
-import threading
 from typing import Any
 
 import numpy as np
@@ -38,9 +37,9 @@ class TarShard(SourceShard):
         self.name = name
         self.first_index = 0  # each tar numbers its samples from 0 (index keys are rare: bad keys only)
         self._file = LocalStorage()  # a descriptor of its own, closed by close()
-        self._lock = threading.Lock()
         self._walk: Walk | None = None
         self._samples: Samples | None = None
+        self._pair: tuple[Walk, Samples] | None = None  # both, set at once: what blocks are read from
         try:
             st = os.stat(path)
             self.mtime, self.data_size = st.st_mtime, st.st_size
@@ -95,14 +94,14 @@ class TarShard(SourceShard):
 
     def _set(self, found: Walk) -> None:
         samples = group(self.path, found.names, found.offsets, found.sizes, self.data_size, found.cut)
-        with self._lock:
-            self._walk, self._samples = found, samples
+        self._pair = (found, samples)  # one assignment: a reader never sees a walk with another's samples
+        self._walk, self._samples = found, samples
 
     def _grouped(self) -> tuple[Walk, Samples]:
-        walked, samples = self._walk, self._samples
-        if walked is None or samples is None:
+        pair = self._pair
+        if pair is None:
             raise WebDatasetError(f"{self.path}: its headers have not been read")
-        return walked, samples
+        return pair
 
     # -- blocks
 
