@@ -23,6 +23,7 @@ FORMATS: dict[str, tuple[str, str]] = {
     "dolma": ("atlasfs.formats.dolma", "a documents/ folder of *.json[l][.gz|.zst] (Dolma)"),
     "lavender": ("atlasfs.formats.lavender", "folders of shard.NNNNN.csv|parquet (Lavender shardsets)"),
     "pbin": ("atlasfs.formats.pbin", "a .pbin file or a folder of them (Modalities)"),
+    "webdataset": ("atlasfs.formats.webdataset", "a .tar file or a folder of them (WebDataset shards)"),
 }
 
 
