@@ -96,3 +96,17 @@ def test_spans_probe_reads_both_paths(tmp_path: Path) -> None:
         assert result["files_with_span"] > 0 and len(result["block_path_us"]) == len(result["span_path_us"]) == 50
     rows = table_rows(run.markdown, "tiny") + table_rows(run.markdown, "image")
     assert len(rows) == 4 and rows[0][3] == str(run.data["results"][0]["files"]), rows
+
+
+@pytest.mark.fuse
+def test_ab_compares_a_revision_with_the_working_tree_on_the_same_bytes(tmp_path: Path) -> None:
+    """bench/ab.py runs both revisions over the same dataset, each figure's ratio of the same run."""
+    require_fuse()
+    run = run_probe("ab.py", "ab", tmp_path, "--smoke", "--baseline", "HEAD", "--datasets", "tiny")
+    assert run.returncode == 0, run.stderr[-3000:]
+    figures = run.data["tiny"]
+    assert set(figures) == {"baseline", "working tree"}
+    for row in table_rows(run.markdown, "tiny"):
+        figure = row[1]
+        a, b = figures["baseline"][figure], figures["working tree"][figure]
+        assert a > 0 and b > 0 and row[4] == f"{b / a:.2f}", row
