@@ -45,8 +45,10 @@ def shard_files(shard: SourceShard) -> dict[str, bytes]:
     out: dict[str, bytes] = {}
     for block in range(shard.num_blocks):
         samples, _ = shard.decode_block(block)
+        assert len(samples) == shard.block_length(block)
         for pos, sample in enumerate(samples):
-            fields, _ = naming.example_fields(sample, naming.MAX_NAME_BYTES - 1 - shard.key_width)
+            fields, note = naming.example_fields(sample, naming.MAX_NAME_BYTES - 1 - shard.key_width)
+            assert note is None, note
             longest = max(len(s.encode()) for s, _ in fields)
             key, _ = assigner.assign(naming.declared_key(sample), shard.first_index + block * shard.block_size + pos,
                                      longest)

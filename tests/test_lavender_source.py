@@ -16,30 +16,11 @@ from atlasfs.formats.lavender import (
     BLOCK_ROWS,
     STATE_VERSION,
     LavenderError,
-    LavenderShard,
     LavenderSource,
     looks_like,
     write_csv_shard,
 )
-from atlasfs.tree import naming
-
-
-def files_of(shard: LavenderShard) -> dict[str, bytes]:
-    """The shard's files as the tree names them: ``{"<key>.<suffix>": bytes}`` in listing order."""
-    assigner = naming.KeyAssigner(shard.key_width)
-    out: dict[str, bytes] = {}
-    for block in range(shard.num_blocks):
-        samples, _ = shard.decode_block(block)
-        assert len(samples) == shard.block_length(block)
-        for pos, sample in enumerate(samples):
-            fields, note = naming.example_fields(sample, naming.MAX_NAME_BYTES - 1 - shard.key_width)
-            assert note is None, note
-            longest = max(len(s.encode()) for s, _ in fields)
-            key, _ = assigner.assign(naming.declared_key(sample), shard.first_index + block * shard.block_size + pos,
-                                     longest)
-            for suffix, value in fields:
-                out[f"{key}.{suffix}"] = naming.encode_as(suffix, value)
-    return out
+from contract import shard_files as files_of
 
 
 def _dataset(root: Path, shards: int = 2, rows: int = 10) -> None:
