@@ -23,7 +23,7 @@ from atlasfs.tree.blocktree import DEFAULT_CACHE_BYTES
 #: tar file with a wids index (``tars``), or both side by side.
 VIEWS = ("files", "tars", "both")
 #: The commands that take a dataset, and so the options of how it is read.
-DATASET_COMMANDS = ("info", "verify", "show", "mount", "export", "index")
+DATASET_COMMANDS = ("info", "verify", "show", "mount", "export", "index", "pack")
 
 #: Options mount(8) and fstab pass along that mean nothing to a FUSE daemon.
 MOUNT_ONLY = frozenset({

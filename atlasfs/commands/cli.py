@@ -131,6 +131,38 @@ def cmd_export(args: argparse.Namespace) -> int:
         return 1 if failed else 0
 
 
+def cmd_pack(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from atlasfs.commands.pack import PackError, PackSettings, pack, temporary_folder
+    settings = PackSettings(args.shard_size, args.block_size, args.strategy, args.level, args.dict_size, args.decode)
+    bar: list[tqdm] = []
+
+    def progress(total: int):  # noqa: ANN202 (tqdm's update)
+        bar.append(tqdm(total=total, desc="pack", unit="shard", disable=None))  # shown on a terminal only
+        return bar[0].update
+
+    try:
+        report = pack(args.dataset, args.outdir, settings, args.settings.format, args.settings.source_options(),
+                      args.settings.storage, args.jobs or os.cpu_count() or 1, progress)
+    except PackError as exc:
+        kept = temporary_folder(args.outdir)
+        resume = (f"; the shards finished are kept in {kept}: pack again to go on from them, or delete it"
+                  if os.path.isdir(kept) else "")
+        raise UsageError(f"pack stopped, {args.outdir} not written: {exc}{resume}") from None
+    finally:
+        for b in bar:
+            b.close()
+    reused = f", {report.reused} of them from an earlier run" if report.reused else ""
+    print(f"{report.path}: {report.shards} shards{reused}, {report.examples} examples, "
+          f"strategy {report.strategy}")
+    if report.kept:
+        kinds = ", ".join(f"{n} .{ext}" for ext, n in sorted(report.kept.items()))
+        print(f"--decode kept {sum(report.kept.values())} fields as bytes ({kinds}): "
+              "their decoded values would not give the same bytes back")
+    return 0
+
+
 def cmd_index(args: argparse.Namespace) -> int:
     from atlasfs.tree.blocktree import BlockTree
     from atlasfs.tree.tablestore import TableStore, make_shared_folder
@@ -249,6 +281,25 @@ def build_parser() -> argparse.ArgumentParser:
     source(p, "export")
     p.add_argument("outdir", help="folder for the tar files (created if missing)")
     p.add_argument("--shards", nargs="+", metavar="SHARD", help="shard folder names to export (default: all)")
+
+    p = command("pack", cmd_pack, "write any dataset atlasfs mounts as an Atlas v1 dataset (the reference "
+                                  "writer's rules) whose mount shows the same files byte for byte")
+    source(p, "pack")
+    p.add_argument("outdir", help="the Atlas dataset to write (must not exist; written beside it, then renamed)")
+    p.add_argument("--shard-size", type=int, metavar="N",
+                   help="examples per shard (default: one Atlas shard per source shard)")
+    p.add_argument("--block-size", type=int, default=64, metavar="N", help="examples per block (default 64)")
+    p.add_argument("--strategy", type=int, choices=range(4), default=2,
+                   help="0 none, 1 zstd, 2 one dictionary trained on the first shard and shared (default), "
+                        "3 one dictionary per shard; a shard of fewer than 7 blocks falls back to 1")
+    p.add_argument("--level", type=int, default=3, help="zstd compression level (default 3)")
+    p.add_argument("--dict-size", type=float, default=0.01, metavar="FRACTION",
+                   help="dictionary size as a fraction of a shard's bytes (default 0.01)")
+    p.add_argument("--decode", action="store_true",
+                   help="store .cls/.txt/.json/.npy/.npz fields as their decoded values (webdataset's default "
+                        "decoders) where encoding them gives the same bytes back; others stay bytes")
+    p.add_argument("-j", "--jobs", type=int, metavar="N", help="shards written at once, in processes "
+                   "(default: the number of CPUs)")
 
     p = command("index", cmd_index,
                 "build the shards' file tables ahead of time, beside the dataset (DATASET/.atlasfs-tables), "

@@ -48,6 +48,11 @@ def index_dtype(data_size: int) -> type[np.unsignedinteger[Any]]:
     return _INDEX_DTYPES[position]
 
 
+def shard_name_width(shards: int) -> int:
+    """Digits of the shard folder names of a dataset of ``shards`` shards (the last one's)."""
+    return len(str(max(shards, 1) - 1))
+
+
 def _compressor(level: int, dictionary: zstandard.ZstdCompressionDict | None = None) -> zstandard.ZstdCompressor:
     # Frame checksums (4 bytes a block) let readers detect corrupted data
     # instead of unpickling it; every zstd reader, the reference's included,
@@ -65,8 +70,8 @@ def _train_dictionary(blocks: list[bytes], fraction: float, level: int) -> zstan
         return None
 
 
-class _ShardWriter:
-    """Writes one shard folder. Under strategy 3 blocks stay in memory until
+class ShardWriter:
+    """Writes one shard folder (``atlasfs pack`` writes shards with it in parallel). Under strategy 3 blocks stay in memory until
     :meth:`close`, because the dictionary is trained on all of them."""
 
     def __init__(self, path: str, block_size: int, strategy: CompressionStrategy, level: int,
@@ -90,6 +95,7 @@ class _ShardWriter:
             self._compressor = _compressor(level)
 
     def add(self, example: Any) -> None:
+        """Append one example."""
         self._current.append(example)
         self.stored += 1
         if len(self._current) == self.block_size:
@@ -113,6 +119,7 @@ class _ShardWriter:
         self._data.write(block)
 
     def close(self) -> ShardMeta:
+        """Write the last block, the dictionary (strategy 3) and ``index.npy``; the meta to record."""
         if self._current:
             self._flush_block()
         if self.strategy == CompressionStrategy.DICTIONARY_COMPRESSION:
@@ -135,6 +142,7 @@ class _ShardWriter:
                          self.dict_fraction)
 
     def abort(self) -> None:
+        """Close the data file (the caller removes the folder)."""
         if self._data is not None:
             self._data.close()
 
@@ -180,12 +188,12 @@ class AtlasWriter:
         self._closed = False
         self._shard = self._new_shard()
 
-    def _new_shard(self) -> _ShardWriter:
+    def _new_shard(self) -> ShardWriter:
         strategy = self.strategy
         if strategy == CompressionStrategy.SHARED_DICTIONARY_COMPRESSION and self._shared_dict is None:
             strategy = CompressionStrategy.DICTIONARY_COMPRESSION  # train on the first shard
         path = os.path.join(self._tmp, str(len(self._shard_sizes)))
-        return _ShardWriter(path, self.block_size, strategy, self.level, self.dict_fraction, self._shared_dict)
+        return ShardWriter(path, self.block_size, strategy, self.level, self.dict_fraction, self._shared_dict)
 
     def add_example(self, example: Any) -> None:
         """Append one example (any picklable object)."""
@@ -226,7 +234,7 @@ class AtlasWriter:
             root = RootMeta(FORMAT_VERSION, tuple(self._shard_sizes), self.strategy)
             with open(os.path.join(self._tmp, "meta.json"), "w") as f:
                 f.write(root.to_json())
-            width = len(str(len(self._shard_sizes) - 1))
+            width = shard_name_width(len(self._shard_sizes))
             for number in range(len(self._shard_sizes)):
                 os.rename(os.path.join(self._tmp, str(number)), os.path.join(self._tmp, str(number).zfill(width)))
             if os.path.lexists(self.path):  # rename(2) would silently replace an empty folder

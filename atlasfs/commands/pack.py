@@ -1,0 +1,432 @@
+"""``atlasfs pack``: any dataset atlasfs mounts, written as an Atlas v1 dataset whose mount
+shows the same files byte for byte.
+
+Samples are taken as the source's mount shows them (:mod:`.packexamples`) and written by
+the Atlas writer's shard writer (:class:`~atlasfs.formats.atlas.writer.ShardWriter`) with
+the reference writer's rules: strategies 0-3, a dictionary trained per shard (3) or on the
+first shard and shared (2), strategy 1 where a shard has fewer than 7 blocks (under 2 the
+whole dataset's, when the first shard does), index dtype by size, shard folders padded to
+the width of the last one's number. By default each source shard becomes one Atlas shard
+(in order: Atlas shard ``i`` is the source's ``i``-th); ``shard_size`` cuts the samples into
+shards of that many instead.
+
+The write goes to ``.<OUTDIR name>.pack-partial`` beside OUTDIR, renamed to OUTDIR once
+complete: OUTDIR never holds half a dataset. Each shard is written to ``<name>.partial``
+inside it and renamed when complete, so a run that is killed or stops on a bad source
+shard leaves the shards it finished; a later run with the same source and settings
+(``pack.json`` records them) keeps them and writes only the others, any other run starts
+afresh. Shards are written by ``jobs`` processes at once (the first one alone under
+strategy 2: the others need its dictionary).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import fcntl
+import json
+import logging
+import multiprocessing
+import os
+import shutil
+import signal
+from collections import Counter
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import zstandard
+
+from atlasfs.commands.packexamples import ExampleMaker, PackError, shard_samples
+from atlasfs.errors import AtlasFormatError
+from atlasfs.formats.atlas.dataset import DICT_NAME
+from atlasfs.formats.atlas.meta import FORMAT_VERSION, CompressionStrategy, RootMeta, ShardMeta
+from atlasfs.formats.atlas.writer import ShardWriter, shard_name_width
+from atlasfs.formats.factory import SourceOptions, open_source
+from atlasfs.storage import StorageOptions, set_default_options
+from atlasfs.tree.blocktree import BlockTree
+from atlasfs.tree.naming import index_key_width
+
+#: What a leftover temporary folder's ``pack.json`` must say for its shards to be kept.
+PACK_VERSION = 1
+PARTIAL = ".partial"
+#: Bytes of decoded blocks each process caches while packing.
+PACK_CACHE_BYTES = 64 << 20
+
+__all__ = ["PackError", "PackReport", "PackSettings", "pack", "temporary_folder"]
+
+
+@dataclass(frozen=True)
+class PackSettings:
+    """How the Atlas dataset is written (the reference writer's parameters, plus ``decode``)."""
+
+    #: Examples per shard; None: one Atlas shard per source shard.
+    shard_size: int | None = None
+    block_size: int = 64
+    strategy: int = int(CompressionStrategy.SHARED_DICTIONARY_COMPRESSION)
+    level: int = 3
+    dict_size: float = 0.01
+    #: Fields with a webdataset default decoder hold decoded values where they round trip.
+    decode: bool = False
+
+    def check(self) -> None:
+        """Raise :class:`PackError` for a setting the writer would refuse."""
+        if self.shard_size is not None and self.shard_size < 1:
+            raise PackError("--shard-size must be at least 1")
+        if self.block_size < 1:
+            raise PackError("--block-size must be at least 1")
+        if self.strategy not in range(4):
+            raise PackError("--strategy must be 0, 1, 2 or 3")
+        if not 0.0 <= self.dict_size <= 1.0:
+            raise PackError("--dict-size must be between 0 and 1 (a fraction of a shard's bytes)")
+        if not -(1 << 17) <= self.level <= zstandard.MAX_COMPRESSION_LEVEL:
+            raise PackError(f"--level must be at most {zstandard.MAX_COMPRESSION_LEVEL}")
+
+
+@dataclass(frozen=True)
+class _Context:
+    """What a worker process needs to open the source and write shards (picklable)."""
+
+    dataset: str
+    kind: str | None
+    options: SourceOptions
+    storage: StorageOptions
+    settings: PackSettings
+    folder: str
+    width: int = 6
+
+
+@dataclass(frozen=True)
+class _Job:
+    """One Atlas shard to write: its folder name and the source samples it holds,
+    ``(source shard position, start, stop)`` pieces, the first at global ``first_index``."""
+
+    name: str
+    pieces: tuple[tuple[int, int, int], ...]
+    first_index: int
+    strategy: int
+    train_shared: bool = False
+
+
+@dataclass
+class PackReport:
+    """What a pack wrote."""
+
+    path: str
+    shards: int = 0
+    examples: int = 0
+    strategy: int = 0
+    reused: int = 0
+    kept: Counter[str] = field(default_factory=Counter)
+
+
+_worker: dict[str, Any] = {}
+
+
+def _start(context: _Context, in_pool: bool = False) -> None:
+    """Open the source in this process (a pool's initializer, or the parent with one job)."""
+    if in_pool:  # Ctrl-C is the parent's to handle: it lets the running shards finish, kept for the next run
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        logger = logging.getLogger("atlasfs")
+        if not logger.handlers:  # what the source notes (a member left out) is said as the parent says it
+            handler = logging.StreamHandler()
+            handler.setFormatter(logging.Formatter("atlasfs: %(message)s"))
+            logger.addHandler(handler)
+    set_default_options(context.storage)
+    source = open_source(context.dataset, context.kind, context.options)
+    _worker.update(context=context, source=source,
+                   tree=BlockTree(source, cache_bytes=PACK_CACHE_BYTES, log_failures=False))
+
+
+def _stop() -> None:
+    source = _worker.pop("source", None)
+    if source is not None:
+        source.close()
+    _worker.clear()
+
+
+def _shard_name(s: int) -> str:
+    return _worker["tree"].shards[s].name
+
+
+def _count(s: int) -> int:
+    """Samples of source shard position ``s`` (its pass over its files, if it needs one)."""
+    shard = _worker["tree"].shards[s]
+    try:
+        if shard.error is not None:
+            raise shard.error
+        shard.prepare()
+        return sum(shard.block_length(b) for b in range(shard.num_blocks))
+    except (AtlasFormatError, OSError) as exc:
+        raise PackError(f"source shard {shard.name} cannot be read: {_why(exc)}") from None
+
+
+def _why(exc: BaseException) -> str:
+    return getattr(exc, "cause", None) or (exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc))
+
+
+def _write(job: _Job) -> tuple[str, int, Counter[str]]:
+    """Write one Atlas shard (into ``<name>.partial``, renamed when complete)."""
+    context: _Context = _worker["context"]
+    settings = context.settings
+    final = os.path.join(context.folder, job.name)
+    partial = final + PARTIAL
+    shutil.rmtree(partial, ignore_errors=True)
+    shared = None
+    if job.strategy == CompressionStrategy.SHARED_DICTIONARY_COMPRESSION:
+        with open(os.path.join(context.folder, DICT_NAME), "rb") as f:
+            shared = zstandard.ZstdCompressionDict(f.read())
+    writer = ShardWriter(partial, settings.block_size, CompressionStrategy(job.strategy), settings.level,
+                         settings.dict_size, shared)
+    maker = ExampleMaker(context.width, settings.decode)
+    index = job.first_index
+    s = -1
+    try:
+        for s, start, stop in job.pieces:
+            where = f"source shard {_shard_name(s)}"
+            before = index
+            for key, files in shard_samples(_worker["tree"], s, start, stop):
+                writer.add(maker.make(key, files, index, where))
+                index += 1
+            if index - before != stop - start:
+                raise PackError(f"{where}: {index - before} samples where {stop - start} were counted "
+                                "(did it change while packing?)")
+        meta = writer.close()
+    except PackError:
+        writer.abort()
+        shutil.rmtree(partial, ignore_errors=True)
+        raise
+    except (AtlasFormatError, OSError) as exc:  # Unreadable names the shard or block and what is wrong
+        writer.abort()
+        shutil.rmtree(partial, ignore_errors=True)
+        raise PackError(f"source shard {_shard_name(s)} cannot be read: {_why(exc)}") from None
+    except BaseException:
+        writer.abort()
+        shutil.rmtree(partial, ignore_errors=True)
+        raise
+    if job.train_shared:
+        if writer.trained_dict is not None:  # the first shard's dictionary becomes the shared one
+            _replace_file(os.path.join(context.folder, DICT_NAME), writer.trained_dict.as_bytes())
+            os.unlink(os.path.join(partial, DICT_NAME))
+            meta = ShardMeta(**{**meta.__dict__, "compression_strategy": CompressionStrategy.SHARED_DICTIONARY_COMPRESSION})
+    with open(os.path.join(partial, "meta.json"), "w") as f:
+        f.write(meta.to_json())
+    os.rename(partial, final)
+    return job.name, meta.stored_examples, maker.kept
+
+
+def _replace_file(path: str, data: bytes) -> None:
+    with open(path + PARTIAL, "wb") as f:
+        f.write(data)
+    os.replace(path + PARTIAL, path)
+
+
+def temporary_folder(outdir: str) -> str:
+    """Where ``pack`` writes before renaming to ``outdir``: a hidden folder beside it."""
+    parent, name = os.path.split(os.path.abspath(outdir))
+    return os.path.join(parent, f".{name}.pack-partial")
+
+
+class _Folder:
+    """The temporary folder, locked while a pack writes in it, its leftover shards kept
+    if ``pack.json`` says they were written from the same source with the same settings."""
+
+    def __init__(self, path: str, signature: dict[str, Any]) -> None:
+        self.path = path
+        os.makedirs(path, exist_ok=True)
+        self._fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(self._fd)
+            raise PackError(f"{path}: another atlasfs pack is writing there") from None
+        record = os.path.join(path, "pack.json")
+        try:
+            with open(record) as f:
+                same = json.load(f) == signature
+        except (OSError, ValueError):
+            same = False
+        for name in os.listdir(path):  # shards half written, or everything of another pack
+            if not same or name.endswith(PARTIAL):
+                target = os.path.join(path, name)
+                if os.path.isdir(target) and not os.path.islink(target):
+                    shutil.rmtree(target)
+                else:
+                    os.unlink(target)
+        if not same:
+            _replace_file(record, json.dumps(signature).encode())
+
+    def done(self, name: str) -> bool:
+        """Whether shard folder ``name`` was completed (by this run or a killed one)."""
+        return os.path.isfile(os.path.join(self.path, name, "meta.json"))
+
+    def meta(self, name: str) -> dict[str, Any]:
+        with open(os.path.join(self.path, name, "meta.json")) as f:
+            return json.load(f)
+
+    def finish(self, outdir: str) -> None:
+        """Rename the folder to ``outdir`` (which must still not exist)."""
+        os.unlink(os.path.join(self.path, "pack.json"))
+        if os.path.lexists(outdir):  # rename(2) would replace an empty folder
+            raise PackError(f"{outdir}: appeared while the dataset was being written")
+        os.rename(self.path, outdir)
+
+    def close(self, keep_if_any: bool = False) -> None:
+        """Unlock; with ``keep_if_any`` (a pack that stopped) remove the folder unless it
+        holds a finished shard for the next run."""
+        if self._fd < 0:
+            return
+        if keep_if_any and os.path.isdir(self.path) and not any(
+                os.path.isfile(os.path.join(self.path, name, "meta.json")) for name in os.listdir(self.path)):
+            shutil.rmtree(self.path, ignore_errors=True)
+        os.close(self._fd)
+        self._fd = -1
+
+
+def _plan(counts: Sequence[int], shard_size: int | None) -> list[list[tuple[int, int, int]]]:
+    """The pieces of each Atlas shard: one per source shard, or cut every ``shard_size`` samples."""
+    if shard_size is None:
+        return [[(s, 0, n)] for s, n in enumerate(counts)] or [[]]
+    shards: list[list[tuple[int, int, int]]] = [[]]
+    room = shard_size
+    for s, n in enumerate(counts):
+        start = 0
+        while start < n:
+            if room == 0:
+                shards.append([])
+                room = shard_size
+            take = min(room, n - start)
+            shards[-1].append((s, start, start + take))
+            start += take
+            room -= take
+    return shards
+
+
+class _Runner:
+    """Runs jobs in this process (``jobs`` 1) or in a pool of processes."""
+
+    def __init__(self, context: _Context, jobs: int) -> None:
+        self.pool = None
+        if jobs > 1:
+            self.pool = concurrent.futures.ProcessPoolExecutor(
+                jobs, mp_context=multiprocessing.get_context("spawn"), initializer=_start, initargs=(context, True))
+        else:
+            _start(context)
+
+    def map(self, func: Callable[[Any], Any], items: Iterable[Any], each: Callable[[Any], None]) -> None:
+        """``func`` of every item; ``each`` of every result as it comes. The first failure
+        cancels what has not started and is raised once the running ones end."""
+        if self.pool is None:
+            for item in items:
+                each(func(item))
+            return
+        futures = [self.pool.submit(func, item) for item in items]
+        try:
+            for future in concurrent.futures.as_completed(futures):
+                each(future.result())
+        except BaseException:
+            for future in futures:
+                future.cancel()
+            concurrent.futures.wait(futures)
+            raise
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.shutdown(cancel_futures=True)
+            self.pool = None
+        else:
+            _stop()
+
+
+def pack(dataset: str, outdir: str, settings: PackSettings, kind: str | None = None,
+         options: SourceOptions | None = None, storage: StorageOptions | None = None, jobs: int = 1,
+         progress: Callable[[int], Any] | None = None) -> PackReport:
+    """Write ``dataset`` (any format atlasfs mounts) as an Atlas dataset at ``outdir``.
+
+    ``progress(total)`` is called once with the number of shards and returns a callable
+    called once per shard written (``tqdm(total=...).update`` fits). Raises
+    :class:`PackError` saying why a pack stops (the shards finished are kept for the next run).
+    """
+    settings.check()
+    outdir = os.path.abspath(outdir)
+    if os.path.lexists(outdir):
+        raise PackError(f"{outdir}: already exists (pack writes a new dataset there)")
+    if not os.path.isdir(os.path.dirname(outdir)):
+        raise PackError(f"{os.path.dirname(outdir)}: no such folder (OUTDIR's parent must exist)")
+    options = options or SourceOptions()
+    storage = storage or StorageOptions()
+    with open_source(dataset, kind, options) as source:
+        kind = source.kind
+        shards = [shard.name for shard in source.shards]
+        keys: list[Any] = []
+        for shard in source.shards:
+            try:
+                keys.append(shard.table_key())
+            except Exception:  # noqa: BLE001 (no signature: a leftover is never reused)
+                keys.append(os.urandom(8).hex())
+    signature = {"version": PACK_VERSION, "source": {"path": os.path.abspath(dataset), "kind": kind,
+                                                     "options": asdict(options), "shards": keys},
+                 "settings": asdict(settings)}
+    folder = _Folder(temporary_folder(outdir), signature)
+    context = _Context(os.fspath(dataset), kind, options, storage, settings, folder.path)
+    runner = _Runner(context, max(1, min(jobs, len(shards))))
+    try:
+        counts = [0] * len(shards)
+
+        def counted(item: tuple[int, int]) -> None:
+            counts[item[0]] = item[1]
+        runner.map(_count_item, range(len(shards)), counted)
+        plan = _plan(counts, settings.shard_size)
+        total = sum(counts)
+        width = shard_name_width(len(plan))
+        names = [str(i).zfill(width) for i in range(len(plan))]
+        firsts = [0]
+        for pieces in plan:
+            firsts.append(firsts[-1] + sum(b - a for _, a, b in pieces))
+        context = _Context(context.dataset, kind, options, storage, settings, folder.path, index_key_width(total))
+        runner.close()
+        runner = _Runner(context, max(1, min(jobs, len(plan))))
+        report = PackReport(outdir, len(plan), total)
+        advance = progress(len(plan)) if progress else (lambda n=1: None)
+
+        def written(result: tuple[str, int, Counter[str]]) -> None:
+            report.kept.update(result[2])
+            advance(1)
+
+        strategy = settings.strategy
+        first = 0
+        if strategy == CompressionStrategy.SHARED_DICTIONARY_COMPRESSION:
+            if folder.done(names[0]):
+                report.reused += 1
+                advance(1)
+            else:
+                runner.map(_write, [_Job(names[0], tuple(plan[0]), 0, CompressionStrategy.DICTIONARY_COMPRESSION,
+                                         True)], written)
+            strategy = folder.meta(names[0])["compression_strategy"]  # 1 if no dictionary could be trained
+            first = 1
+        todo = []
+        for i in range(first, len(plan)):
+            if folder.done(names[i]):
+                report.reused += 1
+                advance(1)
+            else:
+                todo.append(_Job(names[i], tuple(plan[i]), firsts[i], strategy))
+        runner.map(_write, todo, written)
+        report.strategy = strategy if settings.strategy == CompressionStrategy.SHARED_DICTIONARY_COMPRESSION \
+            else settings.strategy  # under 3 the root keeps 3 whatever its shards fell back to
+        sizes = tuple(folder.meta(name)["stored_examples"] for name in names)
+        root = RootMeta(FORMAT_VERSION, sizes, CompressionStrategy(report.strategy))
+        with open(os.path.join(folder.path, "meta.json"), "w") as f:
+            f.write(root.to_json())
+        folder.finish(outdir)
+        return report
+    except BaseException:
+        runner.close()
+        folder.close(keep_if_any=True)
+        raise
+    finally:
+        runner.close()
+        folder.close()
+
+
+def _count_item(s: int) -> tuple[int, int]:
+    return s, _count(s)
