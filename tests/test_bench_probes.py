@@ -110,3 +110,16 @@ def test_ab_compares_a_revision_with_the_working_tree_on_the_same_bytes(tmp_path
         figure = row[1]
         a, b = figures["baseline"][figure], figures["working tree"][figure]
         assert a > 0 and b > 0 and row[4] == f"{b / a:.2f}", row
+
+
+def test_pack_probe_times_pack_against_tar_and_checks_what_it_packed(tmp_path: Path) -> None:
+    """bench/pack.py packs the suite's tars with each strategy, checks the export of what it packed
+    holds the source's files, and reports rates and sizes of the same run."""
+    run = run_probe("pack.py", "pack", tmp_path, "--smoke", "--datasets", "tiny", "--strategies", "1,2")
+    assert run.returncode == 0, run.stderr[-3000:]
+    result = run.data["results"]["tiny"]
+    rows = table_rows(run.markdown, "tiny")
+    assert [row[1] for row in rows] == ["1", "2"]
+    for row, strategy in zip(rows, ("s1", "s2")):
+        s = result[strategy]
+        assert row[2] == f"{result['files'] / s['pack s']:,.0f}" and row[6] == f"{s['bytes'] / result['tars bytes']:.2f}"

@@ -1,0 +1,141 @@
+#!/usr/bin/env python3
+"""``atlasfs pack`` against its yardsticks, in one run (issue #28).
+
+For each of the benchmark's datasets (bench/datagen.py: its WebDataset tars are the source),
+times, medians of ``--repeat`` runs:
+
+* ``pack``: ``atlasfs pack TARS OUT --strategy S`` for each strategy (a subprocess, as a user
+  runs it; ``-j 1``), its files/s and MB/s of the tars read;
+* ``tar cf``: GNU tar writing the same files, extracted on tmpfs, into one tar (files/s);
+* ``writer``: atlasfs's ``AtlasWriter`` alone (the reference writer's rules, in process, from
+  the samples already in memory): the rate of the format's writing without reading a source;
+
+and each packed dataset's size against the tars' (the point of Atlas: dictionary compression of
+small samples). Every packed dataset is checked: its ``atlasfs export`` holds the source's files.
+
+    python bench/pack.py [--smoke] [--repeat N] [--datasets image,text,tiny] [--strategies 1,2]
+
+Report: bench/results/pack.md and pack.json.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tarfile
+
+if __package__ in (None, ""):  # run as a script: make `bench` importable
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    __package__ = "bench"
+
+from bench import datagen, harness
+
+
+def _atlasfs(*args: str) -> None:
+    subprocess.run([sys.executable, "-m", "atlasfs", *args], check=True, capture_output=True)
+
+
+def _members(tars: str) -> list[tuple[str, bytes]]:
+    """Every file of every tar under ``tars`` (shards in name order), as (shard/name, bytes)."""
+    out = []
+    for name in sorted(f for f in os.listdir(tars) if f.endswith(".tar")):
+        with tarfile.open(os.path.join(tars, name)) as archive:
+            out += [(f"{name[:-4]}/{m.name}", archive.extractfile(m).read())  # type: ignore[union-attr]
+                    for m in archive if m.isfile()]
+    return out
+
+
+def _samples(members: list[tuple[str, bytes]]) -> list[dict[str, object]]:
+    """The members grouped as webdataset groups them (adjacent, key = name up to the first dot)."""
+    samples: list[dict[str, object]] = []
+    for path, data in members:
+        shard, _, name = path.partition("/")
+        folder, _, base = name.rpartition("/")
+        key, _, field = base.partition(".")
+        key = f"{folder}/{key}" if folder else key
+        if not samples or samples[-1]["__key__"] != key:
+            samples.append({"__key__": key})
+        samples[-1][field] = data
+    return samples
+
+
+def run(name: str, workdir: str, scratch: str, repeat: int, smoke: bool, strategies: list[int]) -> dict:
+    prepared = datagen.prepare(datagen.spec_for(name, smoke=smoke), workdir, harness.log)
+    extracted = os.path.join(scratch, f"{name}-files")
+    datagen.materialize(prepared, extracted)
+    members = _members(prepared.tars)
+    files = len(members)
+    source_bytes = sum(len(data) for _, data in members)
+    tar_bytes = sum(os.path.getsize(os.path.join(prepared.tars, f)) for f in os.listdir(prepared.tars)
+                    if f.endswith(".tar"))
+    figures: dict[str, object] = {"files": files, "source MB": source_bytes / 1e6, "tars bytes": tar_bytes}
+    gnu = []
+    for _ in range(repeat):
+        out = os.path.join(scratch, f"{name}.tar")
+        gnu.append(harness.timed(lambda: subprocess.run(["tar", "cf", out, "-C", extracted, "."], check=True)).seconds)
+        os.unlink(out)
+    figures["tar cf files/s"] = files / statistics.median(gnu)
+    samples = _samples(members)
+    from atlasfs import AtlasWriter
+    for strategy in strategies:
+        packs, writes, size = [], [], 0
+        for _ in range(repeat):
+            out = os.path.join(scratch, f"{name}-packed-{strategy}")
+            shutil.rmtree(out, ignore_errors=True)
+            packs.append(harness.timed(lambda: _atlasfs("pack", prepared.tars, out, "--strategy", str(strategy),
+                                                        "-j", "1")).seconds)
+            size = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(out) for f in fs)
+            exported = os.path.join(scratch, f"{name}-export-{strategy}")
+            shutil.rmtree(exported, ignore_errors=True)
+            _atlasfs("export", out, exported)
+            if sorted(data for _, data in _members(exported)) != sorted(data for _, data in members):
+                raise SystemExit(f"pack: {name}, strategy {strategy}: the packed dataset does not hold the source's files")
+            shutil.rmtree(exported)
+            written = os.path.join(scratch, f"{name}-writer-{strategy}")
+            shutil.rmtree(written, ignore_errors=True)
+
+            def write(path: str = written) -> None:
+                with AtlasWriter(path, shard_size=prepared.spec.shard_size, block_size=64,
+                                 compression_strategy=strategy) as writer:
+                    writer.add_examples(samples)
+            writes.append(harness.timed(write).seconds)
+            shutil.rmtree(written)
+            shutil.rmtree(out)
+        figures[f"s{strategy}"] = {"pack s": statistics.median(packs), "writer s": statistics.median(writes),
+                                   "bytes": size}
+    shutil.rmtree(extracted)
+    return figures
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = harness.parser(__doc__, repeat=3)
+    p.add_argument("--datasets", default="image,text,tiny")
+    p.add_argument("--strategies", default="1,2", help="Atlas compression strategies to pack with (default 1,2)")
+    args = harness.parse(p, argv)
+    strategies = [int(s) for s in args.strategies.split(",")]
+    results, rows = {}, []
+    with harness.workspace("pack", args) as ws:
+        for name in args.datasets.split(","):
+            harness.log(f"{name}: packing")
+            r = results[name] = run(name, ws.workdir, ws.scratch, args.repeat, args.smoke, strategies)
+            files = int(r["files"])  # type: ignore[call-overload]
+            for strategy in strategies:
+                s = r[f"s{strategy}"]
+                rows.append([name, str(strategy), f"{files / s['pack s']:,.0f}", f"{r['source MB'] / s['pack s']:.1f}",
+                             f"{files / s['pack s'] / r['tar cf files/s']:.2f}",
+                             f"{files / s['writer s']:,.0f}", f"{s['bytes'] / r['tars bytes']:.2f}"])
+    body = ["Medians. pack ÷ tar cf: files/s of `atlasfs pack` (a subprocess, -j 1) over GNU tar's into one tar "
+            "of the same files on tmpfs; writer: AtlasWriter alone, in process; size: the packed dataset's bytes "
+            "over the WebDataset tars'.", "",
+            *harness.table(["set", "strategy", "pack files/s", "pack MB/s in", "pack ÷ tar cf", "writer files/s",
+                            "size ÷ tars"], rows)]
+    meta = harness.meta("pack.py", args)
+    harness.write_report("pack", args, "atlasfs pack: throughput and size", body, meta, {"results": results})
+    return 0
+
+
+if __name__ == "__main__":
+    harness.run_main(main)
