@@ -77,6 +77,18 @@ def store_failure(file: Any) -> OSError | None:
     return getattr(raw, "failure", None)
 
 
+def transient_failure(exc: BaseException, file: Any = None) -> OSError | None:
+    """The store's error behind ``exc`` (raised by a library reading ``file``, a
+    :meth:`Storage.open` file), or None: a store that did not answer, or an object that
+    changed, is no damage of the data; the caller raises it as it is (transient, EIO)."""
+    from atlasfs.storage import StorageChangedError, StorageUnavailableError
+
+    for found in (exc, store_failure(file) if file is not None else None, exc.__cause__, exc.__context__):
+        if isinstance(found, (StorageUnavailableError, StorageChangedError)):
+            return found
+    return None
+
+
 def walk(storage: "Storage", folder: str,
          onerror: Callable[[OSError], None] | None = None) -> Iterator[tuple[str, list[str], list[str]]]:
     """``os.walk`` through ``storage``: ``(folder, sub-folders, files)`` top-down, names

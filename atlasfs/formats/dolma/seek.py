@@ -28,8 +28,8 @@ import zstandard
 
 from atlasfs.errors import AtlasFormatError
 from atlasfs.formats.dolma.names import file_kind
-from atlasfs.storage import LOCAL, LocalStorage, Storage, StorageChangedError, StorageUnavailableError
-from atlasfs.storage.files import store_failure
+from atlasfs.storage import LOCAL, LocalStorage, Storage
+from atlasfs.storage.files import transient_failure
 
 #: Uncompressed bytes between two gzip seek points (a random read inflates at most this much in vain).
 SEEK_SPACING = 1 << 20
@@ -84,16 +84,6 @@ def check_gzip_index(state: bytes, compressed_size: int, text_bytes: int) -> lis
             raise ValueError("gzip index has a bad seek point")
         last = (cmp, uncmp)
     return points
-
-
-def transient(exc: BaseException, file: Any = None) -> OSError | None:
-    """The store's error behind ``exc`` (raised by a read of ``file``, a
-    :meth:`Storage.open` file that a library read): a store that did not answer, or an
-    object that changed, is not damage of the data and must be raised as it is."""
-    for found in (exc, store_failure(file) if file is not None else None, exc.__cause__, exc.__context__):
-        if isinstance(found, (StorageUnavailableError, StorageChangedError)):
-            return found
-    return None
 
 
 def gzip_damage(path: str, storage: Storage = LOCAL) -> str | None:
@@ -245,7 +235,7 @@ class TextPass:
                 self.text_bytes += len(chunk)
                 yield chunk
         except (OSError, ValueError, EOFError) as exc:  # corrupt data, a CRC error at a member's end
-            failure = transient(exc, file)
+            failure = transient_failure(exc, file)
             if failure is not None:  # the store, not the data: nothing about the file is learned
                 self.close()
                 raise failure from None
@@ -291,7 +281,7 @@ class TextPass:
                         self.text_bytes += len(chunk)
                         yield chunk
                 except zstandard.ZstdError as exc:
-                    failure = transient(exc)
+                    failure = transient_failure(exc)
                     if failure is not None:
                         raise failure from None
                     self.damage = f"{self.path}: zstd frame at byte {start} cannot be read ({exc})"
@@ -361,7 +351,7 @@ class Reader:
             except DolmaError:
                 raise
             except (OSError, ValueError, EOFError, zstandard.ZstdError) as exc:
-                failure = transient(exc, self._file)
+                failure = transient_failure(exc, self._file)
                 self._close()
                 if failure is not None:  # transient: the same read may work a second later
                     raise failure from None
