@@ -138,7 +138,7 @@ def test_a_random_read_of_a_dolma_gz_fetches_ranges_not_the_object(
     url, texts, size = big_dolma
     before = server.keys(url)
     cache = tmp_path / "cache"
-    with Forwarder(server.port) as fw, mounted(url, "--endpoint-url", fw.endpoint, "-o", "coalesce=256K,prefetch=1",
+    with Forwarder(server.port) as fw, mounted(url, "--endpoint-url", fw.endpoint,
                                                env={"XDG_CACHE_HOME": str(cache)}) as mnt:
         assert len(os.listdir(mnt / "big")) == 2 * DOCUMENTS  # <id>.text and <id>.json, from the bucket's table
         listed = fw.body_bytes

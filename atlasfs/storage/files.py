@@ -25,15 +25,28 @@ if TYPE_CHECKING:
     from atlasfs.storage import Storage
 
 
+#: Bytes a ranged :class:`RangeFile` reads in a row before it reads as a sequential pass.
+RANGED_RUN = 4 << 20
+
+
 class RangeFile(io.RawIOBase):
     """File ``path`` of ``storage``, ``size`` bytes, read by :meth:`Storage.pread` at the
     current position (unbuffered: each read is one ``pread``; :meth:`Storage.open` wraps it
-    in a buffer of the size the reader wants)."""
+    in a buffer of the size the reader wants).
 
-    def __init__(self, storage: "Storage", path: str, size: int) -> None:
+    ``ranged``: each read fetches exactly its range (:meth:`Storage.read_ranges`), never
+    taken for a sequential pass. A reader that seeks to a point and reads on from there
+    for a while (zran from a seek point, a zstd frame) would otherwise start a store's
+    windows (``coalesce_bytes`` each, ``prefetch`` ahead: up to the whole object) for a
+    read of a few hundred KiB. Once it has read :data:`RANGED_RUN` bytes in a row it is
+    a pass after all (an export reading every block in order) and reads by ``pread``.
+    """
+
+    def __init__(self, storage: "Storage", path: str, size: int, ranged: bool = False) -> None:
         super().__init__()
-        self.storage, self.name, self.size = storage, path, size
+        self.storage, self.name, self.size, self.ranged = storage, path, size, ranged
         self._pos = 0
+        self._run = 0  # bytes read in a row, up to the position
         #: The storage error of the last failed read (StorageUnavailableError, StorageChangedError...).
         self.failure: OSError | None = None
 
@@ -50,6 +63,8 @@ class RangeFile(io.RawIOBase):
         base = {os.SEEK_SET: 0, os.SEEK_CUR: self._pos, os.SEEK_END: self.size}[whence]
         if base + offset < 0:
             raise OSError(errno.EINVAL, f"{self.storage.describe(self.name)}: seek before the start")
+        if base + offset != self._pos:
+            self._run = 0
         self._pos = base + offset
         return self._pos
 
@@ -58,12 +73,16 @@ class RangeFile(io.RawIOBase):
         if want <= 0:
             return 0
         try:
-            data = self.storage.pread(self.name, self._pos, want)
+            if self.ranged and self._run < RANGED_RUN:
+                data = self.storage.read_ranges(self.name, [(self._pos, want)])[0]
+            else:
+                data = self.storage.pread(self.name, self._pos, want)
         except OSError as exc:
             self.failure = exc
             raise
         buffer[:len(data)] = data
         self._pos += len(data)
+        self._run += len(data)
         return len(data)
 
     def readall(self) -> bytes:

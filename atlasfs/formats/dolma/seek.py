@@ -29,7 +29,7 @@ import zstandard
 from atlasfs.errors import AtlasFormatError
 from atlasfs.formats.dolma.names import file_kind
 from atlasfs.storage import LOCAL, LocalStorage, Storage
-from atlasfs.storage.files import transient_failure
+from atlasfs.storage.files import RANGED_RUN, transient_failure
 
 #: Uncompressed bytes between two gzip seek points (a random read inflates at most this much in vain).
 SEEK_SPACING = 1 << 20
@@ -169,8 +169,9 @@ def zstd_frame_starts(path: str, storage: Storage = LOCAL) -> tuple[list[int], i
 class _Slice(io.RawIOBase):
     """Bytes ``start:end`` of a file, read with the storage's ``pread`` (the zstd reader's source)."""
 
-    def __init__(self, storage: Storage, path: str, start: int, end: int) -> None:
-        self.storage, self.path, self.pos, self.end = storage, path, start, end
+    def __init__(self, storage: Storage, path: str, start: int, end: int, ranged: bool = False) -> None:
+        self.storage, self.path, self.pos, self.end, self.ranged = storage, path, start, end, ranged
+        self.start = start
 
     def readable(self) -> bool:
         return True
@@ -179,7 +180,10 @@ class _Slice(io.RawIOBase):
         want = min(len(buffer), self.end - self.pos)
         if want <= 0:
             return 0
-        data = self.storage.pread(self.path, self.pos, want)
+        if self.ranged and self.pos - self.start < RANGED_RUN:  # a random read: no windows (files.RangeFile)
+            data = self.storage.read_ranges(self.path, [(self.pos, want)])[0]
+        else:
+            data = self.storage.pread(self.path, self.pos, want)
         buffer[:len(data)] = data
         self.pos += len(data)
         return len(data)
@@ -367,7 +371,7 @@ class Reader:
                 import indexed_gzip
                 # small reads of compressed data: a random read wants a block's span, not a MiB more
                 # its file's buffer is small too: a store's ranged GETs fetch about what zran reads
-                self._file = self._storage.open(self.path, READ_BUFFER)
+                self._file = self._storage.open(self.path, READ_BUFFER, ranged=True)
                 gzip_file = indexed_gzip.IndexedGzipFile(fileobj=self._file, spacing=SEEK_SPACING,
                                                          drop_handles=False, readbuf_size=READ_BUFFER)
                 if self._state:  # kept compressed: zran's index holds 32 KiB per seek point
@@ -393,8 +397,8 @@ class Reader:
         if cursor is None or not int(frames[frame, 1]) <= cursor[2] <= start:
             self.seeks += 1
             reader = zstandard.ZstdDecompressor().stream_reader(
-                _Slice(self._storage, self.path, int(frames[frame, 0]), self._size()), read_size=1 << 17,
-                read_across_frames=True)
+                _Slice(self._storage, self.path, int(frames[frame, 0]), self._size(), ranged=True),
+                read_size=1 << 17, read_across_frames=True)
             cursor = (reader, frame, int(frames[frame, 1]))
         reader, _, at = cursor
         while at < start:
