@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import errno
 import io
-import os
 import struct
 import threading
 import zlib

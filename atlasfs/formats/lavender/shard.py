@@ -6,7 +6,6 @@ checked as untrusted input; then blocks of samples read from only their rows.
 
 from __future__ import annotations
 
-import os
 import re
 from typing import TYPE_CHECKING, Any
 
