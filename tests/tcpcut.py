@@ -51,6 +51,8 @@ class Forwarder:
         self.upstream = ("127.0.0.1", upstream_port)
         self.rate = rate
         self.counts: collections.Counter[str] = collections.Counter()
+        #: Bytes of the response bodies relayed (what the store sent: a read's cost in bytes).
+        self.body_bytes = 0
         self.storm_answers = 0
         self._lock = threading.Lock()
         self._passing = threading.Event()
@@ -240,6 +242,8 @@ class Forwarder:
             return headers.get(b"connection", b"").lower() != b"close"
         if b"content-length" in headers:
             left = int(headers[b"content-length"])
+            with self._lock:
+                self.body_bytes += left
             while left:
                 chunk = up.some(min(left, 65536))
                 left -= len(chunk)

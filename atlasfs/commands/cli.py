@@ -249,8 +249,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     def source(p: argparse.ArgumentParser, command: str) -> None:
         p.add_argument("dataset", help="the dataset: an Atlas folder (meta.json), a Dolma folder (documents/), "
-                                       "a folder of Lavender shardsets, a .pbin file or folder of them, or the "
-                                       "s3:// (or other fsspec) URL of an Atlas dataset")
+                                       "a folder of Lavender shardsets, a .pbin file or folder of them, a .tar file or folder of "
+                                       "them, or the s3:// (or other fsspec) URL of such a folder")
         add_flags(p, command)
 
     p = command("info", cmd_info, "summarise a dataset: shards, examples, blocks, strategies, sizes")

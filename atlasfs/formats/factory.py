@@ -1,8 +1,10 @@
 """Open a dataset as a :class:`~atlasfs.formats.source.Source`: by its layout, or the format asked for.
 
-Each format module offers ``looks_like(path) -> bool`` (a cheap look at the
-layout, no parsing) and ``open_source(path, options) -> Source``. Adding a
-format is one line in :data:`FORMATS`.
+Each format module offers ``looks_like(path, storage) -> bool`` (a cheap look at the
+layout, no parsing) and ``open_source(path, options, storage) -> Source``. Adding a
+format is one line in :data:`FORMATS`. A URL (``s3://bucket/prefix``) is opened as a
+:class:`~atlasfs.storage.Storage` first, and every format looks at and reads its files
+through it (docs/storage.md), so each is detected from the bucket's layout as on disk.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from dataclasses import dataclass
 
 from atlasfs.errors import AtlasFormatError
 from atlasfs.formats.source import Source
-from atlasfs.storage import is_url
+from atlasfs.storage import LOCAL, Storage, StorageUnavailableError, is_url, open_storage
 
 #: Format name -> (module, what its layout looks like, for the error when nothing matches).
 #: Detection tries them in this order.
@@ -45,16 +47,19 @@ class SourceOptions:
     lenient: bool = False
 
 
-def detect(path: str) -> str:
-    """The format of the dataset at ``path``; :class:`AtlasFormatError` (one line) if none fits."""
-    if is_url(path):  # a dataset in object storage: only Atlas reads through atlasfs.storage
-        return "atlas"
-    _check_readable(path)
+def detect(path: str, storage: Storage = LOCAL) -> str:
+    """The format of the dataset at ``path`` (read through ``storage``); :class:`AtlasFormatError`
+    (one line) if none fits."""
+    if storage.remote:
+        if not storage.isdir(path):
+            raise AtlasFormatError(f"{storage.describe(path)}: no such dataset folder")
+    else:
+        _check_readable(path)
     for kind, (module, _) in FORMATS.items():
-        if importlib.import_module(module).looks_like(path):
+        if importlib.import_module(module).looks_like(path, storage):
             return kind
     looked_for = "; ".join(what for _, what in FORMATS.values())
-    raise AtlasFormatError(f"{path}: not a dataset atlasfs knows (looked for {looked_for}); "
+    raise AtlasFormatError(f"{storage.describe(path)}: not a dataset atlasfs knows (looked for {looked_for}); "
                            "name one with --format")
 
 
@@ -86,11 +91,22 @@ def _check_readable(path: str) -> None:
 
 
 def open_source(path: str, kind: str | None = None, options: SourceOptions | None = None) -> Source:
-    """Open the dataset at ``path`` as ``kind`` (None: detected from its layout)."""
+    """Open the dataset at ``path`` (a folder, a file or a URL) as ``kind`` (None: detected
+    from its layout)."""
     path = os.fspath(path)
-    if kind is None:
-        kind = detect(path)
-    if kind not in FORMATS:
-        raise AtlasFormatError(f"unknown format {kind!r} (formats: {', '.join(FORMATS)})")
-    module = importlib.import_module(FORMATS[kind][0])
-    return module.open_source(path, options or SourceOptions())
+    storage, root = open_storage(path) if is_url(path) else (LOCAL, path)
+    try:
+        if kind is None:
+            kind = detect(root, storage)
+        if kind not in FORMATS:
+            raise AtlasFormatError(f"unknown format {kind!r} (formats: {', '.join(FORMATS)})")
+        module = importlib.import_module(FORMATS[kind][0])
+        return module.open_source(root, options or SourceOptions(), storage)
+    except StorageUnavailableError as exc:  # at open, the mount or command is refused in one line
+        raise AtlasFormatError(str(exc)) from None
+    except OSError as exc:
+        if not storage.remote:
+            raise
+        # The store refused (access denied, no such bucket, fsspec missing): one line too.
+        message = str(exc.strerror or exc)
+        raise AtlasFormatError(message if message.startswith(root) else f"{root}: {message}") from None

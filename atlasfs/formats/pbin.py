@@ -46,6 +46,7 @@ read a document per block, so that each bad one is a block failing alone
 
 from __future__ import annotations
 
+import errno
 import functools
 import io
 import logging
@@ -58,7 +59,8 @@ import numpy as np
 from atlasfs.errors import AtlasFormatError
 from atlasfs.formats import safepickle, state
 from atlasfs.formats.source import Source, SourceShard
-from atlasfs.storage import LocalStorage
+from atlasfs.storage import LOCAL, LocalStorage, Storage, StorageChangedError, StorageUnavailableError
+from atlasfs.storage.files import listdir_or_empty
 from atlasfs.tree.naming import NO_KEY, index_key_width
 
 log = logging.getLogger("atlasfs")
@@ -193,17 +195,20 @@ class PbinFile:
     why a bad one cannot be read (one line naming the file and document).
     """
 
-    def __init__(self, path: str, *, trust_pickle: bool = False) -> None:
+    def __init__(self, path: str, *, trust_pickle: bool = False, storage: Storage = LOCAL) -> None:
         self.path = path
-        self._file = LocalStorage()  # a descriptor of its own, closed by close()
+        self._file = _own(storage)
         try:
-            st = os.stat(path)
-            with open(path, "rb") as f:
-                head = f.read(12)
+            found = self._file.stat(path)
+            if found is None:
+                raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), path)
+            head = self._file.pread(path, 0, 12)
+        except StorageUnavailableError:
+            raise
         except OSError as exc:
             raise PbinError(f"{path}: cannot read ({exc.strerror})") from None
-        self.file_size = st.st_size
-        self.mtime = st.st_mtime
+        self.file_size = found[0]
+        self.mtime = found[1] / 1e9
         if len(head) < 8:
             raise PbinError(f"{path}: {len(head)} bytes, too short for a .pbin header")
         self.data_bytes = int.from_bytes(head[:8], "little")
@@ -240,9 +245,9 @@ class PbinFile:
                 failures.append(f"a {header}-byte header leaves an index of {size} bytes")
                 continue
             try:
-                with open(self.path, "rb") as f:
-                    f.seek(start)
-                    raw = f.read(size)
+                raw = self._file.pread(self.path, start, size)
+            except StorageUnavailableError:
+                raise
             except OSError as exc:
                 raise PbinError(f"{self.path}: cannot read ({exc.strerror})") from None
             try:
@@ -271,7 +276,13 @@ class PbinFile:
         self._file.close_file(self.path)
 
 
-def _read_documents(file: LocalStorage, path: str, header_bytes: int, dtype: np.dtype, starts: np.ndarray,
+def _own(storage: Storage) -> Storage:
+    """The storage a file's reads go through: a store's own, or a local storage of its own
+    (a descriptor kept per reader, closed by its close() without closing another's)."""
+    return storage if storage.remote else LocalStorage()
+
+
+def _read_documents(file: Storage, path: str, header_bytes: int, dtype: np.dtype, starts: np.ndarray,
                     lengths: np.ndarray, problems: dict[int, str], first: int,
                     count: int) -> list[np.ndarray | PbinError]:
     """Documents ``first`` to ``first + count`` of a file, read in one ``pread`` spanning the good
@@ -287,6 +298,8 @@ def _read_documents(file: LocalStorage, path: str, header_bytes: int, dtype: np.
     offset = header_bytes + lo
     try:
         raw = file.pread(path, offset, hi - lo)
+    except (StorageUnavailableError, StorageChangedError):
+        raise  # the store, not the file: transient
     except OSError as exc:
         raise PbinError(f"{path}: read of documents {first}..{last - 1} failed ({exc.strerror})") from None
     if len(raw) != hi - lo:
@@ -334,15 +347,20 @@ class PbinShard(SourceShard):
     :meth:`restore`\\ s them without unpickling anything.
     """
 
-    def __init__(self, path: str, name: str, trust_pickle: bool) -> None:
+    def __init__(self, path: str, name: str, trust_pickle: bool, storage: Storage = LOCAL) -> None:
         self.path = path
-        self._file = LocalStorage()  # a descriptor of its own, closed by close()
+        self.storage = storage
+        self._file = _own(storage)
         self.name = name
         self.trust_pickle = trust_pickle
         self.first_index = 0  # each file numbers its documents from 0
         try:
-            st = os.stat(path)
-            self.mtime, self.data_size = st.st_mtime, st.st_size
+            found = storage.stat(path)
+            if found is None:
+                raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), path)
+            self.mtime, self.data_size = found[1] / 1e9, found[0]
+        except StorageUnavailableError:
+            raise
         except OSError as exc:
             self.error = PbinError(f"{path}: cannot read ({exc.strerror})")
         self._header_bytes = 0
@@ -356,7 +374,7 @@ class PbinShard(SourceShard):
 
     def prepare(self) -> bytes:
         """Read and check the file's index; returns it as arrays (:meth:`restore` takes them)."""
-        pbin = PbinFile(self.path, trust_pickle=self.trust_pickle)
+        pbin = PbinFile(self.path, trust_pickle=self.trust_pickle, storage=self.storage)
         pbin.close()
         self._set(pbin.header_bytes, pbin.dtype, pbin.starts, pbin.lengths, pbin.problems, pbin.merge_note)
         bad = sorted(pbin.problems)
@@ -479,12 +497,13 @@ class PbinSource(Source):
 
     kind = "pbin"
 
-    def __init__(self, root: str, trust_pickle: bool = False) -> None:
+    def __init__(self, root: str, trust_pickle: bool = False, storage: Storage = LOCAL) -> None:
         self.root = root
-        files = find_pbin_files(root)
+        self.storage = storage
+        files = find_pbin_files(root, storage)
         if not files:
             raise PbinError(f"{root}: no .pbin file in it")
-        self._shards = [PbinShard(path, os.path.basename(path)[:-len(SUFFIX)] or "_", trust_pickle)
+        self._shards = [PbinShard(path, os.path.basename(path)[:-len(SUFFIX)] or "_", trust_pickle, storage)
                         for path in files]
 
     @property
@@ -496,31 +515,32 @@ class PbinSource(Source):
         return [f"format       pbin: {len(self._shards)} .pbin file(s)"]
 
 
-def looks_like(path: str) -> bool:
+def looks_like(path: str, storage: Storage = LOCAL) -> bool:
     """A ``.pbin`` file, or a folder with one directly inside (no file is opened)."""
-    if os.path.isfile(path):
+    if storage.isfile(path):
         return path.endswith(SUFFIX)
-    try:
-        with os.scandir(path) as entries:
-            return any(e.name.endswith(SUFFIX) and not e.name.startswith(".") and e.is_file() for e in entries)
-    except OSError:
-        return False
+    return any(n.endswith(SUFFIX) and not n.startswith(".") and not is_dir
+               for n, is_dir in listdir_or_empty(storage, path))
 
 
-def open_source(path: str, options: Any) -> PbinSource:
-    """The ``.pbin`` file or folder at ``path`` (``options``: :class:`~.factory.SourceOptions`)."""
-    return PbinSource(os.fspath(path), trust_pickle=bool(getattr(options, "trust_pickle", False)))
+def open_source(path: str, options: Any, storage: Storage = LOCAL) -> PbinSource:
+    """The ``.pbin`` file or folder at ``path``, read through ``storage`` (``options``:
+    :class:`~.factory.SourceOptions`)."""
+    return PbinSource(os.fspath(path), trust_pickle=bool(getattr(options, "trust_pickle", False)), storage=storage)
 
 
-def find_pbin_files(path: str) -> list[str]:
+def find_pbin_files(path: str, storage: Storage = LOCAL) -> list[str]:
     """The ``.pbin`` files a source path stands for: the file itself, or those in the folder (sorted)."""
-    if os.path.isfile(path):
+    if storage.isfile(path):
         return [path]
     try:
-        names = sorted(n for n in os.listdir(path) if n.endswith(SUFFIX) and not n.startswith("."))
+        names = sorted(n for n, is_dir in storage.listdir(path)
+                       if n.endswith(SUFFIX) and not n.startswith(".") and not is_dir)
+    except StorageUnavailableError:
+        raise
     except OSError as exc:
         raise PbinError(f"{path}: cannot list ({exc.strerror})") from None
-    return [os.path.join(path, n) for n in names if os.path.isfile(os.path.join(path, n))]
+    return [os.path.join(path, n) for n in names if storage.isfile(os.path.join(path, n))]
 
 
 def write_pbin(path: str, documents: list[Any], token_width: int = 2, header: int = 12) -> None:

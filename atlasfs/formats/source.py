@@ -38,6 +38,7 @@ from typing import Any, NamedTuple, Protocol
 
 from atlasfs.errors import AtlasFormatError
 from atlasfs.storage import LOCAL, Storage
+from atlasfs.storage.files import relative
 
 
 class SpanMismatch(AtlasFormatError):
@@ -73,8 +74,14 @@ class Locator(NamedTuple):
         return len(self.prefix) + self.length
 
 
-def file_signature(path: str) -> list[int] | None:
-    """``[size, mtime_ns]`` of a file, or None if it is missing: what a stored table depends on."""
+def file_signature(path: str, storage: Storage = LOCAL) -> list[Any] | None:
+    """``[size, mtime_ns]`` of a file, or None if it is missing: what a stored table depends on.
+    In a store, its ETag too (an object rewritten within the same second keeps its mtime)."""
+    if storage.remote:
+        found = storage.stat(path)
+        if found is None:
+            return None
+        return [found[0], found[1], getattr(storage, "etag", lambda _: None)(path)]
     try:
         st = os.stat(path)
     except OSError:
@@ -118,6 +125,8 @@ class SourceShard(ABC):
     error: AtlasFormatError | None = None
     first_index: int = 0
     max_block_bytes: int = 1 << 30
+    #: Where its files are read from (its source's storage).
+    storage: Storage = LOCAL
 
     # -- the pass over its files (a no-op for formats with an index of their own)
 
@@ -211,7 +220,7 @@ class SourceShard(ABC):
         (a network file system) or after it is moved."""
         base = os.path.dirname(self.path)
         return {"start": self.first_index,
-                "files": {os.path.relpath(path, base): file_signature(path) for path in self.table_files()}}
+                "files": {relative(path, base): file_signature(path, self.storage) for path in self.table_files()}}
 
     def summary(self) -> dict[str, object]:
         """This shard's columns in ``atlasfs info``, after its examples and blocks (by default
@@ -249,9 +258,16 @@ class Source(ABC):
     def mtime(self) -> float:
         """Modification time of the tree's root folder."""
         try:
+            if self.storage.remote:  # a prefix has no time of its own: its newest object's
+                return max((found[1] for found in map(self.storage.stat, self.storage_files()) if found),
+                           default=0) / 1e9
             return os.stat(self.root).st_mtime
         except OSError:
             return 0.0
+
+    def storage_files(self) -> list[str]:
+        """The files of its shards (for a dataset in a store, what its time is taken from)."""
+        return [path for shard in self.shards for path in shard.table_files()]
 
     #: What ``info`` checks beyond opening, for its ``checked`` line.
     checked: str = "layout and indexes"

@@ -19,6 +19,7 @@ a second later, so it must not be remembered as a property of the data.
 from __future__ import annotations
 
 import errno
+import io
 import os
 import re
 import tempfile
@@ -159,6 +160,20 @@ class Storage(ABC):
         coalesces neighbouring ranges into fewer requests."""
         return [self.pread(path, offset, size) for offset, size in ranges]
 
+    def open(self, path: str, buffer_bytes: int = 64 << 10, ranged: bool = False) -> Any:
+        """File ``path`` as a binary file object (read, seek, tell) for libraries that read
+        files themselves (``indexed_gzip``, pyarrow, ``tarfile``): reads are ``pread`` of
+        ``buffer_bytes`` at least (:class:`~atlasfs.storage.files.RangeFile`), so a reader
+        seeking about fetches what it reads, never the whole object. ``ranged``: for a
+        random reader, each read one range of its own (no sequential windows).
+        ``FileNotFoundError`` if there is no such file."""
+        from atlasfs.storage.files import RangeFile
+
+        found = self.stat(path)
+        if found is None:
+            raise FileNotFoundError(errno.ENOENT, f"{self.describe(path)}: no such file", path)
+        return io.BufferedReader(RangeFile(self, path, found[0], ranged), max(buffer_bytes, 1))
+
     def write(self, path: str, data: bytes, mode: int | None = None) -> None:
         """Store ``data`` as the file ``path``, whole or not at all; ``mode``: its permission
         bits, where files have them (a store's objects do not). Only ``atlasfs index``
@@ -204,6 +219,10 @@ class LocalStorage(Storage):
 
     def isfile(self, path: str) -> bool:
         return os.path.isfile(path)
+
+    def open(self, path: str, buffer_bytes: int = 64 << 10, ranged: bool = False) -> Any:
+        """The file, opened by the OS (its own buffering)."""
+        return open(path, "rb")
 
     def read(self, path: str, limit: int | None = None) -> bytes:
         with open(path, "rb") as f:

@@ -14,26 +14,25 @@ import stat
 from typing import TYPE_CHECKING
 
 from atlasfs.errors import AtlasFormatError
+from atlasfs.storage import LOCAL, Storage
+from atlasfs.storage.files import listdir_or_empty
 
 if TYPE_CHECKING:
     from atlasfs.formats.atlas.dataset import AtlasDataset
     from atlasfs.formats.factory import SourceOptions
 
 
-def looks_like(path: str) -> bool:
+def looks_like(path: str, storage: Storage = LOCAL) -> bool:
     """A folder with a root ``meta.json``, or shard folders holding ``data.bin`` or
     ``index.npy`` (an Atlas dataset whose root ``meta.json`` is lost: opening it then
     says so, rather than that it is no dataset)."""
-    if os.path.isfile(os.path.join(path, "meta.json")):
+    if storage.isfile(os.path.join(path, "meta.json")):
         return True
-    try:
-        children = [entry.path for entry in os.scandir(path) if entry.is_dir()]
-    except OSError:
-        return False
-    return any(os.path.isfile(os.path.join(child, name)) for child in children for name in ("data.bin", "index.npy"))
+    children = [os.path.join(path, name) for name, is_dir in listdir_or_empty(storage, path) if is_dir]
+    return any(storage.isfile(os.path.join(child, name)) for child in children for name in ("data.bin", "index.npy"))
 
 
-def open_source(path: str, options: "SourceOptions") -> "AtlasDataset":
+def open_source(path: str, options: "SourceOptions", storage: Storage | None = None) -> "AtlasDataset":
     """Open the dataset for serving: a shard that cannot be opened stands as a broken
     shard (its ``error`` set: the tree fails its folder and tar with EIO and says why)
     while the others serve."""
@@ -41,7 +40,7 @@ def open_source(path: str, options: "SourceOptions") -> "AtlasDataset":
     # The tree caches encoded blocks itself; the index is read into memory because a
     # mapped index.npy truncated under us would kill the daemon (SIGBUS).
     dataset = AtlasDataset(path, cache_bytes=0, trust_pickle=options.trust_pickle, mmap_index=False,
-                           tolerate_broken_shards=True, check_data_size=not options.lenient)
+                           tolerate_broken_shards=True, check_data_size=not options.lenient, storage=storage)
     if not dataset.storage.remote:
         _break_unreadable(dataset)
     return dataset

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from atlasfs.formats.dolma.seek import DolmaError, TextPass, file_kind, pack_gzip_index
+from atlasfs.storage import LOCAL, Storage
 
 #: Lines decoded together (a block of the tree).
 LINES_PER_BLOCK = 512
@@ -129,12 +130,14 @@ class Described:
     pending: set[int]
 
 
-def scan_files(path: str, attributes: dict[str, str]) -> tuple[Scan, Described, Any]:
+def scan_files(path: str, attributes: dict[str, str],
+               storage: Storage = LOCAL) -> tuple[Scan, Described, tuple[Any, Any] | None]:
     """One pass over the documents file at ``path`` and every attributes file (set name ->
     path): block offsets, ids, alignment, sizes and seek points (one decompression of each
-    file). Also the documents pass's open ``indexed_gzip`` file (its seek points built), or
-    None, for the caller to read through rather than import the index again."""
-    text = TextPass(path)
+    file). Also the documents pass's open ``indexed_gzip`` file (its seek points built) with
+    the storage file it reads, or None, for the caller to read through rather than import
+    the index again. Every file is read through ``storage``."""
+    text = TextPass(path, storage)
     try:
         scan, ids, json_len, text_len = _scan_documents(text, path)
         if text.kind == "gz":
@@ -143,7 +146,7 @@ def scan_files(path: str, attributes: dict[str, str]) -> tuple[Scan, Described, 
             scan.seek_states[path] = text.seek_state
         attribute_len: dict[str, np.ndarray] = {}
         for name, attributes_path in sorted(attributes.items()):
-            why, attribute_starts, lengths, state = _line_up(attributes_path, path, ids, scan)
+            why, attribute_starts, lengths, state = _line_up(attributes_path, path, ids, scan, storage)
             if why is None:
                 if state:
                     scan.seek_states[attributes_path] = (pack_gzip_index(state) if file_kind(attributes_path) == "gz"
@@ -153,12 +156,11 @@ def scan_files(path: str, attributes: dict[str, str]) -> tuple[Scan, Described, 
             else:
                 scan.left_out[name] = why
     except BaseException:
-        if text.gzip is not None:
-            text.gzip.close()
+        text.close()
         raise
     described = Described(ids, np.array(json_len, dtype=np.int64), np.array(text_len, dtype=np.int64),
                           attribute_len, set(range(len(scan.block_starts) - 1)))
-    return scan, described, text.gzip
+    return scan, described, (text.gzip, text.file) if text.gzip is not None else None
 
 
 def _scan_documents(text: TextPass, path: str) -> tuple[Scan, list[str | None], list[int], list[int]]:
@@ -223,15 +225,15 @@ def _scan_documents(text: TextPass, path: str) -> tuple[Scan, list[str | None], 
     return scan, ids, json_len, text_len
 
 
-def _line_up(path: str, documents: str, ids: list[str | None],
-             scan: Scan) -> tuple[str | None, np.ndarray, np.ndarray, bytes]:
+def _line_up(path: str, documents: str, ids: list[str | None], scan: Scan,
+             storage: Storage) -> tuple[str | None, np.ndarray, np.ndarray, bytes]:
     """Why the attributes file at ``path`` does not line up with the documents (None if it
     does), its block starts, its lines' lengths and its seek state."""
     starts: list[int] = []
     lengths: list[int] = []
     end = 0
     number = -1
-    text = TextPass(path)
+    text = TextPass(path, storage)
     why = None
     try:
         for number, (offset, line) in enumerate(lines_of(text.chunks(), path)):
@@ -252,8 +254,7 @@ def _line_up(path: str, documents: str, ids: list[str | None],
     except DolmaError as exc:
         why = str(exc)
     finally:
-        if text.gzip is not None:
-            text.gzip.close()
+        text.close()
     if why is None and text.damage is not None:
         why = text.damage
     if why is None and number + 1 < len(ids):

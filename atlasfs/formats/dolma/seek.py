@@ -13,8 +13,8 @@ none. It also finds where a compressed file ends early (:func:`gzip_damage`).
 
 from __future__ import annotations
 
+import errno
 import io
-import os
 import struct
 import threading
 import zlib
@@ -27,6 +27,8 @@ import zstandard
 
 from atlasfs.errors import AtlasFormatError
 from atlasfs.formats.dolma.names import file_kind
+from atlasfs.storage import LOCAL, LocalStorage, Storage
+from atlasfs.storage.files import RANGED_RUN, transient_failure
 
 #: Uncompressed bytes between two gzip seek points (a random read inflates at most this much in vain).
 SEEK_SPACING = 1 << 20
@@ -83,11 +85,11 @@ def check_gzip_index(state: bytes, compressed_size: int, text_bytes: int) -> lis
     return points
 
 
-def gzip_damage(path: str) -> str | None:
+def gzip_damage(path: str, storage: Storage = LOCAL) -> str | None:
     """Why the gzip file at ``path`` is not whole (a member cut short, corrupt data), or None:
     one inflation of every member, keeping nothing."""
     text = 0
-    with open(path, "rb") as f:
+    with storage.open(path, CHUNK) as f:
         inflater = zlib.decompressobj(wbits=31)
         data = b""
         while True:
@@ -114,13 +116,16 @@ def gzip_damage(path: str) -> str | None:
 # ---------------------------------------------------------------- zstd frames
 
 
-def zstd_frame_starts(path: str) -> tuple[list[int], int, str | None]:
+def zstd_frame_starts(path: str, storage: Storage = LOCAL) -> tuple[list[int], int, str | None]:
     """Compressed offsets of the data frames of a zstd file (walked from their block
     headers, without decompressing), where the last complete one ends, and why the file
-    ends early, or None."""
+    ends early, or None. Headers only are read (small reads through the storage's buffer)."""
     starts: list[int] = []
-    size = os.path.getsize(path)
-    with open(path, "rb") as f:
+    found = storage.stat(path)
+    if found is None:
+        raise FileNotFoundError(errno.ENOENT, f"{path}: no such file", path)
+    size = found[0]
+    with storage.open(path, 1 << 12) as f:
         at = 0
         while at < size:
             f.seek(at)
@@ -161,10 +166,11 @@ def zstd_frame_starts(path: str) -> tuple[list[int], int, str | None]:
 
 
 class _Slice(io.RawIOBase):
-    """Bytes ``start:end`` of an open file, read with ``pread`` (the zstd reader's source)."""
+    """Bytes ``start:end`` of a file, read with the storage's ``pread`` (the zstd reader's source)."""
 
-    def __init__(self, fd: int, start: int, end: int) -> None:
-        self.fd, self.pos, self.end = fd, start, end
+    def __init__(self, storage: Storage, path: str, start: int, end: int, ranged: bool = False) -> None:
+        self.storage, self.path, self.pos, self.end, self.ranged = storage, path, start, end, ranged
+        self.start = start
 
     def readable(self) -> bool:
         return True
@@ -173,7 +179,10 @@ class _Slice(io.RawIOBase):
         want = min(len(buffer), self.end - self.pos)
         if want <= 0:
             return 0
-        data = os.pread(self.fd, want, self.pos)
+        if self.ranged and self.pos - self.start < RANGED_RUN:  # a random read: no windows (files.RangeFile)
+            data = self.storage.read_ranges(self.path, [(self.pos, want)])[0]
+        else:
+            data = self.storage.pread(self.path, self.pos, want)
         buffer[:len(data)] = data
         self.pos += len(data)
         return len(data)
@@ -189,14 +198,19 @@ class TextPass:
     to seek), :attr:`damage` (why the text ended early, or None) and :attr:`text_bytes`.
     """
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, storage: Storage = LOCAL) -> None:
         self.path = path
+        self.storage = storage
         self.kind = file_kind(path)
-        self.compressed_size = os.path.getsize(path)
+        found = storage.stat(path)
+        if found is None:
+            raise FileNotFoundError(errno.ENOENT, f"{path}: no such file", path)
+        self.compressed_size = found[0]
         self.seek_state = b""
         self.damage: str | None = None
         self.text_bytes = 0
         self.gzip: Any = None  # the scan's indexed_gzip file, handed on to the reader
+        self.file: Any = None  # the storage file it reads
 
     def chunks(self) -> Iterator[bytes]:
         """The file's text in chunks of about a MiB."""
@@ -205,7 +219,7 @@ class TextPass:
         elif self.kind == "zst":
             yield from self._zstd_chunks()
         else:
-            with open(self.path, "rb") as f:
+            with self.storage.open(self.path, CHUNK) as f:
                 while chunk := f.read(CHUNK):
                     self.text_bytes += len(chunk)
                     yield chunk
@@ -213,8 +227,9 @@ class TextPass:
     def _gzip_chunks(self) -> Iterator[bytes]:
         import indexed_gzip
         # zran builds its seek points while we read: one inflation gives the text and the index
+        file = self.file = self.storage.open(self.path, CHUNK)
         try:
-            self.gzip = indexed_gzip.IndexedGzipFile(self.path, spacing=SEEK_SPACING, drop_handles=False)
+            self.gzip = indexed_gzip.IndexedGzipFile(fileobj=file, spacing=SEEK_SPACING, drop_handles=False)
             raw = self.gzip.raw
             while True:
                 chunk = raw.read(CHUNK)
@@ -223,6 +238,10 @@ class TextPass:
                 self.text_bytes += len(chunk)
                 yield chunk
         except (OSError, ValueError, EOFError) as exc:  # corrupt data, a CRC error at a member's end
+            failure = transient_failure(exc, file)
+            if failure is not None:  # the store, not the data: nothing about the file is learned
+                self.close()
+                raise failure from None
             self.damage = f"{self.path}: gzip data cannot be read past byte {self.text_bytes} of its text ({exc})"
         if self.gzip is None:
             return
@@ -232,37 +251,45 @@ class TextPass:
         if self.damage is None:
             self.damage = self._gzip_trailer_problem()
 
+    def close(self) -> None:
+        """Close the pass's gzip file and its storage file (when not handed on to a reader)."""
+        if self.gzip is not None:
+            self.gzip.close()
+            self.gzip = None
+        if self.file is not None:
+            self.file.close()
+            self.file = None
+
     def _gzip_trailer_problem(self) -> str | None:
         # zran stops quietly where a truncated member ends. A file of one member ends with
         # the length of its whole text (mod 2^32), which a cut file has by a 2^-32 chance;
         # any other file (several members, or cut) is checked by one more inflation
-        with open(self.path, "rb") as f:
-            f.seek(max(self.compressed_size - 4, 0))
-            tail = f.read(4)
+        tail = self.storage.pread(self.path, max(self.compressed_size - 4, 0), 4)
         if len(tail) == 4 and int.from_bytes(tail, "little") == self.text_bytes % (1 << 32):
             return None
-        return gzip_damage(self.path)
+        return gzip_damage(self.path, self.storage)
 
     def _zstd_chunks(self) -> Iterator[bytes]:
-        starts, complete_end, self.damage = zstd_frame_starts(self.path)
+        starts, complete_end, self.damage = zstd_frame_starts(self.path, self.storage)
         frames: list[tuple[int, int]] = []
-        fd = os.open(self.path, os.O_RDONLY)
         try:
             for i, start in enumerate(starts):
                 end = starts[i + 1] if i + 1 < len(starts) else complete_end
                 frames.append((start, self.text_bytes))
                 # read_size bounds what one read inflates: a bomb fails at MAX_LINE_BYTES, not in memory
-                reader = zstandard.ZstdDecompressor().stream_reader(_Slice(fd, start, end), read_size=1 << 17,
-                                                                     read_across_frames=True)
+                reader = zstandard.ZstdDecompressor().stream_reader(_Slice(self.storage, self.path, start, end),
+                                                                     read_size=1 << 17, read_across_frames=True)
                 try:
                     while chunk := reader.read(CHUNK):
                         self.text_bytes += len(chunk)
                         yield chunk
                 except zstandard.ZstdError as exc:
+                    failure = transient_failure(exc)
+                    if failure is not None:
+                        raise failure from None
                     self.damage = f"{self.path}: zstd frame at byte {start} cannot be read ({exc})"
                     break
         finally:
-            os.close(fd)
             self.seek_state = np.array(frames, dtype="<u8").reshape(-1, 2).tobytes()
 
 
@@ -302,14 +329,17 @@ class Reader:
     It keeps one handle open while it is among the :data:`OPEN_FILES` most recently read.
     """
 
-    def __init__(self, path: str, state: bytes, files: OpenFiles, gzip_file: Any = None) -> None:
+    def __init__(self, path: str, state: bytes, files: OpenFiles, gzip_file: tuple[Any, Any] | None = None,
+                 storage: Storage | None = None) -> None:
         self.path = path
+        # its own local storage: closing this reader's descriptor must not close another's
+        self._storage = storage if storage is not None and storage.remote else LocalStorage()
+        # the gzip file (its seek points imported) and the storage file zran reads through
+        self._gzip, self._file = gzip_file or (None, None)
         self.kind = file_kind(path)
         self._state = state
         self._files = files
         self._lock = threading.Lock()
-        self._gzip: Any = gzip_file  # indexed_gzip file (its seek points imported)
-        self._fd: int | None = None
         self._frames = (np.frombuffer(state, dtype="<u8").reshape(-1, 2) if self.kind == "zst" and state
                         else np.zeros((0, 2), dtype="<u8"))
         self._cursor: tuple[Any, int, int] | None = None  # zstd: (stream reader, frame, text offset)
@@ -324,7 +354,10 @@ class Reader:
             except DolmaError:
                 raise
             except (OSError, ValueError, EOFError, zstandard.ZstdError) as exc:
+                failure = transient_failure(exc, self._file)
                 self._close()
+                if failure is not None:  # transient: the same read may work a second later
+                    raise failure from None
                 raise DolmaError(f"{self.path}: cannot read bytes {start}-{end} of its text ({exc})") from None
         for victim in self._files.touch(self):
             if victim is not self:
@@ -336,8 +369,10 @@ class Reader:
             if self._gzip is None:
                 import indexed_gzip
                 # small reads of compressed data: a random read wants a block's span, not a MiB more
-                gzip_file = indexed_gzip.IndexedGzipFile(self.path, spacing=SEEK_SPACING, drop_handles=False,
-                                                         readbuf_size=READ_BUFFER)
+                # its file's buffer is small too: a store's ranged GETs fetch about what zran reads
+                self._file = self._storage.open(self.path, READ_BUFFER, ranged=True)
+                gzip_file = indexed_gzip.IndexedGzipFile(fileobj=self._file, spacing=SEEK_SPACING,
+                                                         drop_handles=False, readbuf_size=READ_BUFFER)
                 if self._state:  # kept compressed: zran's index holds 32 KiB per seek point
                     index = zstandard.ZstdDecompressor().decompress(self._state)
                     gzip_file.raw.import_index(fileobj=io.BytesIO(index))
@@ -346,14 +381,11 @@ class Reader:
             raw = self._gzip.raw  # unbuffered: reads exactly the span asked for
             raw.seek(start)
             return raw.read(end - start)
-        if self._fd is None:
-            self._fd = os.open(self.path, os.O_RDONLY)
         if self.kind == "plain":
-            return os.pread(self._fd, end - start, start)
+            return self._storage.pread(self.path, start, end - start)
         return self._read_zstd(start, end)
 
     def _read_zstd(self, start: int, end: int) -> bytes:
-        assert self._fd is not None
         frames = self._frames
         frame = max(int(np.searchsorted(frames[:, 1], start, side="right")) - 1, 0) if len(frames) else -1
         if frame < 0:
@@ -364,8 +396,8 @@ class Reader:
         if cursor is None or not int(frames[frame, 1]) <= cursor[2] <= start:
             self.seeks += 1
             reader = zstandard.ZstdDecompressor().stream_reader(
-                _Slice(self._fd, int(frames[frame, 0]), os.fstat(self._fd).st_size), read_size=1 << 17,
-                read_across_frames=True)
+                _Slice(self._storage, self.path, int(frames[frame, 0]), self._size(), ranged=True),
+                read_size=1 << 17, read_across_frames=True)
             cursor = (reader, frame, int(frames[frame, 1]))
         reader, _, at = cursor
         while at < start:
@@ -387,10 +419,17 @@ class Reader:
         if self._gzip is not None:
             self._gzip.close()
             self._gzip = None
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+        self._storage.close_file(self.path)
         self._cursor = None
+
+    def _size(self) -> int:
+        found = self._storage.stat(self.path)
+        if found is None:
+            raise FileNotFoundError(errno.ENOENT, "no such file", self.path)
+        return found[0]
 
     def close(self) -> None:
         """Close its handle (reopened by the next read)."""

@@ -8,6 +8,7 @@ and of each attribute set that lines up through the files' :class:`.seek.Reader`
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import threading
@@ -18,6 +19,7 @@ from atlasfs.formats.dolma.saved import STATE_VERSION, decode_state, encode_stat
 from atlasfs.formats.dolma.scan import LINES_PER_BLOCK, ODD_TEXT, Described, Scan, line_id, make_sample, scan_files
 from atlasfs.formats.dolma.seek import DolmaError, OpenFiles, Reader
 from atlasfs.formats.source import SourceShard
+from atlasfs.storage import LOCAL, Storage, StorageUnavailableError
 from atlasfs.tree.naming import MAX_NAME_BYTES, NO_KEY, example_fields, index_key_width
 
 log = logging.getLogger("atlasfs")
@@ -32,21 +34,29 @@ class DolmaFile(SourceShard):
     first_index = 0
 
     def __init__(self, root: str, relative: str, attributes: dict[str, str],
-                 files: OpenFiles | None = None) -> None:
+                 files: OpenFiles | None = None, storage: Storage = LOCAL) -> None:
         self.root = root
         self.relative = relative  # path under documents/
         self.path = os.path.join(root, "documents", relative)
         self.name = folder_name(relative)
         self.attributes = attributes  # set name -> its file's path
         self.error = None
+        self.storage = storage
         self._sizes: dict[str, int] = {}
+        self.mtime = 0.0
         try:
-            st = os.stat(self.path)
-            self.mtime = st.st_mtime
-            self._sizes = {path: os.path.getsize(path) for path in self.files()}
+            for path in self.files():
+                found = storage.stat(path)
+                if found is None:
+                    raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), path)
+                self._sizes[path] = found[0]
+                if path == self.path:
+                    self.mtime = found[1] / 1e9
+        except StorageUnavailableError:
+            raise
         except OSError as exc:
             self.error = DolmaError(f"{exc.filename or self.path}: cannot be read ({exc.strerror})")
-            self.mtime = 0.0
+            self._sizes = {}
         self.data_size = sum(self._sizes.values())
         self.scan_result: Scan | None = None
         self._described: Described | None = None
@@ -73,11 +83,12 @@ class DolmaFile(SourceShard):
         """One pass over the documents file and every attributes file (:func:`.scan.scan_files`)."""
         if self.error is not None:
             raise self.error
-        scan, described, gzip_file = scan_files(self.path, self.attributes)
+        scan, described, gzip_file = scan_files(self.path, self.attributes, self.storage)
         self._drop_readers()
         if gzip_file is not None:  # keep the scan's zran index rather than importing it again
             with self._readers_lock:
-                self._readers[self.path] = Reader(self.path, scan.seek_states[self.path], self._files, gzip_file)
+                self._readers[self.path] = Reader(self.path, scan.seek_states[self.path], self._files, gzip_file,
+                                                  self.storage)
         self._described = described
         self.scan_result = scan
         return scan
@@ -148,7 +159,7 @@ class DolmaFile(SourceShard):
             reader = self._readers.get(path)
             if reader is None:
                 state = self.scan_result.seek_states.get(path, b"") if self.scan_result else b""
-                reader = self._readers[path] = Reader(path, state, self._files)
+                reader = self._readers[path] = Reader(path, state, self._files, storage=self.storage)
             return reader
 
     def _scanned(self) -> Scan:

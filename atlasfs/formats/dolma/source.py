@@ -12,6 +12,8 @@ from atlasfs.formats.dolma.seek import DolmaError, OpenFiles
 from atlasfs.formats.dolma.names import READ, is_documents_file, why_not_read
 from atlasfs.formats.dolma.shard import DolmaFile
 from atlasfs.formats.source import Source
+from atlasfs.storage import LOCAL, Storage
+from atlasfs.storage.files import listdir_or_empty, relative, walk
 
 if TYPE_CHECKING:
     from atlasfs.formats.factory import SourceOptions
@@ -25,20 +27,18 @@ class DolmaSource(Source):
 
     kind = "dolma"
 
-    def __init__(self, root: str) -> None:
+    def __init__(self, root: str, storage: Storage = LOCAL) -> None:
         self.root = os.fspath(root)
+        self.storage = storage
         documents = os.path.join(self.root, "documents")
-        if not os.path.isdir(documents):
+        if not storage.isdir(documents):
             raise DolmaError(f"{self.root}: no documents/ folder (not a Dolma dataset)")
         self.sets_folder = os.path.join(self.root, "attributes")
-        try:
-            self.sets = sorted(n for n in os.listdir(self.sets_folder)
-                               if not n.startswith(".") and os.path.isdir(os.path.join(self.sets_folder, n)))
-        except OSError:
-            self.sets = []
+        self.sets = sorted(n for n, is_dir in listdir_or_empty(storage, self.sets_folder)
+                           if is_dir and not n.startswith("."))
         files = OpenFiles()
         self.files: list[DolmaFile] = []
-        found, self.layout_problems = _walk(documents)
+        found, self.layout_problems = _walk(storage, documents)
         #: set name -> documents files (relative) with no file in that set, for verify's warnings
         self.untagged: dict[str, list[str]] = {}
         for relative in found:
@@ -49,11 +49,11 @@ class DolmaSource(Source):
             for name in self.sets:
                 # dolma's rule: the documents path with documents/ replaced by attributes/<set>/
                 path = os.path.join(self.sets_folder, name, relative)
-                if os.path.isfile(path):
+                if storage.isfile(path):
                     attributes[name] = path
                 else:
                     self.untagged.setdefault(name, []).append(relative)
-            self.files.append(DolmaFile(self.root, relative, attributes, files))
+            self.files.append(DolmaFile(self.root, relative, attributes, files, storage))
         for problem in self.layout_problems:
             log.warning("%s", problem)
         for name, missing in sorted(self.untagged.items()):
@@ -78,7 +78,7 @@ class DolmaSource(Source):
         relatives = {file.relative for file in self.files}
         for name in self.sets:
             folder = os.path.join(self.sets_folder, name)
-            files, unlisted = _walk(folder)
+            files, unlisted = _walk(self.storage, folder)
             found += unlisted
             for relative in files:
                 if relative not in relatives:
@@ -117,7 +117,7 @@ def _unique_names(files: Sequence[DolmaFile]) -> None:
             file.name = file.relative
 
 
-def _walk(folder: str) -> tuple[list[str], list[str]]:
+def _walk(storage: Storage, folder: str) -> tuple[list[str], list[str]]:
     """Every file under ``folder`` (relative paths, sorted; hidden files and folders left
     out: partial downloads and the like, which dolma's globs do not match either), and a line
     per folder that cannot be listed."""
@@ -127,19 +127,19 @@ def _walk(folder: str) -> tuple[list[str], list[str]]:
     def failed(exc: OSError) -> None:
         unlisted.append(f"{exc.filename or folder}: cannot be listed ({exc.strerror}); the files in it are not read")
 
-    for here, dirs, names in os.walk(folder, onerror=failed):
+    for here, dirs, names in walk(storage, folder, onerror=failed):
         dirs[:] = sorted(d for d in dirs if not d.startswith("."))
         for name in names:
             if not name.startswith("."):
-                found.append(os.path.relpath(os.path.join(here, name), folder).replace(os.sep, "/"))
+                found.append(relative(os.path.join(here, name), folder))
     return sorted(found), unlisted
 
 
-def looks_like(path: str) -> bool:
+def looks_like(path: str, storage: Storage = LOCAL) -> bool:
     """A folder with a ``documents/`` folder (no file is opened)."""
-    return os.path.isdir(os.path.join(path, "documents"))
+    return storage.isdir(os.path.join(path, "documents"))
 
 
-def open_source(path: str, options: "SourceOptions") -> DolmaSource:
-    """The Dolma dataset at ``path`` (``options`` change nothing for this format)."""
-    return DolmaSource(path)
+def open_source(path: str, options: "SourceOptions", storage: Storage = LOCAL) -> DolmaSource:
+    """The Dolma dataset at ``path``, read through ``storage`` (``options`` change nothing for this format)."""
+    return DolmaSource(path, storage)

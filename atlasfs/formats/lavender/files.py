@@ -17,6 +17,8 @@ from typing import Any, Iterator
 import numpy as np
 
 from atlasfs.errors import AtlasFormatError
+from atlasfs.storage import LOCAL, Storage
+from atlasfs.storage.files import transient_failure
 
 SHARD_FILE = re.compile(r"shard\.([0-9]+)\.(csv|parquet)")
 #: Two rows of a csv file closer than this are read in one range when a block needs both.
@@ -79,6 +81,7 @@ class ShardFile:
     path: str
     index: int
     kind: str  # "csv" or "parquet"
+    storage: Storage = LOCAL  # where it is read from
 
     def __post_init__(self) -> None:
         self._columns: list[str] | None = None
@@ -92,21 +95,22 @@ class ShardFile:
         if self._columns is None:
             try:
                 if self.kind == "csv":
-                    with open(self.path, newline="", encoding="utf-8-sig") as f:
+                    with io.TextIOWrapper(self.storage.open(self.path), newline="", encoding="utf-8-sig") as f:
                         self._columns = next(csv.reader(f), [])
                 else:
                     self._columns = list(self._parquet_file().schema_arrow.names)
             except (OSError, UnicodeDecodeError, csv.Error, ValueError) as exc:
-                raise LavenderError(f"{self.path}: cannot be read ({_reason(exc)})") from None
+                raise _failed(exc, f"{self.path}: cannot be read ({_reason(exc)})") from None
         return self._columns
 
     def _parquet_file(self) -> Any:
         if self._parquet is None:
             import pyarrow.parquet as pq
             try:
-                parquet = pq.ParquetFile(self.path)
+                # a file in a store is read by ranges (its footer, then the row groups asked for)
+                parquet = pq.ParquetFile(self.storage.open(self.path) if self.storage.remote else self.path)
             except Exception as exc:  # pyarrow raises its own ArrowInvalid/OSError kinds
-                raise LavenderError(f"{self.path}: cannot be read ({_reason(exc)})") from None
+                raise _failed(exc, f"{self.path}: cannot be read ({_reason(exc)})") from None
             metadata = parquet.metadata
             sizes = [metadata.row_group(g).num_rows for g in range(metadata.num_row_groups)]
             self._group_starts = np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)])
@@ -136,7 +140,7 @@ class ShardFile:
         except LavenderError:
             raise
         except Exception as exc:
-            raise LavenderError(f"{self.path}: column {column!r} cannot be read ({_reason(exc)})") from None
+            raise _failed(exc, f"{self.path}: column {column!r} cannot be read ({_reason(exc)})") from None
         return None
 
     def row_groups(self) -> list[int]:
@@ -172,13 +176,13 @@ class ShardFile:
         except LavenderError:
             raise
         except Exception as exc:  # csv.Error, OSError, pyarrow's errors: the file as a whole fails
-            raise LavenderError(f"{self.path}: cannot be read ({_reason(exc)})") from None
+            raise _failed(exc, f"{self.path}: cannot be read ({_reason(exc)})") from None
 
     def _scan_csv(self, uid: str) -> ScanResult:
         """The csv pass: where every row starts and its uid. A file without a quote character
         (the usual case) has a row per line, found by splitting; any other goes through
         :mod:`csv` one line at a time (a quoted cell may span lines)."""
-        with open(self.path, "rb") as f:
+        with self.storage.open(self.path, 1 << 20) as f:
             data = f.read()
         if b'"' not in data and b"\r" not in data.replace(b"\r\n", b"\n"):
             try:
@@ -220,7 +224,7 @@ class ShardFile:
         problems: list[str] = []
         position = 0
         line = 0
-        with open(self.path, "rb") as f:
+        with self.storage.open(self.path, 1 << 20) as f:
             def lines() -> Iterator[str]:
                 nonlocal position, line
                 for raw in f:
@@ -261,7 +265,7 @@ class ShardFile:
         except LavenderError:
             raise
         except Exception as exc:
-            raise LavenderError(f"{self.path}: rows {int(wanted[0]) + 1}..{int(wanted[-1]) + 1} cannot be read "
+            raise _failed(exc, f"{self.path}: rows {int(wanted[0]) + 1}..{int(wanted[-1]) + 1} cannot be read "
                                 f"({_reason(exc)})") from None
 
     def _read_csv(self, wanted: np.ndarray) -> tuple[dict[int, Any], int]:
@@ -273,7 +277,7 @@ class ShardFile:
         read = 0
         # runs of rows near each other: one read and one parse each
         breaks = np.flatnonzero(np.diff(wanted) > CSV_GAP_ROWS) + 1
-        with open(self.path, "rb") as f:
+        with self.storage.open(self.path, 1 << 20) as f:
             for run in np.split(wanted, breaks):
                 first, last = int(run[0]), int(run[-1])
                 f.seek(int(offsets[first]))
@@ -321,6 +325,12 @@ class ShardFile:
         """Forget the open parquet file (reopened on the next read)."""
         with self._lock:
             self._parquet = None
+
+
+def _failed(exc: BaseException, message: str) -> Exception:
+    """What to raise for ``exc``: the store's own error if it did not answer (transient:
+    the file is not bad), else a :class:`LavenderError` saying ``message``."""
+    return transient_failure(exc) or LavenderError(message)
 
 
 def _reason(exc: BaseException) -> str:

@@ -6,7 +6,6 @@ checked as untrusted input; then blocks of samples read from only their rows.
 
 from __future__ import annotations
 
-import os
 import re
 from typing import TYPE_CHECKING, Any
 
@@ -16,6 +15,7 @@ from atlasfs.formats import state
 from atlasfs.formats.lavender import cells
 from atlasfs.formats.lavender.files import LavenderError, ShardFile, uid_text
 from atlasfs.formats.source import SourceShard
+from atlasfs.storage import StorageUnavailableError
 from atlasfs.tree.naming import INDEX_KEY_MIN_WIDTH, index_key_width, key_problem
 
 if TYPE_CHECKING:
@@ -48,6 +48,7 @@ class LavenderShard(SourceShard):
 
     def __init__(self, source: LavenderSource, index: int, files: dict[str, ShardFile]) -> None:
         self.source = source
+        self.storage = source.storage
         self.index = index
         self.files = files  # shardset name -> its file of this index, in shardset order
         self.name = f"shard.{index:05d}"
@@ -58,11 +59,15 @@ class LavenderShard(SourceShard):
         self.data_size = 0
         for file in files.values():
             try:
-                st = os.stat(file.path)
+                found = source.storage.stat(file.path)
+            except StorageUnavailableError:
+                raise
             except OSError:
+                found = None
+            if found is None:
                 continue
-            self.mtime = max(self.mtime, st.st_mtime)
-            self.data_size += st.st_size
+            self.mtime = max(self.mtime, found[1] / 1e9)
+            self.data_size += found[0]
         self._ready = False
         self._num_samples = 0
         self._block_rows = BLOCK_ROWS
@@ -228,10 +233,10 @@ class LavenderShard(SourceShard):
         """Where the csv rows of ``name``'s file start, as stored: in order and within the file."""
         offsets = fields.array(f"offsets:{name}", "<i8")
         path = self.files[name].path
-        try:
-            size = os.path.getsize(path)
-        except OSError as exc:
-            raise state.StateError(f"{path}: cannot be read ({exc.strerror})") from None
+        found = self.storage.stat(path)
+        if found is None:
+            raise state.StateError(f"{path}: cannot be read (no such file)")
+        size = found[0]
         if len(offsets) == 0 or int(offsets[0]) < 0 or int(offsets[-1]) > size or np.any(np.diff(offsets) < 0):
             raise state.StateError(f"stored row offsets of {path} are out of order or past its end")
         return offsets

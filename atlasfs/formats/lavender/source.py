@@ -14,6 +14,8 @@ from atlasfs.formats.lavender import cells
 from atlasfs.formats.lavender.files import SHARD_FILE, LavenderError, RowGroupCache, ShardFile
 from atlasfs.formats.lavender.shard import LavenderShard
 from atlasfs.formats.source import Source
+from atlasfs.storage import LOCAL, Storage, StorageUnavailableError
+from atlasfs.storage.files import listdir_or_empty
 
 log = logging.getLogger("atlasfs")
 
@@ -37,8 +39,9 @@ class LavenderSource(Source):
     kind = "lavender"
 
     def __init__(self, root: str, uid: str | None = DEFAULT_UID, join: str = DEFAULT_JOIN,
-                 main: str | None = None) -> None:
+                 main: str | None = None, storage: Storage = LOCAL) -> None:
         self.root = os.fspath(root)
+        self.storage = storage
         if join not in JOINS:
             raise LavenderError(f"unknown join {join!r} (choose one of: {', '.join(JOINS)})")
         self.join = join
@@ -50,15 +53,15 @@ class LavenderSource(Source):
         self._lock = threading.Lock()
         self.shardsets: dict[str, dict[int, ShardFile]] = {}
         try:
-            names = sorted(n for n in os.listdir(self.root) if not n.startswith("."))
+            names = sorted(n for n, is_dir in storage.listdir(self.root) if is_dir and not n.startswith("."))
+        except StorageUnavailableError:
+            raise
         except OSError as exc:
             raise LavenderError(f"{self.root}: cannot list ({exc.strerror})") from None
         for name in names:
             folder = os.path.join(self.root, name)
-            if not os.path.isdir(folder):
-                continue
             found: dict[int, ShardFile] = {}
-            for file in sorted(os.listdir(folder)):
+            for file in sorted(n for n, _ in listdir_or_empty(storage, folder)):
                 match = SHARD_FILE.fullmatch(file)
                 if not match:
                     continue
@@ -67,7 +70,7 @@ class LavenderSource(Source):
                     self.layout_problems.append(f"{os.path.join(folder, file)}: a second shard {index} in {name} "
                                                 f"(beside {os.path.basename(found[index].path)}); left out")
                     continue
-                found[index] = ShardFile(name, os.path.join(folder, file), index, match.group(2))
+                found[index] = ShardFile(name, os.path.join(folder, file), index, match.group(2), storage)
             if found:
                 self.shardsets[name] = found
         if not self.shardsets:
@@ -226,27 +229,16 @@ class LavenderSource(Source):
         return [f"format       lavender: shardsets {sets}; {self.join} join onto {self.main!r} by column {self.uid!r}"]
 
 
-def looks_like(path: str) -> bool:
+def looks_like(path: str, storage: Storage = LOCAL) -> bool:
     """A folder with a sub-folder holding a ``shard.NNNNN.csv`` or ``.parquet`` (names only)."""
-    try:
-        with os.scandir(path) as entries:
-            folders = [e.path for e in entries if e.is_dir() and not e.name.startswith(".")]
-    except OSError:
-        return False
-    for folder in folders:
-        try:
-            with os.scandir(folder) as entries:
-                if any(SHARD_FILE.fullmatch(e.name) for e in entries):
-                    return True
-        except OSError:
-            continue
-    return False
+    folders = [os.path.join(path, n) for n, is_dir in listdir_or_empty(storage, path) if is_dir and not n.startswith(".")]
+    return any(SHARD_FILE.fullmatch(n) for folder in folders for n, _ in listdir_or_empty(storage, folder))
 
 
-def open_source(path: str, options: Any) -> LavenderSource:
+def open_source(path: str, options: Any, storage: Storage = LOCAL) -> LavenderSource:
     """The Lavender dataset at ``path``, joined as ``options`` say (:class:`~.factory.SourceOptions`:
     ``uid_column``, ``join``, ``main_shardset``)."""
     return LavenderSource(os.fspath(path), uid=options.uid_column or DEFAULT_UID,
                           join=getattr(options, "join", None) or DEFAULT_JOIN,
-                          main=getattr(options, "main_shardset", None))
+                          main=getattr(options, "main_shardset", None), storage=storage)
 

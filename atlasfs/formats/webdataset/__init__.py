@@ -30,6 +30,9 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from atlasfs.storage import LOCAL, Storage
+from atlasfs.storage.files import listdir_or_empty
+
 from atlasfs.formats.webdataset.samples import BLOCK_BYTES, BLOCK_SAMPLES, Samples, group, key_field
 from atlasfs.formats.webdataset.source import STATE_VERSION, SUFFIX, TarShard, WebDatasetSource, find_tar_files
 from atlasfs.formats.webdataset.walk import Walk, WebDatasetError, walk
@@ -39,17 +42,15 @@ __all__ = ["BLOCK_BYTES", "BLOCK_SAMPLES", "STATE_VERSION", "SUFFIX", "Samples",
            "open_source", "walk"]
 
 
-def looks_like(path: str) -> bool:
+def looks_like(path: str, storage: Storage = LOCAL) -> bool:
     """A ``.tar`` file, or a folder with one directly inside (no file is opened)."""
-    if os.path.isfile(path):
+    if storage.isfile(path):
         return path.endswith(SUFFIX)
-    try:
-        with os.scandir(path) as entries:
-            return any(e.name.endswith(SUFFIX) and not e.name.startswith(".") and e.is_file() for e in entries)
-    except OSError:
-        return False
+    return any(n.endswith(SUFFIX) and not n.startswith(".") and not is_dir
+               for n, is_dir in listdir_or_empty(storage, path))
 
 
-def open_source(path: str, options: Any) -> WebDatasetSource:
-    """The tar file or folder of them at ``path`` (``options`` change nothing for this format)."""
-    return WebDatasetSource(os.fspath(path))
+def open_source(path: str, options: Any, storage: Storage = LOCAL) -> WebDatasetSource:
+    """The tar file or folder of them at ``path``, read through ``storage`` (``options`` change
+    nothing for this format)."""
+    return WebDatasetSource(os.fspath(path), storage)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import tarfile
@@ -13,7 +14,9 @@ from atlasfs.formats import state
 from atlasfs.formats.source import Source, SourceShard
 from atlasfs.formats.webdataset.samples import BLOCK_BYTES, BLOCK_SAMPLES, Samples, group, key_field
 from atlasfs.formats.webdataset.walk import WebDatasetError, Walk, walk
-from atlasfs.storage import LocalStorage
+from atlasfs.storage import LOCAL, LocalStorage, Storage, StorageChangedError, StorageUnavailableError
+from atlasfs.storage.files import relative
+from atlasfs.storage.files import walk as walk_folders
 from atlasfs.tree.naming import MAX_NAME_BYTES, example_fields
 
 log = logging.getLogger("atlasfs")
@@ -32,17 +35,23 @@ _FIELDS = {"file_size", "names", "offsets", "sizes", "problems", "cut"}
 class TarShard(SourceShard):
     """One tar file: a folder of its samples' files, each a member's bytes as they are."""
 
-    def __init__(self, path: str, name: str) -> None:
+    def __init__(self, path: str, name: str, storage: Storage = LOCAL) -> None:
         self.path = path
         self.name = name
+        self.storage = storage
         self.first_index = 0  # each tar numbers its samples from 0 (index keys are rare: bad keys only)
-        self._file = LocalStorage()  # a descriptor of its own, closed by close()
+        # a store's reads go through it; a local file has a descriptor of its own, closed by close()
+        self._file = storage if storage.remote else LocalStorage()
         self._walk: Walk | None = None
         self._samples: Samples | None = None
         self._pair: tuple[Walk, Samples] | None = None  # both, set at once: what blocks are read from
         try:
-            st = os.stat(path)
-            self.mtime, self.data_size = st.st_mtime, st.st_size
+            found = storage.stat(path)
+            if found is None:
+                raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), path)
+            self.mtime, self.data_size = found[1] / 1e9, found[0]
+        except StorageUnavailableError:
+            raise
         except OSError as exc:
             self.error = WebDatasetError(f"{path}: cannot be read ({exc.strerror})")
 
@@ -53,7 +62,7 @@ class TarShard(SourceShard):
         members' names and places, which :meth:`restore` takes back without the walk."""
         if self.error is not None:
             raise self.error
-        found = walk(self.path, self.data_size)
+        found = walk(self.path, self.data_size, self.storage)
         self._set(found)
         fields: dict[str, state.Value] = {
             "file_size": self.data_size, "names": found.names, "offsets": found.offsets.astype("<i8"),
@@ -186,6 +195,8 @@ class TarShard(SourceShard):
     def _pread(self, offset: int, size: int) -> bytes:
         try:
             raw = self._file.pread(self.path, offset, size)
+        except (StorageUnavailableError, StorageChangedError):
+            raise  # the store, not the file: transient
         except OSError as exc:
             raise WebDatasetError(f"{self.path}: read of bytes {offset}..{offset + size} failed "
                                   f"({exc.strerror})") from None
@@ -257,14 +268,14 @@ class WebDatasetSource(Source):
     kind = "webdataset"
     checked = "tar headers"
 
-    def __init__(self, root: str) -> None:
+    def __init__(self, root: str, storage: Storage = LOCAL) -> None:
         self.root = root
-        files = find_tar_files(root)
+        self.storage = storage
+        files = find_tar_files(root, storage)
         if not files:
             raise WebDatasetError(f"{root}: no .tar file in it (compressed shards, .tar.gz, are not read)")
-        base = root if os.path.isdir(root) else os.path.dirname(root)
-        self._shards = [TarShard(path, os.path.relpath(path, base)[:-len(SUFFIX)].replace(os.sep, "/") or "_")
-                        for path in files]
+        base = root if storage.isdir(root) else os.path.dirname(root)
+        self._shards = [TarShard(path, relative(path, base)[:-len(SUFFIX)] or "_", storage) for path in files]
 
     @property
     def shards(self) -> list[TarShard]:  # type: ignore[override]
@@ -276,14 +287,14 @@ class WebDatasetSource(Source):
                 f"or {BLOCK_BYTES >> 20} MiB per block"]
 
 
-def find_tar_files(path: str) -> list[str]:
+def find_tar_files(path: str, storage: Storage = LOCAL) -> list[str]:
     """The ``.tar`` files a source path stands for: the file itself, or those under the folder
     (hidden ones left out), sorted by path."""
-    if os.path.isfile(path):
+    if storage.isfile(path):
         return [path]
     found = []
-    for folder, dirs, names in os.walk(path):
+    for folder, dirs, names in walk_folders(storage, path):
         dirs[:] = sorted(d for d in dirs if not d.startswith("."))
         found.extend(os.path.join(folder, n) for n in sorted(names)
-                     if n.endswith(SUFFIX) and not n.startswith(".") and os.path.isfile(os.path.join(folder, n)))
-    return sorted(found, key=lambda p: os.path.relpath(p, path).split(os.sep))
+                     if n.endswith(SUFFIX) and not n.startswith(".") and storage.isfile(os.path.join(folder, n)))
+    return sorted(found, key=lambda p: relative(p, path).split("/"))

@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from atlasfs.errors import AtlasFormatError
+from atlasfs.storage import LOCAL, Storage
+from atlasfs.storage.files import transient_failure
 
 #: Members webdataset skips as the archive's own metadata (``tar_file_iterator``'s ``meta_prefix``,
 #: ``meta_suffix`` and ``skip_meta``): not samples' files, left out without a word.
@@ -52,16 +54,17 @@ def is_meta(name: str) -> bool:
     return ("/" not in name and name.startswith("__") and name.endswith("__")) or _META.match(name) is not None
 
 
-def walk(path: str, file_size: int) -> Walk:
-    """The members of the tar file ``path`` (``file_size`` bytes now). Raises
-    :class:`WebDatasetError` if it is not an uncompressed tar at all (its first header)."""
+def walk(path: str, file_size: int, storage: Storage = LOCAL) -> Walk:
+    """The members of the tar file ``path`` (``file_size`` bytes now), read through ``storage``
+    (headers only: tarfile seeks over the members' data). Raises :class:`WebDatasetError` if
+    it is not an uncompressed tar at all (its first header)."""
     names: list[str] = []
     offsets: list[int] = []
     sizes: list[int] = []
     problems: list[str] = []
     cut = None
     try:
-        with open(path, "rb") as f:
+        with storage.open(path) as f:
             try:
                 tar = tarfile.open(fileobj=f, mode="r:")
             except tarfile.TarError as exc:
@@ -95,6 +98,9 @@ def walk(path: str, file_size: int) -> Walk:
                 offsets.append(info.offset_data)
                 sizes.append(info.size)
     except OSError as exc:
+        failure = transient_failure(exc)
+        if failure is not None:  # the store did not answer: nothing about the file is learned
+            raise failure from None
         raise WebDatasetError(f"{path}: cannot be read ({exc.strerror or exc})") from None
     return Walk(names, np.array(offsets, dtype=np.int64), np.array(sizes, dtype=np.int64), problems, cut)
 
