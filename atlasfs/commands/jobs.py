@@ -26,12 +26,15 @@ from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from typing import Any
 
+from atlasfs.errors import AtlasFormatError
 from atlasfs.formats.factory import SourceOptions, open_source
 from atlasfs.formats.source import Source
 from atlasfs.storage import StorageOptions, set_default_options
 
 #: Seconds between looks at the workers' progress counters.
 POLL_SECONDS = 0.2
+#: Why a shard failed whose worker process died (the pool is then unusable).
+LOST = "a worker process ended without a result (killed, or out of memory?)"
 
 
 def default_jobs() -> int:
@@ -86,8 +89,12 @@ def _init_worker(opener: Opener, setup: Setup, work: Work, total: Any, done: Any
     root = logging.getLogger("atlasfs")
     root.handlers[:] = [handler]
     root.setLevel(logging.DEBUG if opener.verbose else logging.INFO)
-    source = opener.open()
-    _worker.update(source=source, state=setup(source), work=work, total=total, done=done)
+    _worker.update(work=work, total=total, done=done)
+    try:  # a worker that cannot open the dataset fails each shard it is given, in one line
+        source = opener.open()
+        _worker.update(source=source, state=setup(source))
+    except Exception as exc:
+        _worker["broken"] = f"{exc}" if isinstance(exc, (AtlasFormatError, OSError)) else f"{exc!r}"
 
 
 def _report(what: str, n: int) -> None:
@@ -97,6 +104,8 @@ def _report(what: str, n: int) -> None:
 
 
 def _run_in_worker(s: int) -> Done:
+    if "broken" in _worker:
+        return Done(s, _worker["broken"])
     try:
         return _worker["work"](_worker["state"], s, _report)
     except Exception as exc:  # a bug still only fails its shard, in one line
@@ -150,7 +159,10 @@ def _run_pool(opener: Opener, setup: Setup, work: Work, shards: list[int], jobs:
                 s = next(todo, None)
                 if s is None:
                     break
-                pending[executor.submit(_run_in_worker, s)] = s
+                try:
+                    pending[executor.submit(_run_in_worker, s)] = s
+                except BrokenProcessPool:  # a worker died: the shards not started fail too, one line each
+                    yield Done(s, LOST)
             if not pending:
                 break
             finished, _ = wait(pending, timeout=POLL_SECONDS, return_when=FIRST_COMPLETED)
@@ -160,7 +172,7 @@ def _run_pool(opener: Opener, setup: Setup, work: Work, shards: list[int], jobs:
                 try:
                     yield future.result()
                 except BrokenProcessPool:
-                    yield Done(s, "its worker process ended without a result (killed, or out of memory?)")
+                    yield Done(s, LOST)
                 except Exception as exc:  # a worker that could not start (the dataset could not be opened)
                     yield Done(s, f"{exc}")
         poll()
