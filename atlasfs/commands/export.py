@@ -1,8 +1,9 @@
 """``atlasfs export``: a tree's shard folders as WebDataset tar files, without FUSE.
 
-Each tar is the :class:`~atlasfs.tree.tarview.TarLayout` of a shard folder written
-out, so its bytes are exactly those of ``<shard>.tar`` in the mount's tar view:
-the shard's files in example order (:meth:`~atlasfs.tree.base.Tree.members`), a
+Each tar is written in one pass over a shard folder's members
+(:func:`~atlasfs.tree.tarview.write_tar`): the bytes a
+:class:`~atlasfs.tree.tarview.TarLayout` places, so exactly those of ``<shard>.tar``
+in the mount's tar view: the shard's files in example order (:meth:`~atlasfs.tree.base.Tree.members`), a
 sample's files adjacent, named by their full key paths without a ``./``
 prefix, so ``webdataset`` yields the samples in the dataset's order. Beside
 the tars goes ``shards.json``, the same wids index the tar view shows.
@@ -27,26 +28,26 @@ from atlasfs.progress import progress_bar, say
 from atlasfs.sizes import format_size
 from atlasfs.tree.base import Tree
 from atlasfs.tree.blocktree import BlockTree
-from atlasfs.tree.tarview import INDEX_NAME, TarLayout, shard_index
+from atlasfs.tree.tarview import INDEX_NAME, Written, shard_index, write_tar
 
 
-def write_shard_tar(tree: Tree, folder: str, out_path: str, on_file: Callable[[], None] | None = None) -> TarLayout:
-    """Write every file below ``folder`` into the tar ``out_path``; returns its layout.
+def write_shard_tar(tree: Tree, folder: str, out_path: str, on_file: Callable[[], None] | None = None) -> Written:
+    """Write every file below ``folder`` into the tar ``out_path`` (in one pass: see
+    :func:`~atlasfs.tree.tarview.write_tar`); returns what it wrote.
 
     The tar is written beside ``out_path`` under a temporary name and renamed
     when complete, so a failed export leaves no partial shard behind.
     """
-    layout = TarLayout(tree, folder)
     partial = out_path + ".partial"
     try:
         with open(partial, "wb") as out:
-            layout.write_to(out, on_file)
+            written = write_tar(tree, folder, out, on_file)
         os.replace(partial, out_path)
     except BaseException:
         if os.path.exists(partial):
             os.unlink(partial)
         raise
-    return layout
+    return written
 
 
 def write_index(outdir: str, shards: Sequence[tuple[str, int]]) -> str:
@@ -110,7 +111,7 @@ def _export_shard(state: tuple[BlockTree, str], s: int, report: Report) -> Done:
         os.makedirs(os.path.dirname(out), exist_ok=True)  # a shard named with slashes (Dolma)
         total = count_files(tree, f"/{name}")
         report("total", total)
-        layout = write_shard_tar(tree, f"/{name}", out, counted.one)
+        written = write_shard_tar(tree, f"/{name}", out, counted.one)
     except OSError as exc:
         counted.flush()
         if total is not None:  # the bar moves past the files not written
@@ -119,7 +120,7 @@ def _export_shard(state: tuple[BlockTree, str], s: int, report: Report) -> Done:
     finally:
         tree.forget(s)
     counted.flush()
-    return Done(s, value=(out, layout.samples(), len(layout), layout.size))
+    return Done(s, value=(out, written.samples, written.files, written.size))
 
 
 def export_all(source: Source, opener: Opener, shards: Sequence[int], outdir: str, cache_bytes: int,

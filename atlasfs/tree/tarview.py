@@ -30,6 +30,7 @@ import os
 import tarfile
 import threading
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
@@ -183,38 +184,67 @@ class TarLayout:
         return data
 
     def write_to(self, out: "object", on_member: Callable[[], None] | None = None, chunk: int = 1 << 20) -> None:
-        """Write the whole tar to the binary file ``out``, the bytes :meth:`read` gives: the
-        members in order from the tree's entries (no lookup per file), written ``chunk`` bytes
-        at a time (small members gathered, large files read in pieces)."""
-        write = out.write  # type: ignore[attr-defined]
-        tree, sizes, mtimes = self.tree, self.sizes.tolist(), self.mtimes.tolist()
-        parts: list[bytes] = []
-        held = 0
-        count = 0
-        for i, (name, entry) in enumerate(tree.members(self._members_of)):
-            size = sizes[i] if i < len(sizes) else -1
-            if entry.size != size or name != self.name(i):  # the tree changed under the layout
-                raise OSError(errno.EIO, f"{self.folder}/{name}: changed since its tar was laid out")
-            header = _header(name, size, mtimes[i])
-            parts.append(header)
-            held += len(header)
-            for at in range(0, size, chunk):
-                data = tree.read(entry, at, min(chunk, size - at))
-                if len(data) != min(chunk, size - at):
-                    raise OSError(errno.EIO, f"{self.folder}/{name}: short read")
-                parts.append(data)
-                held += len(data)
-                if held >= chunk:
-                    write(b"".join(parts))
-                    parts, held = [], 0
-            parts.append(bytes(-size % BLOCK))
-            count += 1
-            if on_member is not None:
-                on_member()
-        if count != len(sizes):
-            raise OSError(errno.EIO, f"{self.folder}: changed since its tar was laid out")
-        parts.append(bytes(self.size - self.starts.item(len(self))))
-        write(b"".join(parts))
+        """Write the whole tar to the binary file ``out``: the bytes :meth:`read` gives, the
+        members checked against the layout as they come (see :func:`write_tar`)."""
+        write_tar(self.tree, self._members_of, out, on_member, chunk, expect=self)
+
+
+@dataclass(frozen=True)
+class Written:
+    """What :func:`write_tar` wrote: members, samples (runs of members sharing a key), bytes."""
+
+    files: int
+    samples: int
+    size: int
+
+
+def write_tar(tree: Tree, folder: str, out: "object", on_member: Callable[[], None] | None = None,
+              chunk: int = 1 << 20, expect: TarLayout | None = None) -> Written:
+    """Write the tar of ``folder`` of ``tree`` to the binary file ``out`` in one pass over its
+    members (the bytes a :class:`TarLayout` of it places; no lookup per file), ``chunk``
+    bytes at a time: small members gathered, large files read in pieces. With ``expect``,
+    each member's name and size must be that layout's (EIO if the tree changed under it)."""
+    write = out.write  # type: ignore[attr-defined]
+    where = folder.rstrip("/")
+    if expect is not None:
+        sizes, mtimes = expect.sizes.tolist(), expect.mtimes.tolist()
+    parts: list[bytes] = []
+    held = at_end = count = samples = 0
+    last: tuple[str, str] | None = None
+    for i, (name, entry) in enumerate(tree.members(folder)):
+        size = entry.size
+        mtime = int(entry.mtime)
+        if expect is not None:
+            if i >= len(sizes) or size != sizes[i] or name != expect.name(i):
+                raise OSError(errno.EIO, f"{where}/{name}: changed since its tar was laid out")
+            mtime = mtimes[i]
+        header = _header(name, size, mtime)
+        parts.append(header)
+        held += len(header)
+        for at in range(0, size, chunk):
+            data = tree.read(entry, at, min(chunk, size - at))
+            if len(data) != min(chunk, size - at):
+                raise OSError(errno.EIO, f"{where}/{name}: short read")
+            parts.append(data)
+            held += len(data)
+            if held >= chunk:
+                write(b"".join(parts))
+                parts, held = [], 0
+        parts.append(bytes(-size % BLOCK))
+        at_end += len(header) + _padded(size)
+        count += 1
+        sub, _, base = name.rpartition("/")
+        key = (sub, base.split(".", 1)[0])
+        if key != last:
+            samples, last = samples + 1, key
+        if on_member is not None:
+            on_member()
+    if expect is not None and count != len(sizes):
+        raise OSError(errno.EIO, f"{where}: changed since its tar was laid out")
+    size = -(-(at_end + 2 * BLOCK) // RECORD) * RECORD
+    parts.append(bytes(size - at_end))
+    write(b"".join(parts))
+    return Written(count, samples, size)
 
 
 def _count_samples(names: list[str]) -> int:
