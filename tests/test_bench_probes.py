@@ -96,3 +96,16 @@ def test_spans_probe_reads_both_paths(tmp_path: Path) -> None:
         assert result["files_with_span"] > 0 and len(result["block_path_us"]) == len(result["span_path_us"]) == 50
     rows = table_rows(run.markdown, "tiny") + table_rows(run.markdown, "image")
     assert len(rows) == 4 and rows[0][3] == str(run.data["results"][0]["files"]), rows
+
+
+def test_export_against_tar(tmp_path: Path) -> None:
+    """bench/export.py: export -j 1 and -j 2 against tar cf at smoke sizes (every export's
+    tars equal the first's, or it fails)."""
+    run = run_probe("export.py", "export", tmp_path, "--smoke")
+    assert run.returncode == 0, run.stderr[-3000:]
+    rates = run.data["files_per_second"]
+    assert sorted(rates) == sorted(["tar cf", "tar cf, 2 at once", "export -j 1", "export -j 2"])
+    for name, rate in rates.items():
+        (row,) = table_rows(run.markdown, name)
+        assert row[2] == f"{rate:,.0f}" and float(row[3]) == round(rate / rates["tar cf"], 2), row
+    assert run.data["files"] == 9000
