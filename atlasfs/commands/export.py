@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Callable
 
-from atlasfs.commands.jobs import Done, Opener, Report, run
+from atlasfs.commands.jobs import LOST, Done, Opener, Report, run
 from atlasfs.formats.source import Source
 from atlasfs.progress import progress_bar, say
 from atlasfs.sizes import format_size
@@ -145,7 +145,10 @@ def export_all(source: Source, opener: Opener, shards: Sequence[int], outdir: st
             name = names[done.shard]
             if done.error is not None:
                 result.failed += 1
-                others = "; the other shards are written" if len(shards) > 1 else ""
+                partial = os.path.join(outdir, f"{name}.tar.partial")
+                if os.path.exists(partial):  # its worker died: no one else removes what it left
+                    os.unlink(partial)
+                others = "; the other shards are written" if len(shards) > 1 and done.error != LOST else ""
                 say(f"atlasfs: export of shard {name} failed: {done.error}{others}")
                 continue
             out, samples[done.shard], files, size = done.value

@@ -83,6 +83,7 @@ _worker: dict[str, Any] = {}
 
 def _init_worker(opener: Opener, setup: Setup, work: Work, total: Any, done: Any) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle: it stops us
+    signal.signal(signal.SIGTERM, _stop)  # ...with SIGTERM, which unwinds the shard in hand (no partial tar)
     set_default_options(opener.storage)
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("atlasfs: %(message)s"))
@@ -95,6 +96,10 @@ def _init_worker(opener: Opener, setup: Setup, work: Work, total: Any, done: Any
         _worker.update(source=source, state=setup(source))
     except Exception as exc:
         _worker["broken"] = f"{exc}" if isinstance(exc, (AtlasFormatError, OSError)) else f"{exc!r}"
+
+
+def _stop(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
 
 
 def _report(what: str, n: int) -> None:
