@@ -72,6 +72,8 @@ class MountOptions:
     storage: StorageOptions = field(default_factory=StorageOptions)
     #: Open damaged shards as far as their files go (``show``; :class:`SourceOptions`).
     lenient: bool = False
+    #: Processes working on shards at once (``index``, ``export``; None: one per core).
+    jobs: int | None = None
 
     def describe(self) -> str:
         """The settings that matter, for the log."""
@@ -133,6 +135,8 @@ class Option:
     commands: tuple[str, ...] = ()
     metavar: str | None = None
     switch: Any = True
+    #: A one-letter flag too (``-j``), besides :attr:`flag`.
+    short: str | None = None
 
     @property
     def flag(self) -> str:
@@ -173,6 +177,16 @@ def _text(text: str) -> str:
     return text
 
 
+def _count(text: str) -> int:
+    try:
+        count = int(text)
+    except ValueError:
+        raise ValueError(f"not a whole number: {text!r}") from None
+    if count < 1:
+        raise ValueError(f"must be at least 1, not {count}")
+    return count
+
+
 #: Every option, in the order ``--help`` lists them.
 OPTIONS: tuple[Option, ...] = (
     Option("format", "format", _choice(tuple(FORMATS), "format"),
@@ -196,6 +210,8 @@ OPTIONS: tuple[Option, ...] = (
            "new ones there (else in the user's cache, ~/.cache/atlasfs; tables 'atlasfs index' wrote beside the "
            "dataset are read too); index stores them there instead of beside the dataset", ("mount", "index"),
            "DIR"),
+    Option("jobs", "jobs", _count, "shards worked on at once, each in a process of its own (default: one per "
+           "core)", ("export", "index", "pack"), "N", short="-j"),
     Option("log_file", "log_file", _text, "append the daemon's log here (else stderr with -f, syslog, or with no "
            "/dev/log $XDG_STATE_HOME/atlasfs/<mount point>.log, rotated at 1 MiB x 3)", ("mount",), "PATH"),
     Option("allow_other", "allow_other", None, "let other users read the mount", ("mount",)),
@@ -230,8 +246,9 @@ def add_flags(parser: argparse.ArgumentParser, command: str) -> None:
     for option in OPTIONS:
         if command not in option.commands:
             continue
+        flags = [option.short, option.flag] if option.short else [option.flag]
         if option.read is None:
-            parser.add_argument(option.flag, dest=option.name, action="store_const", const=option.switch,
+            parser.add_argument(*flags, dest=option.name, action="store_const", const=option.switch,
                                 default=None, help=option.described())
             continue
 
@@ -240,7 +257,7 @@ def add_flags(parser: argparse.ArgumentParser, command: str) -> None:
                 return option.read(text)  # type: ignore[misc]
             except ValueError as exc:
                 raise argparse.ArgumentTypeError(str(exc)) from None
-        parser.add_argument(option.flag, dest=option.name, type=read, metavar=option.metavar,
+        parser.add_argument(*flags, dest=option.name, type=read, metavar=option.metavar,
                             default=None, help=option.described())
 
 

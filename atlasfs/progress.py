@@ -1,45 +1,21 @@
-"""A progress line for long work, shown only on a terminal."""
+"""Progress bars for long work (tqdm), shown only on a terminal."""
 
 from __future__ import annotations
 
 import sys
-import time
 from typing import TextIO
 
+from tqdm import tqdm
 
-class Progress:
-    """``label: done/total (pct) rate`` redrawn on one stderr line, at most ~10 times a second.
 
-    Silent when the stream is not a terminal, so logs and pipes stay clean.
-    """
+def progress_bar(label: str, total: int | None, unit: str) -> tqdm:
+    """A bar on stderr: ``label``, done/total, rate and time left; silent when stderr is not a
+    terminal (``disable=None``), so logs and pipes stay clean. ``total`` None: not known yet
+    (set ``bar.total`` once it is)."""
+    return tqdm(total=total, desc=label, unit=f" {unit}", file=sys.stderr, disable=None, dynamic_ncols=True,
+                mininterval=0.1, leave=True)
 
-    def __init__(self, label: str, total: int, unit: str = "", stream: TextIO | None = None) -> None:
-        self.label = label
-        self.total = total
-        self.unit = unit
-        self.done = 0
-        self.stream = stream or sys.stderr
-        self.enabled = self.stream.isatty()
-        self._start = time.monotonic()
-        self._last_draw = 0.0
 
-    def advance(self, n: int = 1) -> None:
-        """Count ``n`` more units done."""
-        self.done += n
-        now = time.monotonic()
-        if self.enabled and (now - self._last_draw >= 0.1 or self.done >= self.total):
-            self._last_draw = now
-            self._draw(now)
-
-    def _draw(self, now: float) -> None:
-        pct = f" ({100 * self.done / self.total:.0f}%)" if self.total else ""
-        rate = self.done / max(now - self._start, 1e-9)
-        self.stream.write(f"\r{self.label}: {self.done}/{self.total}{pct} {rate:.0f} {self.unit}/s\x1b[K")
-        self.stream.flush()
-
-    def close(self) -> None:
-        """End the progress line."""
-        if self.enabled:
-            self._draw(time.monotonic())
-            self.stream.write("\n")
-            self.stream.flush()
+def say(line: str, file: TextIO | None = None) -> None:
+    """Print ``line`` on ``file`` (default stderr) without tearing a bar that is being drawn."""
+    tqdm.write(line, file=file or sys.stderr)

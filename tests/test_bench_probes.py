@@ -123,3 +123,16 @@ def test_pack_probe_times_pack_against_tar_and_checks_what_it_packed(tmp_path: P
     for row, strategy in zip(rows, ("s1", "s2")):
         s = result[strategy]
         assert row[2] == f"{result['files'] / s['pack s']:,.0f}" and row[6] == f"{s['bytes'] / result['tars bytes']:.2f}"
+
+
+def test_export_against_tar(tmp_path: Path) -> None:
+    """bench/export.py: export -j 1 and -j 2 against tar cf at smoke sizes (every export's
+    tars equal the first's, or it fails)."""
+    run = run_probe("export.py", "export", tmp_path, "--smoke")
+    assert run.returncode == 0, run.stderr[-3000:]
+    rates = run.data["files_per_second"]
+    assert sorted(rates) == sorted(["tar cf", "tar cf, 2 at once", "export -j 1", "export -j 2"])
+    for name, rate in rates.items():
+        (row,) = table_rows(run.markdown, name)
+        assert row[2] == f"{rate:,.0f}" and float(row[3]) == round(rate / rates["tar cf"], 2), row
+    assert run.data["files"] == 9000

@@ -6,7 +6,7 @@ import argparse
 import logging
 import os
 import sys
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 from atlasfs import __version__
 from atlasfs.errors import AtlasFormatError
@@ -14,10 +14,14 @@ from atlasfs.formats.factory import open_source
 from atlasfs.formats.source import Source
 from atlasfs.fuse.mount import MountError, mount, unmount
 from atlasfs.options import MountOptions, OptionError, add_flags, from_args, mount_option_names
-from atlasfs.progress import Progress
+from atlasfs.progress import progress_bar
 from atlasfs.sizes import format_size
 from atlasfs.storage import set_default_options
-from atlasfs.tree.base import Unreadable
+
+if TYPE_CHECKING:
+    from tqdm import tqdm
+
+    from atlasfs.commands.jobs import Opener
 
 log = logging.getLogger("atlasfs")
 
@@ -41,13 +45,13 @@ def cmd_info(args: argparse.Namespace) -> int:
 
 def cmd_verify(args: argparse.Namespace) -> int:
     from atlasfs.commands.inspection import verify
-    progress: Progress | None = None
+    progress: tqdm | None = None
 
     def on_total(total: int) -> None:
         nonlocal progress
-        progress = Progress("verify", total, "blocks")
+        progress = progress_bar("verify", total, "blocks")
 
-    on_block = lambda: progress.advance() if progress else None  # noqa: E731
+    on_block = lambda: progress.update(1) if progress else None  # noqa: E731
     # a folder of no known format is verify's finding too, on stdout like the others
     report = verify(lambda: _source(args), on_total=on_total, on_block=on_block)
     if progress:
@@ -90,61 +94,52 @@ def cmd_umount(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from atlasfs.commands.export import count_files, write_index, write_shard_tar
-    from atlasfs.tree.blocktree import BlockTree
+    from atlasfs.commands.export import export_all, write_index
     with _source(args) as source:
         names = [s.name for s in source.shards]
         chosen = args.shards or names
         unknown = [n for n in chosen if n not in names]
         if unknown:
             raise UsageError(f"no shard named {unknown[0]!r} in {args.dataset} (shards: {', '.join(names)})")
-        # A bad shard or block fails its own tar (not written: a tar missing samples is no
-        # shard) and is named here once, in export's words: the tree does not log it.
-        tree = BlockTree(source, cache_bytes=args.settings.cache_bytes, log_failures=False)
         if os.path.lexists(args.outdir) and not os.path.isdir(args.outdir):
             raise UsageError(f"{args.outdir}: exists and is not a folder (OUTDIR is the folder the tars go in)")
         os.makedirs(args.outdir, exist_ok=True)
-        failed = 0
-        written = []
-        for name in chosen:
-            out = os.path.join(args.outdir, f"{name}.tar")
-            os.makedirs(os.path.dirname(out), exist_ok=True)  # a shard named with slashes (Dolma)
-            progress = None
-            try:
-                progress = Progress(f"export {name}.tar", count_files(tree, f"/{name}"), "files")
-                layout = write_shard_tar(tree, f"/{name}", out, progress.advance)
-            except OSError as exc:
-                if progress is not None:
-                    progress.close()
-                others = "; the other shards are written" if len(chosen) > 1 else ""
-                print(f"atlasfs: export of shard {name} failed: {exc.strerror or exc}{others}", file=sys.stderr)
-                failed += 1
-                continue
-            progress.close()
-            samples = layout.samples()
-            written.append((f"{name}.tar", samples))
-            print(f"{out}: {samples} samples, {len(layout)} files, {format_size(layout.size)}")
-        if written:
-            print(f"{write_index(args.outdir, written)}: wids index of {len(written)} shards")
-        if failed:
-            print(f"atlasfs: {failed} of {len(chosen)} shards not written (named above)", file=sys.stderr)
-        return 1 if failed else 0
+        # A bad shard or block fails its own tar (not written: a tar missing samples is no
+        # shard) and is named once, in export's words; the others are written.
+        position = {n: s for s, n in enumerate(names)}
+        positions = [position[n] for n in dict.fromkeys(chosen)]
+        result = export_all(source, _opener(args), positions, args.outdir, args.settings.cache_bytes, _jobs(args))
+        if result.written:
+            print(f"{write_index(args.outdir, result.written)}: wids index of {len(result.written)} shards")
+        if result.failed:
+            print(f"atlasfs: {result.failed} of {len(positions)} shards not written (named above)", file=sys.stderr)
+        return 1 if result.failed else 0
+
+
+def _opener(args: argparse.Namespace) -> "Opener":
+    """How a worker process opens the dataset: as this command line did."""
+    from atlasfs.commands.jobs import Opener
+    settings: MountOptions = args.settings
+    return Opener(args.dataset, settings.format, settings.source_options(), settings.storage, bool(args.verbose))
+
+
+def _jobs(args: argparse.Namespace) -> int:
+    from atlasfs.commands.jobs import default_jobs
+    return args.settings.jobs or default_jobs()
 
 
 def cmd_pack(args: argparse.Namespace) -> int:
-    from tqdm import tqdm
-
     from atlasfs.commands.pack import PackError, PackSettings, pack, temporary_folder
     settings = PackSettings(args.shard_size, args.block_size, args.strategy, args.level, args.dict_size, args.decode)
     bar: list[tqdm] = []
 
     def progress(total: int):  # noqa: ANN202 (tqdm's update)
-        bar.append(tqdm(total=total, desc="pack", unit="shard", disable=None))  # shown on a terminal only
+        bar.append(progress_bar("pack", total, "shards"))
         return bar[0].update
 
     try:
         report = pack(args.dataset, args.outdir, settings, args.settings.format, args.settings.source_options(),
-                      args.settings.storage, args.jobs or os.cpu_count() or 1, progress)
+                      args.settings.storage, _jobs(args), progress)
     except PackError as exc:
         kept = temporary_folder(args.outdir)
         resume = (f"; the shards finished are kept in {kept}: pack again to go on from them, or delete it"
@@ -164,10 +159,10 @@ def cmd_pack(args: argparse.Namespace) -> int:
 
 
 def cmd_index(args: argparse.Namespace) -> int:
-    from atlasfs.tree.blocktree import BlockTree
-    from atlasfs.tree.tablestore import TableStore, make_shared_folder
+    from atlasfs.commands.indexing import index_all, make_store
+    from atlasfs.tree.tablestore import make_shared_folder
     with _source(args) as dataset:
-        store = TableStore(dataset.root, index_dir=args.settings.index_dir, beside=True, storage=dataset.storage)
+        store = make_store(dataset, args.settings.index_dir)
         if args.settings.index_dir is not None or not dataset.storage.remote:  # a bucket says so at the first write
             try:
                 make_shared_folder(store.save_folder)
@@ -176,31 +171,16 @@ def cmd_index(args: argparse.Namespace) -> int:
                                  "choose a writable folder with --index-dir DIR") from None
             if not os.access(store.save_folder, os.W_OK):
                 raise UsageError(f"{store.save_folder}: not writable; choose a writable folder with --index-dir DIR")
-        # A bad shard or block leaves its shard's table unstored (a mount builds it again and
-        # says why) and is named here once, in index's words: the tree does not log it.
-        tree = BlockTree(dataset, cache_bytes=0, store=store, log_failures=False)
-        progress = Progress("index", len(dataset.shards), "shards")
-        failed = 0
-        for s, shard in enumerate(dataset.shards):
-            causes: list[str] = []
-            try:
-                tree.table(s, sizes=True)
-            except Unreadable as exc:
-                causes = [exc.cause]
-            causes = tree.failures(s) or causes  # every failed block, also those sizing skipped
-            if causes:
-                more = f" (and {len(causes) - 1} more; atlasfs verify lists them)" if len(causes) > 1 else ""
-                print(f"atlasfs: index of shard {shard.name} failed: {causes[0]}{more}", file=sys.stderr)
-                failed += 1
-            progress.advance()
-        progress.close()
-        if store.failures:
-            raise UsageError(f"{store.save_folder}: {store.failures} of {len(dataset.shards)} file tables "
+        report = index_all(dataset, _opener(args), args.settings.index_dir, _jobs(args))
+        shards = len(dataset.shards)
+        if report.unstored:
+            raise UsageError(f"{store.save_folder}: {report.unstored} of {shards} file tables "
                              "could not be stored (see above)")
-        done = len(dataset.shards) - failed
-        print(f"file tables of {done} of {len(dataset.shards)} shards are up to date in {store.save_folder}" if failed
-              else f"file tables of {done} shards are up to date in {store.save_folder}")
-    return 1 if failed else 0
+        done = shards - report.failed
+        before = f" ({report.stored_before} of them were already)" if report.stored_before else ""
+        print(f"file tables of {done} of {shards} shards are up to date in {store.save_folder}{before}"
+              if report.failed else f"file tables of {done} shards are up to date in {store.save_folder}{before}")
+    return 1 if report.failed else 0
 
 
 def cmd_cache(args: argparse.Namespace) -> int:
@@ -298,8 +278,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--decode", action="store_true",
                    help="store .cls/.txt/.json/.npy/.npz fields as their decoded values (webdataset's default "
                         "decoders) where encoding them gives the same bytes back; others stay bytes")
-    p.add_argument("-j", "--jobs", type=int, metavar="N", help="shards written at once, in processes "
-                   "(default: the number of CPUs)")
 
     p = command("index", cmd_index,
                 "build the shards' file tables ahead of time, beside the dataset (DATASET/.atlasfs-tables), "

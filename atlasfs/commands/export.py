@@ -1,40 +1,53 @@
 """``atlasfs export``: a tree's shard folders as WebDataset tar files, without FUSE.
 
-Each tar is the :class:`~atlasfs.tree.tarview.TarLayout` of a shard folder written
-out, so its bytes are exactly those of ``<shard>.tar`` in the mount's tar view:
-the shard's files in example order (:meth:`~atlasfs.tree.base.Tree.members`), a
+Each tar is written in one pass over a shard folder's members
+(:func:`~atlasfs.tree.tarview.write_tar`): the bytes a
+:class:`~atlasfs.tree.tarview.TarLayout` places, so exactly those of ``<shard>.tar``
+in the mount's tar view: the shard's files in example order (:meth:`~atlasfs.tree.base.Tree.members`), a
 sample's files adjacent, named by their full key paths without a ``./``
 prefix, so ``webdataset`` yields the samples in the dataset's order. Beside
 the tars goes ``shards.json``, the same wids index the tar view shows.
+
+Shards are written in parallel processes (:mod:`atlasfs.commands.jobs`), each worker
+with its own tree keeping one shard's table at a time, so memory does not grow with the
+dataset; every tar is the same bytes whatever the number of processes.
 """
 
 from __future__ import annotations
 
+import functools
 import os
+import sys
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Callable
 
+from atlasfs.commands.jobs import LOST, Done, Opener, Report, run
+from atlasfs.formats.source import Source
+from atlasfs.progress import progress_bar, say
+from atlasfs.sizes import format_size
 from atlasfs.tree.base import Tree
-from atlasfs.tree.tarview import INDEX_NAME, TarLayout, shard_index
+from atlasfs.tree.blocktree import BlockTree
+from atlasfs.tree.tarview import INDEX_NAME, Written, shard_index, write_tar
 
 
-def write_shard_tar(tree: Tree, folder: str, out_path: str, on_file: Callable[[], None] | None = None) -> TarLayout:
-    """Write every file below ``folder`` into the tar ``out_path``; returns its layout.
+def write_shard_tar(tree: Tree, folder: str, out_path: str, on_file: Callable[[], None] | None = None) -> Written:
+    """Write every file below ``folder`` into the tar ``out_path`` (in one pass: see
+    :func:`~atlasfs.tree.tarview.write_tar`); returns what it wrote.
 
     The tar is written beside ``out_path`` under a temporary name and renamed
     when complete, so a failed export leaves no partial shard behind.
     """
-    layout = TarLayout(tree, folder)
     partial = out_path + ".partial"
     try:
         with open(partial, "wb") as out:
-            layout.write_to(out, on_file)
+            written = write_tar(tree, folder, out, on_file)
         os.replace(partial, out_path)
     except BaseException:
         if os.path.exists(partial):
             os.unlink(partial)
         raise
-    return layout
+    return written
 
 
 def write_index(outdir: str, shards: Sequence[tuple[str, int]]) -> str:
@@ -53,3 +66,92 @@ def count_files(tree: Tree, folder: str) -> int:
     for name, is_dir, _ in tree.names(folder):
         total += count_files(tree, f"{folder.rstrip('/')}/{name}") if is_dir else 1
     return total
+
+
+@dataclass
+class Exported:
+    """What an export run wrote: ``(tar name, samples)`` of each shard written, in the order
+    asked, and how many shards failed (each said in one line as it came)."""
+
+    written: list[tuple[str, int]] = field(default_factory=list)
+    failed: int = 0
+
+
+def _setup(source: Source, cache_bytes: int, outdir: str) -> tuple[BlockTree, str]:
+    # A bad shard or block fails its own tar and is named by the parent once, in export's
+    # words: the tree does not log it.
+    return BlockTree(source, cache_bytes=cache_bytes, log_failures=False), outdir
+
+
+class _Counted:
+    """Files written, reported a few hundred at a time (a worker's report takes a lock)."""
+
+    def __init__(self, report: Report, every: int = 256) -> None:
+        self.report, self.every, self.sent, self.held = report, every, 0, 0
+
+    def one(self) -> None:
+        self.held += 1
+        if self.held >= self.every:
+            self.flush()
+
+    def flush(self) -> None:
+        if self.held:
+            self.report("done", self.held)
+            self.sent, self.held = self.sent + self.held, 0
+
+
+def _export_shard(state: tuple[BlockTree, str], s: int, report: Report) -> Done:
+    """Write shard position ``s``'s tar into the output folder; one line if it fails."""
+    tree, outdir = state
+    name = tree.shards[s].name
+    out = os.path.join(outdir, f"{name}.tar")
+    counted = _Counted(report)
+    total = None
+    try:
+        os.makedirs(os.path.dirname(out), exist_ok=True)  # a shard named with slashes (Dolma)
+        total = count_files(tree, f"/{name}")
+        report("total", total)
+        written = write_shard_tar(tree, f"/{name}", out, counted.one)
+    except OSError as exc:
+        counted.flush()
+        if total is not None:  # the bar moves past the files not written
+            report("done", total - counted.sent)
+        return Done(s, f"{exc.strerror or exc}")
+    finally:
+        tree.forget(s)
+    counted.flush()
+    return Done(s, value=(out, written.samples, written.files, written.size))
+
+
+def export_all(source: Source, opener: Opener, shards: Sequence[int], outdir: str, cache_bytes: int,
+               jobs: int) -> Exported:
+    """Write the tars of shard positions ``shards`` of ``source`` into ``outdir`` in ``jobs``
+    processes (each with a ``cache_bytes / jobs`` block cache), saying each as it is written
+    (failures in one line on stderr), with a progress bar of files on a terminal."""
+    result = Exported()
+    names = [shard.name for shard in source.shards]
+    samples: dict[int, int] = {}
+    setup = functools.partial(_setup, cache_bytes=cache_bytes // max(jobs, 1), outdir=outdir)
+    with progress_bar("export", None, "files") as bar:
+
+        def report(what: str, n: int) -> None:
+            if what == "total":
+                bar.total = (bar.total or 0) + n
+                bar.refresh()
+            else:
+                bar.update(n)
+
+        for done in run(source, opener, setup, _export_shard, shards, jobs, report):
+            name = names[done.shard]
+            if done.error is not None:
+                result.failed += 1
+                partial = os.path.join(outdir, f"{name}.tar.partial")
+                if os.path.exists(partial):  # its worker died: no one else removes what it left
+                    os.unlink(partial)
+                others = "; the other shards are written" if len(shards) > 1 and done.error != LOST else ""
+                say(f"atlasfs: export of shard {name} failed: {done.error}{others}")
+                continue
+            out, samples[done.shard], files, size = done.value
+            say(f"{out}: {samples[done.shard]} samples, {files} files, {format_size(size)}", sys.stdout)
+    result.written = [(f"{names[s]}.tar", samples[s]) for s in shards if s in samples]
+    return result

@@ -90,6 +90,13 @@ class BlockTree(Tree):
         """The file table of shard position ``s`` (see :meth:`atlasfs.tree.tables.Tables.table`)."""
         return self.tables.table(s, sizes)
 
+    def forget(self, s: int) -> None:
+        """Drop shard position ``s``'s table, listings and entries (see :meth:`Tables.forget
+        <atlasfs.tree.tables.Tables.forget>`): ``index`` and ``export`` keep one shard's at a time."""
+        self.tables.forget(s)
+        self.folders.forget(s)
+        self._recent = {}
+
     # -- the Tree interface
 
     def lookup(self, path: str) -> Entry:
@@ -173,15 +180,16 @@ class BlockTree(Tree):
             return
         table = self.table(s)
         prefix = f"{folder}/" if folder else ""
-        rows = [i for i in table.example_order() if table.row(i).path.startswith(prefix)] if prefix else \
+        rows = [i for i in table.example_order() if table.path(i).startswith(prefix)] if prefix else \
             table.example_order()
+        path, cut = table.path, len(prefix)
         for start in range(0, len(rows), MEMBERS_BATCH):  # entries a batch at a time: sizing encodes their blocks
             batch = rows[start:start + MEMBERS_BATCH]
-            for i in batch:
-                if table.kind[i] == UNREADABLE:
-                    raise eio(self.blocks.failure(s, int(table.block[i])))
+            unreadable = np.flatnonzero(table.kind[batch] == UNREADABLE)
+            if len(unreadable):
+                raise eio(self.blocks.failure(s, int(table.block[batch[int(unreadable[0])]])))
             for i, entry in zip(batch, self._entries(s, table, batch)):
-                yield table.row(i).path[len(prefix):], entry
+                yield path(i)[cut:], entry
 
     def read(self, entry: Entry, offset: int, size: int) -> bytes:
         ref = entry.ref

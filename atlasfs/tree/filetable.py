@@ -277,6 +277,10 @@ class FileTable:
     def _path(self, i: int) -> bytes:
         return self._names[int(self._offsets[i]):int(self._offsets[i + 1])]
 
+    def path(self, i: int) -> str:
+        """The path of entry ``i`` (relative to the shard folder)."""
+        return self._names[int(self._offsets[i]):int(self._offsets[i + 1])].decode("utf-8")
+
     def row(self, i: int) -> Row:
         """Entry ``i`` (in tree order)."""
         return Row(i, self._path(i).decode("utf-8"), int(self.kind[i]), int(self.size[i]), int(self.block[i]),

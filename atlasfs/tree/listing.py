@@ -243,6 +243,12 @@ class FolderCache:
             self.listings.move_to_end((s, folder))
             return listing.view()
 
+    def forget(self, s: int) -> None:
+        """Drop the listings of shard ``s`` (they hold its table)."""
+        with self._lock:
+            for key in [key for key in self.listings if key[0] == s]:
+                self.rows -= self.listings.pop(key).cost
+
     def remember(self, s: int, folder: str, listing: Listing) -> None:
         """Keep ``listing``, evicting the least recently listed past the bound."""
         cost = listing.cost

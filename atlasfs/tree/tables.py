@@ -181,16 +181,8 @@ class Tables:
 
     def _load_or_build(self, s: int) -> FileTable:
         shard = self.shards[s]
-        key = None
-        table = None
-        if self.store is not None:
-            key = self.table_key(s)
-
-            def limits(state: bytes) -> Limits:  # the stored state first: a Dolma shard's blocks come from it
-                shard.restore(state)
-                return Limits(shard.num_blocks, shard.block_size)
-
-            table = self.store.load(shard.name, key, limits)
+        key = self.table_key(s) if self.store is not None else None
+        table = self.stored(s)
         if table is None:
             try:
                 state = shard.prepare()
@@ -213,6 +205,27 @@ class Tables:
         if bool(np.any(table.size == UNKNOWN_SIZE)):
             self._unsized[s] = _Unsized(table, shard.num_blocks, key)
         return table
+
+    def stored(self, s: int) -> FileTable | None:
+        """Shard position ``s``'s table as the store holds it, if it holds a valid one
+        built from the shard as it is now (None: it does not, or there is no store)."""
+        if self.store is None:
+            return None
+        shard = self.shards[s]
+
+        def limits(state: bytes) -> Limits:  # the stored state first: a Dolma shard's blocks come from it
+            shard.restore(state)
+            return Limits(shard.num_blocks, shard.block_size)
+
+        return self.store.load(shard.name, self.table_key(s), limits)
+
+    def forget(self, s: int) -> None:
+        """Drop shard position ``s``'s table and what was made from it (a command going
+        over every shard keeps one at a time); it is loaded or built again if asked for."""
+        with self.locks[s]:
+            self.tables.pop(s, None)
+            self._unsized.pop(s, None)
+            self._indexes.pop(s, None)
 
     def _describe_block(self, s: int, block: int) -> list[tuple[Any, list[tuple[str, int]]]] | None:
         """What :meth:`SourceShard.describe_block` tells of a block's samples; None if it tells nothing."""

@@ -30,6 +30,7 @@ import os
 import tarfile
 import threading
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
@@ -47,7 +48,7 @@ VIEW_INO_BASE = 1 << 62
 log = logging.getLogger("atlasfs")
 
 
-def _header(name: str, size: int, mtime: int) -> bytes:
+def _tarfile_header(name: str, size: int, mtime: int) -> bytes:
     info = tarfile.TarInfo(name)
     info.size = size
     info.mtime = mtime
@@ -56,8 +57,38 @@ def _header(name: str, size: int, mtime: int) -> bytes:
     return info.tobuf(tarfile.PAX_FORMAT, "utf-8", "surrogateescape")
 
 
+def _plain(name: str, size: int, mtime: int) -> bool:
+    """True if the member's header is one ustar block (no pax header: tarfile's rule)."""
+    return name.isascii() and len(name) <= tarfile.LENGTH_NAME and size < 8**11 and 0 <= mtime < 8**11
+
+
+# A plain header is tarfile's header of an empty name with the name, size, mtime and
+# checksum put in: made here without tarfile's per-field Python calls (most of export's
+# time for small files otherwise). Checked against tarfile at import: if they ever differ
+# (another Python's tarfile), tarfile makes every header.
+_TEMPLATE = _tarfile_header("", 0, 0)
+_TEMPLATE_SUM = sum(_TEMPLATE[:148]) + sum(_TEMPLATE[156:]) + 8 * 0x20  # the checksum field counts as spaces
+
+
+def _fast_header(name: bytes, size: int, mtime: int) -> bytes:
+    numbers = b"%011o\0%011o\0" % (size, mtime)
+    checksum = _TEMPLATE_SUM + sum(name) + sum(numbers) - sum(_TEMPLATE[124:148])
+    return b"".join((name, bytes(tarfile.LENGTH_NAME - len(name)), _TEMPLATE[100:124], numbers,
+                     b"%06o\0 " % checksum, _TEMPLATE[156:]))
+
+
+_FAST = all(_fast_header(n.encode(), z, t) == _tarfile_header(n, z, t)
+            for n, z, t in (("a", 0, 0), ("x" * 100, 8**11 - 1, 8**11 - 1), ("0001.json", 1234, 1_700_000_000)))
+
+
+def _header(name: str, size: int, mtime: int) -> bytes:
+    if _FAST and _plain(name, size, mtime):
+        return _fast_header(name.encode("ascii"), size, mtime)
+    return _tarfile_header(name, size, mtime)
+
+
 def _header_size(name: str, size: int, mtime: int) -> int:
-    if name.isascii() and len(name) <= tarfile.LENGTH_NAME and size < 8**11 and 0 <= mtime < 8**11:
+    if _plain(name, size, mtime):
         return BLOCK  # a plain ustar header: no need to make it to know its length
     return len(_header(name, size, mtime))
 
@@ -76,25 +107,28 @@ class TarLayout:
     def __init__(self, tree: Tree, folder: str) -> None:
         self.tree = tree
         self.folder = folder.rstrip("/")
-        names: list[bytes] = []
+        self._members_of = folder
+        texts: list[str] = []
         sizes: list[int] = []
         mtimes: list[int] = []
         for name, entry in tree.members(folder):
-            names.append(name.encode("utf-8", "surrogateescape"))
+            texts.append(name)
             sizes.append(entry.size)
             mtimes.append(int(entry.mtime))
+        names = [name.encode("utf-8", "surrogateescape") for name in texts]
         n = len(names)
         self.sizes = np.array(sizes, dtype=np.uint64)
         self.mtimes = np.array(mtimes, dtype=np.int64)
         self._name_offsets = np.zeros(n + 1, dtype=np.uint64)
         np.cumsum([len(b) for b in names], out=self._name_offsets[1:])
         self._names = b"".join(names)
-        spans = [_header_size(self.name(i), sizes[i], mtimes[i]) + _padded(sizes[i]) for i in range(n)]
+        spans = [_header_size(name, size, mtime) + _padded(size) for name, size, mtime in zip(texts, sizes, mtimes)]
         #: offset of member i's header; entry n is where the end blocks start
         self.starts = np.zeros(n + 1, dtype=np.uint64)
         np.cumsum(spans, out=self.starts[1:])
         end = int(self.starts[-1]) + 2 * BLOCK
         self.size = -(-end // RECORD) * RECORD
+        self._samples = _count_samples(texts)
 
     def __len__(self) -> int:
         return len(self.sizes)
@@ -109,13 +143,7 @@ class TarLayout:
 
     def samples(self) -> int:
         """The number of samples: runs of members sharing a key (a name up to the first dot of its last part)."""
-        count, last = 0, None
-        for i in range(len(self)):
-            folder, _, base = self.name(i).rpartition("/")
-            key = (folder, base.split(".", 1)[0])
-            if key != last:
-                count, last = count + 1, key
-        return count
+        return self._samples
 
     def read(self, offset: int, size: int) -> bytes:
         """Up to ``size`` bytes of the tar from ``offset``; reads only the files under the range."""
@@ -156,15 +184,78 @@ class TarLayout:
         return data
 
     def write_to(self, out: "object", on_member: Callable[[], None] | None = None, chunk: int = 1 << 20) -> None:
-        """Write the whole tar to the binary file ``out``, a member at a time (files in chunks)."""
-        write = out.write  # type: ignore[attr-defined]
-        for i in range(len(self)):
-            start, stop = self.starts.item(i), self.starts.item(i + 1)
-            for at in range(start, stop, chunk):
-                write(self.read(at, min(chunk, stop - at)))
-            if on_member is not None:
-                on_member()
-        write(bytes(self.size - self.starts.item(len(self))))
+        """Write the whole tar to the binary file ``out``: the bytes :meth:`read` gives, the
+        members checked against the layout as they come (see :func:`write_tar`)."""
+        write_tar(self.tree, self._members_of, out, on_member, chunk, expect=self)
+
+
+@dataclass(frozen=True)
+class Written:
+    """What :func:`write_tar` wrote: members, samples (runs of members sharing a key), bytes."""
+
+    files: int
+    samples: int
+    size: int
+
+
+def write_tar(tree: Tree, folder: str, out: "object", on_member: Callable[[], None] | None = None,
+              chunk: int = 1 << 20, expect: TarLayout | None = None) -> Written:
+    """Write the tar of ``folder`` of ``tree`` to the binary file ``out`` in one pass over its
+    members (the bytes a :class:`TarLayout` of it places; no lookup per file), ``chunk``
+    bytes at a time: small members gathered, large files read in pieces. With ``expect``,
+    each member's name and size must be that layout's (EIO if the tree changed under it)."""
+    write = out.write  # type: ignore[attr-defined]
+    where = folder.rstrip("/")
+    if expect is not None:
+        sizes, mtimes = expect.sizes.tolist(), expect.mtimes.tolist()
+    parts: list[bytes] = []
+    held = at_end = count = samples = 0
+    last: tuple[str, str] | None = None
+    for i, (name, entry) in enumerate(tree.members(folder)):
+        size = entry.size
+        mtime = int(entry.mtime)
+        if expect is not None:
+            if i >= len(sizes) or size != sizes[i] or name != expect.name(i):
+                raise OSError(errno.EIO, f"{where}/{name}: changed since its tar was laid out")
+            mtime = mtimes[i]
+        header = _header(name, size, mtime)
+        parts.append(header)
+        held += len(header)
+        for at in range(0, size, chunk):
+            data = tree.read(entry, at, min(chunk, size - at))
+            if len(data) != min(chunk, size - at):
+                raise OSError(errno.EIO, f"{where}/{name}: short read")
+            parts.append(data)
+            held += len(data)
+            if held >= chunk:
+                write(b"".join(parts))
+                parts, held = [], 0
+        parts.append(bytes(-size % BLOCK))
+        at_end += len(header) + _padded(size)
+        count += 1
+        sub, _, base = name.rpartition("/")
+        key = (sub, base.split(".", 1)[0])
+        if key != last:
+            samples, last = samples + 1, key
+        if on_member is not None:
+            on_member()
+    if expect is not None and count != len(sizes):
+        raise OSError(errno.EIO, f"{where}: changed since its tar was laid out")
+    size = -(-(at_end + 2 * BLOCK) // RECORD) * RECORD
+    parts.append(bytes(size - at_end))
+    write(b"".join(parts))
+    return Written(count, samples, size)
+
+
+def _count_samples(names: list[str]) -> int:
+    """Runs of names sharing a key (a name up to the first dot of its last part)."""
+    count, last = 0, None
+    for name in names:
+        folder, _, base = name.rpartition("/")
+        key = (folder, base.split(".", 1)[0])
+        if key != last:
+            count, last = count + 1, key
+    return count
 
 
 def shard_index(folders: Sequence[tuple[str, int]]) -> bytes:

@@ -41,19 +41,19 @@ class DolmaSource(Source):
         found, self.layout_problems = _walk(storage, documents)
         #: set name -> documents files (relative) with no file in that set, for verify's warnings
         self.untagged: dict[str, list[str]] = {}
-        for relative in found:
-            if not is_documents_file(os.path.basename(relative)):
-                self.layout_problems.append(why_not_read(os.path.join(documents, relative)))
+        for rel in found:
+            if not is_documents_file(os.path.basename(rel)):
+                self.layout_problems.append(why_not_read(os.path.join(documents, rel)))
                 continue
             attributes = {}
             for name in self.sets:
                 # dolma's rule: the documents path with documents/ replaced by attributes/<set>/
-                path = os.path.join(self.sets_folder, name, relative)
+                path = os.path.join(self.sets_folder, name, rel)
                 if storage.isfile(path):
                     attributes[name] = path
                 else:
-                    self.untagged.setdefault(name, []).append(relative)
-            self.files.append(DolmaFile(self.root, relative, attributes, files, storage))
+                    self.untagged.setdefault(name, []).append(rel)
+            self.files.append(DolmaFile(self.root, rel, attributes, files, storage))
         for problem in self.layout_problems:
             log.warning("%s", problem)
         for name, missing in sorted(self.untagged.items()):
@@ -80,10 +80,10 @@ class DolmaSource(Source):
             folder = os.path.join(self.sets_folder, name)
             files, unlisted = _walk(self.storage, folder)
             found += unlisted
-            for relative in files:
-                if relative not in relatives:
-                    found.append(f"{os.path.join(folder, relative)}: no documents file "
-                                 f"documents/{relative} (attribute set {name!r})")
+            for rel in files:
+                if rel not in relatives:
+                    found.append(f"{os.path.join(folder, rel)}: no documents file "
+                                 f"documents/{rel} (attribute set {name!r})")
         return found
 
     def warnings(self) -> list[str]:

@@ -1,0 +1,137 @@
+"""``index`` and ``export`` over shards in parallel processes (-j, issue #26): the same
+tables and the same tar bytes whatever the number of processes, an index run that
+resumes, and a shard failing in a worker that is one line while the others are done."""
+
+from __future__ import annotations
+
+import random
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from fusemount import atlasfs, mounted
+from helpers import REFERENCE
+
+TWELVE = REFERENCE / "s2_twelve_shards" / "dataset"  # keys partNN/itemNNNN: a sub-folder per part
+
+
+def _dataset(path: Path) -> Path:
+    """Five shards of samples in sub-folders, one file bigger than export's 1 MiB pieces."""
+    from atlasfs import AtlasWriter
+    rng = random.Random(3)
+    with AtlasWriter(path, shard_size=12, block_size=4, compression_strategy=1) as writer:
+        for i in range(55):
+            writer.add_example({"__key__": f"d{i % 3}/s{i:03d}", "bin": rng.randbytes(rng.randrange(1, 3000)),
+                                "json": {"i": i}, **({"big": rng.randbytes(2_500_000)} if i == 17 else {})})
+    return path
+
+
+def _tables(folder: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir())}
+
+
+def _stored_lines(result: subprocess.CompletedProcess[str]) -> list[str]:
+    return [line for line in result.stderr.splitlines() if "stored the file table of shard" in line]
+
+
+def test_index_in_two_processes_stores_the_same_tables_and_resumes(tmp_path: Path) -> None:
+    dataset = _dataset(tmp_path / "ds")
+    one, two = tmp_path / "one", tmp_path / "two"
+    first = atlasfs("index", str(dataset), "-j", "1", "--index-dir", str(one), "-v")
+    second = atlasfs("index", str(dataset), "--jobs", "2", "--index-dir", str(two), "-v")
+    assert first.returncode == second.returncode == 0, (first.stderr, second.stderr)
+    assert second.stdout == f"file tables of 5 shards are up to date in {two}\n"
+    assert len(_stored_lines(second)) >= 5  # each shard built (stored, then again once sized)
+    assert _tables(one) == _tables(two) and len(_tables(two)) == 5  # byte for byte
+    # run again: nothing is built, every shard counts as done at once
+    mtimes = {p.name: p.stat().st_mtime_ns for p in two.iterdir()}
+    again = atlasfs("index", str(dataset), "-j", "2", "--index-dir", str(two), "-v")
+    assert again.returncode == 0 and _stored_lines(again) == [], again.stderr
+    assert again.stdout == f"file tables of 5 shards are up to date in {two} (5 of them were already)\n"
+    assert {p.name: p.stat().st_mtime_ns for p in two.iterdir()} == mtimes
+    # an interrupted run left shard 2's table out: only it is built
+    (two / "2.table").unlink()
+    resumed = atlasfs("index", str(dataset), "-j", "2", "--index-dir", str(two), "-v")
+    assert resumed.returncode == 0
+    assert sorted({line.split("shard ")[1].split()[0] for line in _stored_lines(resumed)}) == ["2"], resumed.stderr
+    assert resumed.stdout.endswith("(4 of them were already)\n")
+    assert _tables(two) == _tables(one)
+
+
+def test_a_table_stored_without_its_sizes_is_sized_on_the_next_run(tmp_path: Path) -> None:
+    """A run stopped between building a table and sizing it left a table that does not
+    know every size: valid, but not done; the next run sizes it."""
+    from atlasfs import AtlasDataset
+    from atlasfs.tree.blocktree import BlockTree
+    from atlasfs.tree.tablestore import TableStore
+    dataset = _dataset(tmp_path / "ds")
+    folder = tmp_path / "tables"
+    with AtlasDataset(dataset) as source:  # what a first listing stores: names, not every size
+        tree = BlockTree(source, store=TableStore(str(dataset), index_dir=str(folder)))
+        tree.names("/1")
+    assert sorted(p.name for p in folder.iterdir()) == ["1.table"]
+    result = atlasfs("index", str(dataset), "-j", "2", "--index-dir", str(folder), "-v")
+    assert result.returncode == 0, result.stderr
+    assert "1" in {line.split("shard ")[1].split()[0] for line in _stored_lines(result)}
+    assert result.stdout == f"file tables of 5 shards are up to date in {folder}\n"
+    again = atlasfs("index", str(dataset), "-j", "2", "--index-dir", str(folder), "-v")
+    assert _stored_lines(again) == [] and again.stdout.endswith("(5 of them were already)\n")
+
+
+def _truncated_copy(tmp_path: Path) -> Path:
+    """The twelve-shard fixture with shard 03's data.bin cut short (it cannot be opened)."""
+    dataset = Path(shutil.copytree(TWELVE, tmp_path / "ds"))
+    data = dataset / "03" / "data.bin"
+    data.write_bytes(data.read_bytes()[:-20])
+    return dataset
+
+
+def test_a_shard_failing_in_a_worker_is_one_line_and_the_others_are_done(tmp_path: Path) -> None:
+    dataset = _truncated_copy(tmp_path)
+    result = atlasfs("index", str(dataset), "-j", "2")
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    [line] = result.stderr.splitlines()
+    assert line.startswith(f"atlasfs: index of shard 03 failed: {dataset / '03' / 'data.bin'}"), line
+    assert result.stdout == f"file tables of 11 of 12 shards are up to date in {dataset / '.atlasfs-tables'}\n"
+    assert sorted(p.name for p in (dataset / ".atlasfs-tables").iterdir()) == \
+        sorted(f"{i:02d}.table" for i in range(12) if i != 3)
+    out = tmp_path / "out"
+    result = atlasfs("export", str(dataset), str(out), "-j", "2")
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    [line, summary] = result.stderr.splitlines()
+    assert line.startswith(f"atlasfs: export of shard 03 failed: {dataset / '03' / 'data.bin'}"), line
+    assert line.endswith("; the other shards are written") and summary.startswith("atlasfs: 1 of 12 shards")
+    assert sorted(p.name for p in out.iterdir()) == sorted([f"{i:02d}.tar" for i in range(12) if i != 3]
+                                                           + ["shards.json"])
+
+
+@pytest.mark.fuse
+def test_export_in_two_processes_writes_the_bytes_of_one_and_of_the_tar_view(tmp_path: Path) -> None:
+    dataset = _dataset(tmp_path / "ds")
+    one, two = tmp_path / "one", tmp_path / "two"
+    for out, jobs in ((one, "1"), (two, "2")):
+        result = atlasfs("export", str(dataset), str(out), "-j", jobs)
+        assert result.returncode == 0, result.stderr
+        assert result.stderr == ""  # no bar, no line: stderr is not a terminal
+    files = sorted(p.name for p in one.iterdir())
+    assert files == ["0.tar", "1.tar", "2.tar", "3.tar", "4.tar", "shards.json"]
+    for name in files:
+        assert (one / name).read_bytes() == (two / name).read_bytes(), name
+    assert (one / "1.tar").stat().st_size > 2_500_000  # the big file, written in pieces
+    with mounted(dataset, "--view", "tars") as mnt:
+        for name in files:
+            assert (mnt / name).read_bytes() == (two / name).read_bytes(), name
+    # the shards asked for, in the order asked: shards.json follows it whatever finishes first
+    result = atlasfs("export", str(dataset), str(tmp_path / "some"), "-j", "2", "--shards", "3", "0")
+    assert result.returncode == 0, result.stderr
+    assert '"url": "3.tar"' in (tmp_path / "some" / "shards.json").read_text().split('"url": "0.tar"')[0]
+
+
+def test_jobs_must_be_a_positive_number(tmp_path: Path) -> None:
+    for value in ("0", "two"):
+        result = atlasfs("index", str(TWELVE), "-j", value, "--index-dir", str(tmp_path))
+        assert result.returncode == 2 and "Traceback" not in result.stderr
+        assert "argument -j/--jobs: " in result.stderr and ("at least 1" in result.stderr or "whole number" in
+                                                            result.stderr), result.stderr
