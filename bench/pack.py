@@ -9,11 +9,15 @@ times, medians of ``--repeat`` runs:
 * ``tar cf``: GNU tar writing the same files, extracted on tmpfs, into one tar (files/s);
 * ``writer``: atlasfs's ``AtlasWriter`` alone (the reference writer's rules, in process, from
   the samples already in memory): the rate of the format's writing without reading a source;
+* ``reference``: the reference implementation's ``AtlasDatasetWriter`` (torch-atlas-ds) on the
+  same samples, in the Python ``--reference-python`` names (one where ``torch_atlas_ds`` imports;
+  it is not on PyPI, so this column is measured only where one is at hand, else "missing");
 
 and each packed dataset's size against the tars' (the point of Atlas: dictionary compression of
 small samples). Every packed dataset is checked: its ``atlasfs export`` holds the source's files.
 
     python bench/pack.py [--smoke] [--repeat N] [--datasets image,text,tiny] [--strategies 1,2]
+                         [--reference-python PYTHON]
 
 Report: bench/results/pack.md and pack.json.
 """
@@ -21,6 +25,7 @@ Report: bench/results/pack.md and pack.json.
 from __future__ import annotations
 
 import os
+import pickle
 import shutil
 import statistics
 import subprocess
@@ -62,7 +67,32 @@ def _samples(members: list[tuple[str, bytes]]) -> list[dict[str, object]]:
     return samples
 
 
-def run(name: str, workdir: str, scratch: str, repeat: int, smoke: bool, strategies: list[int]) -> dict:
+#: What the reference writer runs, in its own Python: write the pickled samples, print the seconds.
+_REFERENCE = """
+import pickle, sys, time
+from torch_atlas_ds import AtlasDatasetWriter, CompressionStrategy
+samples_path, out, shard_size, block_size, strategy = sys.argv[1:6]
+with open(samples_path, "rb") as f:
+    samples = pickle.load(f)
+start = time.perf_counter()
+with AtlasDatasetWriter(out, shard_size=int(shard_size), block_size=int(block_size),
+                        compression_strategy=CompressionStrategy(int(strategy))) as writer:
+    for sample in samples:
+        writer.add_example(sample)
+print(time.perf_counter() - start)
+"""
+
+
+def reference_seconds(python: str, samples_path: str, out: str, shard_size: int, strategy: int) -> float:
+    """Seconds the reference writer takes to write the samples at ``samples_path`` (a subprocess)."""
+    result = subprocess.run([python, "-c", _REFERENCE, samples_path, out, str(shard_size), "64", str(strategy)],
+                            capture_output=True, text=True, check=True)
+    shutil.rmtree(out)
+    return float(result.stdout.split()[-1])
+
+
+def run(name: str, workdir: str, scratch: str, repeat: int, smoke: bool, strategies: list[int],
+        reference: str | None) -> dict:
     prepared = datagen.prepare(datagen.spec_for(name, smoke=smoke), workdir, harness.log)
     extracted = os.path.join(scratch, f"{name}-files")
     datagen.materialize(prepared, extracted)
@@ -79,9 +109,12 @@ def run(name: str, workdir: str, scratch: str, repeat: int, smoke: bool, strateg
         os.unlink(out)
     figures["tar cf files/s"] = files / statistics.median(gnu)
     samples = _samples(members)
+    samples_path = os.path.join(scratch, f"{name}-samples.pkl")
+    with open(samples_path, "wb") as f:
+        pickle.dump(samples, f)
     from atlasfs import AtlasWriter
     for strategy in strategies:
-        packs, writes, size = [], [], 0
+        packs, writes, references, size = [], [], [], 0
         for _ in range(repeat):
             out = os.path.join(scratch, f"{name}-packed-{strategy}")
             shutil.rmtree(out, ignore_errors=True)
@@ -103,10 +136,15 @@ def run(name: str, workdir: str, scratch: str, repeat: int, smoke: bool, strateg
                     writer.add_examples(samples)
             writes.append(harness.timed(write).seconds)
             shutil.rmtree(written)
+            if reference:
+                references.append(reference_seconds(reference, samples_path, written, prepared.spec.shard_size,
+                                                    strategy))
             shutil.rmtree(out)
         figures[f"s{strategy}"] = {"pack s": statistics.median(packs), "writer s": statistics.median(writes),
+                                   "reference s": statistics.median(references) if references else None,
                                    "bytes": size}
     shutil.rmtree(extracted)
+    os.unlink(samples_path)
     return figures
 
 
@@ -114,24 +152,29 @@ def main(argv: list[str] | None = None) -> int:
     p = harness.parser(__doc__, repeat=3)
     p.add_argument("--datasets", default="image,text,tiny")
     p.add_argument("--strategies", default="1,2", help="Atlas compression strategies to pack with (default 1,2)")
+    p.add_argument("--reference-python", metavar="PYTHON",
+                   help="a Python in which torch_atlas_ds (the reference writer) imports (default: its column missing)")
     args = harness.parse(p, argv)
     strategies = [int(s) for s in args.strategies.split(",")]
     results, rows = {}, []
     with harness.workspace("pack", args) as ws:
         for name in args.datasets.split(","):
             harness.log(f"{name}: packing")
-            r = results[name] = run(name, ws.workdir, ws.scratch, args.repeat, args.smoke, strategies)
+            r = results[name] = run(name, ws.workdir, ws.scratch, args.repeat, args.smoke, strategies,
+                                    args.reference_python)
             files = int(r["files"])  # type: ignore[call-overload]
             for strategy in strategies:
                 s = r[f"s{strategy}"]
                 rows.append([name, str(strategy), f"{files / s['pack s']:,.0f}", f"{r['source MB'] / s['pack s']:.1f}",
                              f"{files / s['pack s'] / r['tar cf files/s']:.2f}",
-                             f"{files / s['writer s']:,.0f}", f"{s['bytes'] / r['tars bytes']:.2f}"])
+                             f"{files / s['writer s']:,.0f}",
+                             f"{files / s['reference s']:,.0f}" if s["reference s"] else "missing",
+                             f"{s['bytes'] / r['tars bytes']:.2f}"])
     body = ["Medians. pack ÷ tar cf: files/s of `atlasfs pack` (a subprocess, -j 1) over GNU tar's into one tar "
-            "of the same files on tmpfs; writer: AtlasWriter alone, in process; size: the packed dataset's bytes "
-            "over the WebDataset tars'.", "",
+            "of the same files on tmpfs; writer: AtlasWriter alone, in process; reference: torch-atlas-ds's "
+            "AtlasDatasetWriter on the same samples; size: the packed dataset's bytes over the WebDataset tars'.", "",
             *harness.table(["set", "strategy", "pack files/s", "pack MB/s in", "pack ÷ tar cf", "writer files/s",
-                            "size ÷ tars"], rows)]
+                            "reference files/s", "size ÷ tars"], rows)]
     meta = harness.meta("pack.py", args)
     harness.write_report("pack", args, "atlasfs pack: throughput and size", body, meta, {"results": results})
     return 0
