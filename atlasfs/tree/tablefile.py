@@ -19,7 +19,7 @@ overlapping, of the lengths the entry count implies, ending where the file ends:
 nothing is ever read past the end of a file), every section's checksum, then
 :meth:`FileTable._problem`'s checks of the values (paths, permutation, index rows,
 positions). A file found valid once is remembered by its identity (device, inode,
-size, times) so that mapping it again after its table was unmapped costs no pass.
+size, mtime) so that mapping it again after its table was unmapped costs no pass.
 
 Why mapping is safe from SIGBUS: a table is mapped only from a local file of the
 daemon's own user (the user's cache or a folder they own); atlasfs writes those by
@@ -239,7 +239,7 @@ def parse(data: Any, key: dict[str, Any], limits: "Limits | LimitsOf",
 
 
 def _identity(st: os.stat_result) -> tuple[int, ...]:
-    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
 
 
 def open_mapped(path: str, key: dict[str, Any], limits: "Limits | LimitsOf") -> "FileTable | None":

@@ -139,6 +139,12 @@ class TableStore:
             try:
                 if not store.isfile(path):
                     continue
+                # Touched before it is mapped: a file is mapped again without a pass only while
+                # its size and mtime are those it had when checked (tablefile.open_mapped).
+                if folder == self.cache_folder:
+                    _touch(path)  # eviction goes by last use
+                elif self._beside_only and not store.remote:
+                    _share(path)  # `atlasfs index` keeps it: stored 0600 by an older atlasfs, it becomes 0644
                 table = self._open(folder, path, key, limits)
             except StorageUnavailableError as exc:  # transient, and building it would wait for the same store
                 unavailable = exc
@@ -147,10 +153,6 @@ class TableStore:
                 why = str(exc) if isinstance(exc, TableError) else f"cannot be read ({exc.strerror or exc})"
                 log.info("ignoring the stored file table %s: it %s; building it again", store.describe(path), why)
                 continue
-            if folder == self.cache_folder:
-                _touch(path)  # eviction goes by last use
-            elif self._beside_only and not store.remote:
-                _share(path)  # `atlasfs index` keeps it: stored 0600 by an older atlasfs, it becomes 0644
             return table
         if unavailable is not None:  # not "no table": it is there, and read on a later look
             raise unavailable
