@@ -41,7 +41,7 @@ LOGGED_PROBLEMS = 10
 #: Suffix of the entries standing for examples of a block that cannot be decoded.
 UNREADABLE_SUFFIX = "unreadable"
 #: Bytes of mapped file tables kept mapped (the most recently used; at least one, whatever its size).
-RESIDENT_TABLE_BYTES = 32 << 20
+RESIDENT_TABLE_BYTES = 16 << 20
 
 
 class _Unsized:
