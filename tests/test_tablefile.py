@@ -18,7 +18,6 @@ import numpy as np
 import pytest
 
 from atlasfs import AtlasDataset, AtlasWriter
-from atlasfs.tree import tablefile
 from atlasfs.tree.blocktree import BlockTree
 from atlasfs.tree.filetable import FILE, UNKNOWN_SIZE, FileTable, Limits, TableError
 from atlasfs.tree.tablestore import TableStore, cache_folder

@@ -17,6 +17,11 @@ ignored with one log line and built again. Tables are written atomically
 each leave a whole table. The user's cache is bounded in bytes: after each
 save, the tables used least recently go until it fits.
 
+A table is mapped from its file, not read (:mod:`atlasfs.tree.tablefile`), if it is a local
+file of the daemon's own user, which atlasfs only ever replaces by rename; another user's
+table, or one in a bucket, is copied into the user's cache first and the copy mapped (the
+copy counts in the cache's bound), so that no one can cut a mapped file short under a mount.
+
 Tables stored for others (beside the dataset, or in ``--index-dir``) are
 readable by every user whatever the umask: files 0644, and the folders atlasfs
 creates for them 0755 (a folder that exists keeps its mode). They hold the
