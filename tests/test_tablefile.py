@@ -261,6 +261,19 @@ def _mapped_tables() -> set[str]:
         return {line.split()[-1] for line in f if line.rstrip().endswith(".table")}
 
 
+def test_tables_without_a_store_are_let_go_too_and_built_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``atlasfs export`` has no store: its tables are held in memory, within the same bound."""
+    import atlasfs.tree.tables as tables
+
+    dataset = _dataset(tmp_path / "ds", shards=4)
+    expected = _every_file(BlockTree(AtlasDataset(dataset)))
+    monkeypatch.setattr(tables, "RESIDENT_TABLE_BYTES", 1)
+    tree = BlockTree(AtlasDataset(dataset))
+    assert _every_file(tree) == expected
+    assert len(tree.tables.tables) == 1 and tree.tables.tables.get(3) is not None
+    assert _every_file(tree) == expected  # built again, the same
+
+
 def test_sizes_learnt_by_a_table_let_go_are_stored_first(
         tmp_path: Path, cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import atlasfs.tree.tables as tables

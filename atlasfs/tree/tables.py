@@ -11,9 +11,9 @@ and reads fail with EIO; a shard that cannot be opened fails its folder.
 
 Stored tables are mapped from their files, not read (:mod:`atlasfs.tree.tablefile`), and a
 table built here is mapped from its file once stored. At most :data:`RESIDENT_TABLE_BYTES`
-of mapped tables stay mapped, the least recently used unmapped first (mapped again from
-their files when next used): the memory tables take does not grow with the number of
-shards looked into.
+of tables are held, the least recently used let go first (mapped again from their files
+when next used; a table that could not be stored is built again): the memory tables take
+does not grow with the number of shards looked into.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ log = logging.getLogger("atlasfs")
 LOGGED_PROBLEMS = 10
 #: Suffix of the entries standing for examples of a block that cannot be decoded.
 UNREADABLE_SUFFIX = "unreadable"
-#: Bytes of mapped file tables kept mapped (the most recently used; at least one, whatever its size).
+#: Bytes of file tables held, mapped or in memory (the most recently used; at least one, whatever its size).
 RESIDENT_TABLE_BYTES = 16 << 20
 
 
@@ -70,9 +70,9 @@ def _distinct(values: np.ndarray) -> list[int]:
 
 
 class Resident:
-    """The tables in use, by shard position, least recently used first: mapped tables past
-    ``bound`` bytes (:meth:`FileTable.nbytes`) are let go (unmapped once no caller holds
-    them); tables only in memory (built and not stored) stay."""
+    """The tables in use, by shard position, least recently used first: past ``bound`` bytes
+    (:meth:`FileTable.nbytes`) the least recently used are let go (unmapped, or freed, once
+    no caller holds them), whatever the size of the one just held."""
 
     def __init__(self, bound: int) -> None:
         self.bound = bound
@@ -96,8 +96,8 @@ class Resident:
             return table
 
     def put(self, s: int, table: FileTable) -> list[tuple[int, FileTable]]:
-        """Hold ``table``; returns the mapped tables let go to stay within the bound, with their positions."""
-        cost = table.nbytes() if table.path is not None else 0
+        """Hold ``table``; returns the tables let go to stay within the bound, with their positions."""
+        cost = table.nbytes()
         with self._lock:
             self._drop(s)
             self._tables[s] = table
@@ -107,7 +107,7 @@ class Resident:
             for other in list(self._tables):
                 if self.bytes <= self.bound:
                     break
-                if other != s and self._costs[other]:
+                if other != s:
                     evicted.append((other, self._tables[other]))
                     self._drop(other)
             return evicted
