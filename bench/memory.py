@@ -323,7 +323,8 @@ def large_case(dataset: Dataset, args: argparse.Namespace, workdir: str, figures
         now, top = rss(view.pid)
         figures.append(Figure("large", f"max during {args.readers} random readers, {args.seconds:.0f} s",
                               top_sampled, max(top, top_sampled), limit, files,
-                              f"{reads:,} reads, {size / MiB:.0f} MiB, {wrong} wrong bytes, {errors} errors"))
+                              f"{reads:,} reads, {size / MiB:.0f} MiB, {wrong} wrong bytes, {errors} errors; "
+                              f"after: {mapped_and_anonymous(view.pid)}"))
         facts.update(reads=reads, read_wrong_bytes=wrong, read_errors=errors)
     return facts
 
