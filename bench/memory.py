@@ -10,8 +10,8 @@ Two cases, each on a fresh ``atlasfs mount -f --cache-size SIZE`` with nothing s
   in ``data.bin``. The daemon's RSS (``VmRSS``) after ``ls -R MNT``, after ``tar cf - -C MNT .``
   (every member checked against the library's bytes), and its maximum, sampled every 20 ms,
   while 16 threads read random files for 30 s (every read checked); each beside the bound,
-  the cache bound plus the stated fixed overhead plus the stated bytes per file of the file
-  tables for the files the daemon has seen. Wrong bytes are counted, and must be 0.
+  the cache bound plus the stated fixed overhead, whatever the number of files (since issue
+  #26). Wrong bytes are counted, and must be 0.
 * **listing**: 1,000,000 small examples (two files each) across 100 shards; RSS after
   ``find MNT | wc -l`` beside the bound, on a first mount (tables built) and a second one
   (tables loaded from the store).
@@ -55,16 +55,10 @@ MiB = 1 << 20
 log = harness.log
 #: Bump when a generator changes, so that kept data sets are rebuilt.
 GENERATOR_VERSION = 1
-#: What the daemon may use beyond its cache bound and its file tables (docs/performance.md, "Memory").
+#: What the daemon may use beyond its cache bound, whatever the number of files it has listed,
+#: read or tarred (docs/performance.md, "Memory"): since issue #26 stored file tables are mapped,
+#: at most atlasfs.tree.tables.RESIDENT_TABLE_BYTES of them at once (16 MiB), inside this.
 FIXED_OVERHEAD = 100 * MiB
-#: What the daemon keeps per file of the shards it has looked into (docs/performance.md,
-#: "Memory"): the table's columns (31 bytes; 39 for a table loaded from the store, which
-#: keeps its names twice), the lookup index (12) and, while sizes are being learnt, the
-#: table's rows by block (4); plus the file's path, twice (:data:`PATH_COPIES`). Since issue
-#: #18 a table built from decoded blocks also keeps its files' locators: 14 bytes a file of
-#: columns and at most 64 a file of small files' bytes (atlasfs.tree.filetable.INLINE_AVERAGE).
-TABLE_BYTES_PER_FILE = 64 + 14 + 64
-PATH_COPIES = 2
 #: How often the readers' phase samples the daemon's RSS.
 SAMPLE_SECONDS = 0.02
 
@@ -197,9 +191,23 @@ class Figure:
         return self.rss <= self.bound and self.peak <= self.bound
 
 
-def bound(cache_bytes: int, files: int, path_bytes: int) -> int:
-    """The stated bound: cache + fixed overhead + the tables of ``files`` files holding ``path_bytes`` of paths."""
-    return cache_bytes + FIXED_OVERHEAD + TABLE_BYTES_PER_FILE * files + PATH_COPIES * path_bytes
+def bound(cache_bytes: int) -> int:
+    """The stated bound: the cache bound + the fixed overhead, whatever the number of files."""
+    return cache_bytes + FIXED_OVERHEAD
+
+
+def mapped_and_anonymous(pid: int) -> str:
+    """What process ``pid``'s RSS is made of, for a note: ``RssFile`` (mapped files: libraries, and
+    the file tables), ``RssShmem`` (files mapped from a tmpfs: the tables when the cache is on
+    /dev/shm, as in the default work folder) and ``RssAnon`` (the heap)."""
+    values = {}
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith(("RssFile:", "RssShmem:", "RssAnon:")):
+                key, value = line.split(":")
+                values[key] = int(value.split()[0]) * 1024
+    return (f"file {values['RssFile'] / MiB:.0f} + shmem {values['RssShmem'] / MiB:.0f} + "
+            f"anon {values['RssAnon'] / MiB:.0f} MiB")
 
 
 def _run(command: str, cwd: str | None = None) -> str:
@@ -284,25 +292,12 @@ def random_readers(root: str, expected: dict[str, tuple[int, int]], reference: R
     return counts["reads"], counts["bytes"], counts["wrong"], peak[0], counts["errors"]
 
 
-def listing_paths(dataset: Dataset) -> Iterator[str]:
-    """The files' paths in their shard folders, from the tables (built here, in the bench's process)."""
-    tree = BlockTree(AtlasDataset(dataset.path), cache_bytes=16 * MiB)
-    for shard in dataset.shard_names:
-        for name, _, _ in tree.names(f"/{shard}"):
-            yield name
-
-
-def path_bytes(names: Iterator[str]) -> int:
-    return sum(len(name.encode()) for name in names)
-
-
 def large_case(dataset: Dataset, args: argparse.Namespace, workdir: str, figures: list[Figure]) -> dict[str, Any]:
     log("large: the right bytes of every file, through the library")
     expected = expected_files(dataset)
     reference = Reference(dataset)
     files = len(expected)
-    paths = path_bytes(path.partition("/")[2] for path in expected)
-    limit = bound(args.cache_bytes, files, paths)
+    limit = bound(args.cache_bytes)
     system = systems.Atlasfs(dataset.path, dataset.shard_names, os.path.join(workdir, "large-mount"),
                              extra_args=["--cache-size", str(args.cache_bytes)])
     system.clear_metadata()
@@ -328,7 +323,8 @@ def large_case(dataset: Dataset, args: argparse.Namespace, workdir: str, figures
         now, top = rss(view.pid)
         figures.append(Figure("large", f"max during {args.readers} random readers, {args.seconds:.0f} s",
                               top_sampled, max(top, top_sampled), limit, files,
-                              f"{reads:,} reads, {size / MiB:.0f} MiB, {wrong} wrong bytes, {errors} errors"))
+                              f"{reads:,} reads, {size / MiB:.0f} MiB, {wrong} wrong bytes, {errors} errors; "
+                              f"after: {mapped_and_anonymous(view.pid)}"))
         facts.update(reads=reads, read_wrong_bytes=wrong, read_errors=errors)
     return facts
 
@@ -338,7 +334,7 @@ def listing_case(dataset: Dataset, args: argparse.Namespace, workdir: str, figur
                              extra_args=["--cache-size", str(args.cache_bytes)])
     system.clear_metadata()
     facts: dict[str, Any] = {}
-    paths = path_bytes(iter(listing_paths(dataset)))
+    limit = bound(args.cache_bytes)
     for step in ("first mount, tables built", "second mount, tables stored"):  # stored by the first
         with system.session() as view:
             assert view.pid is not None
@@ -348,10 +344,9 @@ def listing_case(dataset: Dataset, args: argparse.Namespace, workdir: str, figur
             lines, seconds = run.answer, run.seconds
             now, top = rss(view.pid)
             files = lines - 1 - dataset.shards  # the mount point and the shard folders are not files
-            limit = bound(args.cache_bytes, files, paths)
             figures.append(Figure("listing", f"after `find MNT \\| wc -l`, {step}", now, top, limit, files,
                                   f"{lines:,} lines in {seconds:.1f} s; {(now - mounted) / files:.0f} B a file "
-                                  f"over the RSS at mount"))
+                                  f"over the RSS at mount; {mapped_and_anonymous(view.pid)}"))
             facts[step] = files
     return facts
 
@@ -393,7 +388,7 @@ def main(argv: list[str] | None = None) -> int:
             facts["listing"] = listing_case(listing, args, workdir, figures)
 
     notes = [f"cache bound (`--cache-size`): {args.cache_bytes / MiB:g} MiB; bound = cache bound + "
-             f"{FIXED_OVERHEAD // MiB} MiB + {TABLE_BYTES_PER_FILE} B per file seen + {PATH_COPIES}x its path"]
+             f"{FIXED_OVERHEAD // MiB} MiB, whatever the number of files"]
     meta = harness.meta("memory.py", args, cache_bytes=args.cache_bytes, cache_mib=args.cache_bytes / MiB,
                         notes=notes)
     data = {"datasets": [{"name": d.name, "examples": d.examples, "shards": d.shards, "data_bytes": d.data_bytes}

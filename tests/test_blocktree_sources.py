@@ -177,12 +177,13 @@ def test_the_state_a_pass_learned_is_stored_with_the_table_and_no_pass_is_made_a
 def test_a_stored_state_that_does_not_fit_is_ignored_and_the_pass_made_again(
         nested: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     store = TableStore(str(nested), index_dir=str(tmp_path / "tables"))
-    BlockTree(LinesSource(nested, ["a.txt"]), store=store).names("/a")
+    first = BlockTree(LinesSource(nested, ["a.txt"]), store=store)
+    first.names("/a")
     stored = tmp_path / "tables" / "a.table"
-    data = stored.read_bytes()
-    state = json.dumps({"lines": 2}).encode()
-    assert data.endswith(state)
-    stored.write_bytes(data[:-len(state)] + json.dumps({"lines": -7}).encode().ljust(len(state))[:len(state)])
+    table = first.table(0)
+    assert table.state == json.dumps({"lines": 2}).encode()
+    table.state = json.dumps({"lines": -7}).encode()  # well formed, checksums right: only the source refuses it
+    table.save(str(stored), first.tables.table_key(0))
     again = LinesSource(nested, ["a.txt"])
     with caplog.at_level(logging.INFO, logger="atlasfs"):
         assert _tree_names(BlockTree(again, store=store), "/a") == ["k1.txt", "k2.txt"]

@@ -207,7 +207,7 @@ def _forged(table: FileTable, **changes: Any) -> FileTable:
     locators = table.locators
     assert locators is not None
     columns = {name: getattr(locators, name).copy() for name in ("offset", "length", "check", "prefix")}
-    fields = {"prefixes": list(locators.prefixes), "inline": locators.inline}
+    fields = {"prefixes": list(locators.prefixes), "inline": bytes(locators.inline)}  # a map, if loaded
     for name, change in changes.items():
         if name in columns:
             change(columns[name])

@@ -164,7 +164,12 @@ def test_index_stores_tables_in_the_bucket_and_a_mount_lists_from_them(server: S
         assert fw.gets <= 2 + 3 * len(shards), f"{fw.gets} GETs: blocks were fetched to list"
         some = sorted(_tar_members(export / "04.tar"))[0]
         assert (mnt / "04" / some).read_bytes() == _tar_members(export / "04.tar")[some]
-    assert not list(cache.rglob("*.table")), "the mount used the bucket's tables"
+    # The bucket's tables were used (no block was fetched: the GETs above), each mapped from
+    # a copy in the user's cache, byte for byte the bucket's.
+    fs = server.filesystem()
+    copies = {p.name: p.read_bytes() for p in cache.rglob("*.table")}
+    assert copies and all(fs.cat_file(f"{BUCKET}/indexed/.atlasfs-tables/{name}") == data
+                          for name, data in copies.items()), "the mount mapped copies of the bucket's tables"
     assert server.keys(url) == indexed, "the mount wrote nothing into the bucket"
 
 

@@ -64,6 +64,23 @@ def test_every_byte_range_equals_export(tmp_path: Path) -> None:
                                               {"url": "2.tar", "nsamples": 20}]
 
 
+def test_layouts_past_their_bound_are_let_go_and_made_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import atlasfs.tree.tarview as tarview
+
+    dataset = _dataset(tmp_path / "ds")
+    _export(dataset, tmp_path / "out")
+    view = TarView(BlockTree(AtlasDataset(dataset)))
+    monkeypatch.setattr(tarview, "LAYOUT_BYTES", view.layout("0").nbytes() + 1)  # room for one
+    for _ in range(2):
+        for shard in ("0", "1", "2"):
+            entry = view.lookup(f"/{shard}.tar")
+            assert view.read(entry, 0, entry.size) == (tmp_path / "out" / f"{shard}.tar").read_bytes()
+            assert list(view._layouts) == [shard]
+    assert json.loads(view.read(view.lookup("/shards.json"), 0, 1 << 20))["shardlist"][2] == {"url": "2.tar",
+                                                                                                 "nsamples": 20}
+    assert len(view._layouts) == 1
+
+
 def test_a_random_read_decodes_only_the_blocks_under_it(tmp_path: Path) -> None:
     dataset = _dataset(tmp_path / "ds")
     BlockTree(AtlasDataset(dataset), cache_bytes=0, store=TableStore(str(dataset))).table(0, sizes=True)

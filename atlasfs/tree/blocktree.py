@@ -112,10 +112,7 @@ class BlockTree(Tree):
         table = tables.tables.get(s)
         if table is None:
             table = tables.table(s)
-        try:
-            i = tables.index(s, table).find(rest.encode("utf-8"))
-        except UnicodeEncodeError:  # a lone surrogate: no name in a table has one
-            i = None
+        i = table.find(rest)
         if i is None:
             raise not_found(path)
         kind = table.kind.item(i)
@@ -146,11 +143,11 @@ class BlockTree(Tree):
         if listing is not None:
             return listing
         table = self.table(s)
-        if not folder and b"/" not in table._names:  # a flat shard folder: its table as it is
-            listing = Listing(table, s, None, 0)
+        if not folder and table.flat:  # a flat shard folder: its table as it is
+            listing = Listing(self.table, s, len(table), None, 0)
         else:
             rows = np.array([i for _, i in table.children(folder)], dtype=np.uint32)
-            listing = Listing(table, s, rows, len(folder.encode("utf-8")) + 1 if folder else 0)
+            listing = Listing(self.table, s, len(rows), rows, len(folder.encode("utf-8")) + 1 if folder else 0)
         self.folders.remember(s, folder, listing)
         return listing.view()
 
@@ -196,7 +193,10 @@ class BlockTree(Tree):
         if ref is None:
             raise OSError(errno.EISDIR, os.strerror(errno.EISDIR))
         if (ref.shard, ref.block) not in self.blocks.cache:
-            data = self.located.read(self.tables.tables.get(ref.shard), entry, ref, offset, size)
+            table = self.tables.tables.get(ref.shard)
+            if table is None:  # let go since its lookup: mapped again (no pass: it was checked)
+                table = self.table(ref.shard)
+            data = self.located.read(table, entry, ref, offset, size)
             if data is not None:
                 return data[offset:offset + size]
         files = self.blocks.encoded_example(ref.shard, ref.block, ref.pos)

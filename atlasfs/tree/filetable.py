@@ -4,13 +4,15 @@ Entries are kept in *tree order*, the order a listing shows them and ``tar``
 walks them: each folder's children in the order of the first example under
 them (files of one example adjacent, in its fixed order), each sub-folder's
 entries right after it. A shard without sub-folders is thus simply in
-example order. Lookups go through a permutation that sorts the entries by
-path bytes, so they are binary searches. The table is a few numpy arrays and
-one blob of names, about 24 bytes per entry plus its path, so that the
-tables of millions of files fit in memory.
+example order. Lookups go through an index of the paths' stable 64-bit hashes,
+sorted, so they are a binary search and one comparison; a permutation sorting the
+entries by path proves the paths unique. The table is a few numpy arrays and one
+blob of names: 43 bytes per entry plus its path.
 
 A table can be saved to a file and loaded back: the mount keeps one per
-shard so that a second mount lists without decoding anything. It carries
+shard so that a second mount lists without decoding anything. A loaded table is
+the file mapped, its arrays and names views of the map, nothing copied
+(:mod:`atlasfs.tree.tablefile`, the format). It carries
 its source's *state* too (what a pass over the shard's files learned, such
 as Dolma's gzip seek points; :meth:`atlasfs.formats.source.SourceShard.prepare`),
 so that the second mount makes no pass either. A stored table
@@ -31,7 +33,6 @@ costs a fallback to the block.
 
 from __future__ import annotations
 
-import json
 import operator
 import os
 import tempfile
@@ -42,22 +43,19 @@ from typing import Any, Callable
 import numpy as np
 
 from atlasfs.formats.source import Locator
+from atlasfs.tree import tablefile
 
 FILE, DIR, UNREADABLE = 0, 1, 2
 #: The size of a file whose bytes have not been encoded yet: a table can name
 #: files before it knows how big they are (a listing needs no sizes).
 UNKNOWN_SIZE = 2**64 - 1
-_MAGIC = b"ATLFSTB5"  # 4: optional locator columns; 5: with their lengths
-_HEADER_MAX = 1 << 20
-#: (name, dtype) of the per-entry arrays, in file order. ``by_path``: entry numbers sorted by path bytes.
+#: (name, dtype) of the per-entry arrays. ``by_path``: entry numbers sorted by path bytes.
 _COLUMNS = (("kind", np.uint8), ("size", np.uint64), ("block", np.uint32), ("pos", np.uint32),
             ("file", np.uint16), ("by_path", np.uint32))
 
 #: ``(path, kind, size, block, pos, file)``, optionally with a 7th item, the file's
 #: :class:`~atlasfs.formats.source.Locator` (or None).
 Rows = list[tuple[Any, ...]]
-#: (attribute of :class:`Locators`, stored dtype) of the optional locator columns, in file order.
-_LOCATOR_COLUMNS = (("offset", np.uint32), ("length", np.uint32), ("check", np.uint32), ("prefix", np.uint16))
 #: A row's locator offset when it has none.
 NO_LOCATOR = 0xFFFFFFFF
 #: A row's prefix number when its locator is inline (its offset is then in :attr:`Locators.inline`).
@@ -70,8 +68,16 @@ MAX_PREFIX_BYTES = 1 << 20
 #: average (in row order: later small files past the bound get no inline locator).
 INLINE_MAX = 255
 INLINE_AVERAGE = 64
+#: Paths checked at once when a stored table is loaded (bounds the Python objects it makes).
+_CHECK_CHUNK = 1 << 16
 #: Limits from a stored table's source state (see :meth:`FileTable.load`).
 LimitsOf = Callable[[bytes], "Limits"]
+
+
+def _view(array: np.ndarray, code: str) -> memoryview:
+    """A memoryview of ``array`` with the native format ``code`` (a stored table's arrays
+    say ``<Q``, which memoryviews do not index)."""
+    return memoryview(np.ascontiguousarray(array)).cast("B").cast(code)
 
 
 class TableError(ValueError):
@@ -219,9 +225,14 @@ class Locators:
 
 
 class FileTable:
-    """The entries of one shard in tree order. Build with :meth:`build`, or :meth:`load`."""
+    """The entries of one shard in tree order. Build with :meth:`build`, or :meth:`load`.
 
-    def __init__(self, names: bytes, offsets: np.ndarray, columns: dict[str, np.ndarray]) -> None:
+    ``names`` is the blob of every path (bytes, or the map of a stored table's names: both
+    slice to bytes); ``columns`` the per-entry arrays, and optionally the lookup index
+    (``hashes``: the stable hashes of the paths, sorted; ``hash_rows``: the row of each),
+    made at the first lookup if not given."""
+
+    def __init__(self, names: Any, offsets: np.ndarray, columns: dict[str, np.ndarray]) -> None:
         self._names = names
         self._offsets = offsets
         self.kind = columns["kind"]
@@ -230,10 +241,44 @@ class FileTable:
         self.pos = columns["pos"]
         self.file = columns["file"]
         self.by_path = columns["by_path"]
+        #: True if no path has a folder (the usual shard: listed from the table as it is).
+        self.flat = names.find(b"/") < 0
+        self._index: tuple[np.ndarray, np.ndarray] | None = None
+        self._search: tuple[memoryview, memoryview, memoryview] | None = None
+        if "hashes" in columns:
+            self._index = (columns["hashes"], columns["hash_rows"])
         #: What the shard's source learned by a pass over its files (stored with the table).
         self.state = b""
         #: Where files can be read without decoding their blocks (None: nowhere).
         self.locators: Locators | None = None
+        #: For a table mapped from its file: the file, and its bytes (what it keeps mapped).
+        self.path: str | None = None
+        self.mapped_bytes = 0
+        #: The limits the table was checked against (None: not checked, a built table).
+        self.limits: Limits | None = None
+        #: What the tree keeps while the table's sizes are being learnt (tree/tables.py).
+        self.unsized: Any = None
+
+    def nbytes(self) -> int:
+        """Bytes the table keeps: its file's if mapped (its size column in memory counted too,
+        if copied), else its arrays' and names'."""
+        if self.path is not None:
+            return self.mapped_bytes + (self.size.nbytes if self.size.base is None else 0)
+        columns = (self._offsets, self.kind, self.size, self.block, self.pos, self.file, self.by_path)
+        index = self._index or ()
+        return (sum(a.nbytes for a in columns) + sum(a.nbytes for a in index) + len(self._names)
+                + (self.locators.nbytes() if self.locators is not None else 0))
+
+    def lookup_index(self) -> tuple[np.ndarray, np.ndarray]:
+        """(stable hashes of the paths, sorted; the row of each): made now if not stored."""
+        index = self._index
+        if index is None:
+            bounds = self._offsets.tolist()
+            names = self._names
+            hashes = tablefile.path_hashes([names[a:b] for a, b in zip(bounds, bounds[1:])])
+            order = np.argsort(hashes, kind="stable")
+            index = self._index = (hashes[order], order.astype(np.uint32))
+        return index
 
     def __len__(self) -> int:
         return len(self.kind)
@@ -252,6 +297,9 @@ class FileTable:
         columns = {name: np.array([row[i + 1] for row in ordered], dtype=dtype)
                    for i, (name, dtype) in enumerate(_COLUMNS[:-1])}
         columns["by_path"] = np.array(sorted(range(len(paths)), key=paths.__getitem__), dtype=np.uint32)
+        hashes = tablefile.path_hashes(paths)
+        order = np.argsort(hashes, kind="stable")
+        columns["hashes"], columns["hash_rows"] = hashes[order], order.astype(np.uint32)
         table = cls(b"".join(paths), offsets, columns)
         if any(len(row) > 6 and row[6] is not None for row in rows):
             table.locators = Locators.build([
@@ -288,11 +336,27 @@ class FileTable:
 
     def find(self, path: str) -> int | None:
         """Index of the entry at ``path`` (relative to the shard folder), or None."""
-        target = path.encode("utf-8")
-        by_path = self.by_path
-        j = bisect_left(range(len(self)), target, key=lambda j: self._path(by_path.item(j)))
-        if j < len(self) and self._path(by_path.item(j)) == target:
-            return by_path.item(j)
+        try:
+            return self.find_bytes(path.encode("utf-8"))
+        except UnicodeEncodeError:  # a lone surrogate: no name in a table has one
+            return None
+
+    def find_bytes(self, path: bytes) -> int | None:
+        """:meth:`find` of an encoded path: a binary search of the lookup index and a comparison."""
+        search = self._search
+        if search is None:
+            hashes, rows = self.lookup_index()
+            # memoryviews: indexed from Python they give ints at C speed (numpy's scalars cost more)
+            search = self._search = (_view(hashes, "Q"), _view(rows, "I"), _view(self._offsets, "Q"))
+        hashes_view, rows_view, offsets = search
+        wanted = tablefile.path_hash(path)
+        j = bisect_left(hashes_view, wanted)
+        names = self._names
+        while j < len(hashes_view) and hashes_view[j] == wanted:  # more than once only if two hashes collide
+            row = rows_view[j]
+            if names[offsets[row]:offsets[row + 1]] == path:
+                return row
+            j += 1
         return None
 
     def children(self, folder: str) -> list[tuple[str, int]]:
@@ -300,7 +364,7 @@ class FileTable:
         names = self._names
         if not folder:
             lo, prefix = 0, b""
-            if b"/" not in names:  # a flat shard folder: every entry is a child
+            if self.flat:  # a flat shard folder: every entry is a child
                 offsets = self._offsets.tolist()
                 return list(zip([names[a:b].decode("utf-8") for a, b in zip(offsets, offsets[1:])], range(len(self))))
         else:
@@ -322,35 +386,23 @@ class FileTable:
     def example_order(self) -> list[int]:
         """Indices of the files (readable or not) in example order, a file's example's files adjacent."""
         files = np.flatnonzero(self.kind != DIR)
-        if b"/" in self._names:  # sub-folders group a folder's files: put them back in example order
+        if not self.flat:  # sub-folders group a folder's files: put them back in example order
             files = files[np.lexsort((self.file[files], self.pos[files], self.block[files]))]
         return files.tolist()
 
-    # -- storage
+    # -- storage (the format: atlasfs.tree.tablefile)
 
     def to_bytes(self, key: dict[str, Any]) -> bytes:
         """The table as stored, tagged with ``key`` (what it was built from)."""
-        fields: dict[str, Any] = {"key": key, "entries": len(self), "names": len(self._names),
-                                  "state": len(self.state)}
-        locators = self.locators
-        if locators is not None:
-            fields["locators"] = {"prefixes": [len(p) for p in locators.prefixes], "inline": len(locators.inline)}
-        header = json.dumps(fields).encode()
-        parts = [_MAGIC + len(header).to_bytes(4, "little") + header, self._offsets.tobytes()]
-        parts += [getattr(self, name).astype(dtype, copy=False).tobytes() for name, dtype in _COLUMNS]
-        parts += [self._names, self.state]
-        if locators is not None:
-            parts += [getattr(locators, column).astype(dtype, copy=False).tobytes()
-                      for column, dtype in _LOCATOR_COLUMNS]
-            parts += [b"".join(locators.prefixes), locators.inline]
-        return b"".join(parts)
+        return b"".join(tablefile.encode(self, key))
 
     def save(self, path: str, key: dict[str, Any]) -> None:
-        """Write the table to the local file ``path`` atomically (:meth:`to_bytes`)."""
+        """Write the table to the local file ``path`` atomically (:meth:`to_bytes`): a
+        mapped table file is replaced, never changed in place."""
         fd, tmp = tempfile.mkstemp(prefix=".table-", dir=os.path.dirname(path))
         try:
             with os.fdopen(fd, "wb") as f:
-                f.write(self.to_bytes(key))
+                f.writelines(tablefile.encode(self, key))
             os.replace(tmp, path)
         except BaseException:
             if os.path.exists(tmp):
@@ -359,134 +411,128 @@ class FileTable:
 
     @classmethod
     def load(cls, path: str, key: dict[str, Any], limits: "Limits | LimitsOf") -> "FileTable | None":
-        """The table stored in the local file ``path``, or None if there is no such file
-        (:meth:`from_bytes`)."""
-        try:
-            with open(path, "rb") as f:
-                data = f.read()
-        except FileNotFoundError:
-            return None
-        except OSError as exc:
-            raise TableError(f"cannot be read ({exc.strerror})") from None
-        return cls.from_bytes(data, key, limits)
+        """The table stored in the local file ``path``, mapped (:func:`atlasfs.tree.tablefile.open_mapped`),
+        or None if there is no such file; raises :class:`TableError` as :meth:`from_bytes` does."""
+        return tablefile.open_mapped(path, key, limits)
 
     @classmethod
     def from_bytes(cls, data: bytes, key: dict[str, Any], limits: "Limits | LimitsOf") -> "FileTable":
-        """The table ``data`` holds; raises :class:`TableError` saying why if it was not built
-        from ``key`` or is not well formed.
+        """The table ``data`` holds (its arrays views of ``data``); raises :class:`TableError`
+        saying why if it was not built from ``key`` or is not well formed.
 
         ``limits`` may be a function of the stored state that returns them (it takes the
         state back into the shard's source first, raising ``ValueError`` if it does not fit)."""
         try:
-            return cls._parse(data, key, limits)
-        except (ValueError, KeyError, TypeError, UnicodeDecodeError) as exc:
+            return tablefile.parse(data, key, limits)
+        except (ValueError, KeyError, TypeError, UnicodeDecodeError, IndexError) as exc:
             if isinstance(exc, TableError):
                 raise
             raise TableError(f"is corrupt ({exc})") from None
 
-    @classmethod
-    def _parse(cls, data: bytes, key: dict[str, Any], limits: "Limits | LimitsOf") -> "FileTable":
-        if not data.startswith(_MAGIC):
-            raise TableError("is not a file table of this atlasfs version")
-        size = int.from_bytes(data[8:12], "little")
-        if size > _HEADER_MAX:
-            raise TableError("is corrupt (header too large)")
-        header = json.loads(data[12:12 + size])
-        if header.get("key") != key:
-            raise TableError("was built from other files or by other naming rules (stale or foreign)")
-        n, names_len, state_len = int(header["entries"]), int(header["names"]), int(header["state"])
-        stored_locators = header.get("locators")
-        prefix_lengths: list[int] = []
-        inline_len = 0
-        locators_len = 0
-        if stored_locators is not None:
-            prefix_lengths = [int(length) for length in stored_locators["prefixes"]]
-            inline_len = int(stored_locators["inline"])
-            if len(prefix_lengths) > MAX_PREFIXES or any(length <= 0 for length in prefix_lengths) or inline_len < 0:
-                raise TableError("is corrupt (locator prefixes out of bounds)")
-            locators_len = sum(np.dtype(d).itemsize * n for _, d in _LOCATOR_COLUMNS) + sum(prefix_lengths) + inline_len
-        at = 12 + size
-        expected = (at + 8 * (n + 1) + sum(np.dtype(d).itemsize * n for _, d in _COLUMNS) + names_len + state_len
-                    + locators_len)
-        if n < 0 or names_len < 0 or state_len < 0 or len(data) != expected:
-            raise TableError(f"is corrupt ({len(data)} bytes where its header means {expected})")
-        offsets = np.frombuffer(data, dtype=np.uint64, count=n + 1, offset=at)
-        at += 8 * (n + 1)
-        columns = {}
-        for name, dtype in _COLUMNS:
-            columns[name] = np.frombuffer(data, dtype=dtype, count=n, offset=at)
-            at += np.dtype(dtype).itemsize * n
-        columns["size"] = columns["size"].copy()  # writable: unknown sizes are filled in later
-        table = cls(data[at:at + names_len], offsets, columns)
-        at += names_len
-        table.state = data[at:at + state_len]
-        at += state_len
-        if stored_locators is not None:
-            loc_columns = []
-            for _, dtype in _LOCATOR_COLUMNS:
-                loc_columns.append(np.frombuffer(data, dtype=dtype, count=n, offset=at))
-                at += np.dtype(dtype).itemsize * n
-            prefixes = []
-            for length in prefix_lengths:
-                prefixes.append(data[at:at + length])
-                at += length
-            table.locators = Locators(*loc_columns, prefixes, data[at:at + inline_len])
-        if not isinstance(limits, Limits):
-            try:
-                limits = limits(table.state)
-            except ValueError as exc:
-                raise TableError(f"holds a source state that does not fit ({exc})") from None
-        problem = table._problem(limits)
-        if problem is None and table.locators is not None:
-            problem = table.locators.problem(table.kind, table.size)
-        if problem:
-            raise TableError(f"is corrupt ({problem})")
-        return table
-
     def _problem(self, limits: "Limits") -> str | None:
         """Why the table is unsafe to use, or None: paths safe and unique, positions inside
-        the shard, every folder listed before its entries and holding them contiguously."""
+        the shard, the lookup index pointing at every entry once, in hash order, every folder
+        listed before its entries and holding them contiguously. Paths are checked a chunk
+        at a time (no Python object per entry at once); records ``limits`` in :attr:`limits`."""
+        problem = self._columns_problem(limits)
+        if problem is None:
+            problem = self._paths_problem()
+        if problem is None:
+            self.limits = limits
+        return problem
+
+    def _columns_problem(self, limits: "Limits") -> str | None:
         n = len(self)
+        if len(self._offsets) != n + 1 or not all(len(c) == n for c in (self.size, self.block, self.pos, self.file,
+                                                                          self.by_path)):
+            return "columns of another length than the table"
         if n == 0:
             return None if len(self._names) == 0 and int(self._offsets[0]) == 0 else "names without entries"
         if int(self._offsets[0]) != 0 or int(self._offsets[-1]) != len(self._names):
             return "name offsets do not cover the names"
         if not bool(np.all(self._offsets[1:] > self._offsets[:-1])):
-            return "an empty name"
+            return "name offsets out of order (or an empty name)"
         if bool(np.any(self.kind > UNREADABLE)):
             return "an unknown entry kind"
         if bool(np.any(self.block >= max(limits.blocks, 1))) or bool(np.any(self.pos >= max(limits.block_size, 1))):
             return "a position outside the shard"
-        if not np.array_equal(np.sort(self.by_path), np.arange(n, dtype=np.uint32)):
+        if not _is_permutation(self.by_path, n):
             return "the path order is not a permutation of the entries"
+        if self._index is not None:
+            hashes, rows = self._index
+            if len(hashes) != n or len(rows) != n:
+                return "a lookup index of another length than the table"
+            if not _is_permutation(rows, n):
+                return "a lookup index pointing outside the entries or twice at one"
+            if not bool(np.all(hashes[1:] >= hashes[:-1])):
+                return "a lookup index out of order"
+        return None
+
+    def _paths_problem(self) -> str | None:
+        n = len(self)
         names = self._names
-        if b"\0" in names:
+        if names.find(b"\0") >= 0:
             return "a NUL in a name"
-        names.decode("utf-8")  # raises if not UTF-8; a path must also start on a character:
-        if bool(np.any(np.frombuffer(names, dtype=np.uint8)[self._offsets[:-1]] & 0xC0 == 0x80)):
+        first_bytes = np.frombuffer(names, dtype=np.uint8) if n else np.zeros(0, np.uint8)
+        if bool(np.any(first_bytes[self._offsets[:-1]] & 0xC0 == 0x80)):  # a path must start on a character
             return "a name that is not UTF-8"
-        bounds = self._offsets.tolist()
-        paths = [names[a:b] for a, b in zip(bounds, bounds[1:])]
-        in_path_order = [paths[i] for i in self.by_path.tolist()]
-        if not all(map(operator.lt, in_path_order, in_path_order[1:])):
-            return "paths out of order or repeated"
-        if b"/" not in names:  # one flat folder, the usual shard: the per-path checks below, at once
-            if b"." in paths or b".." in paths or int(np.max(np.diff(self._offsets))) > 255:
+        del first_bytes
+        offsets = self._offsets
+        by_path = self.by_path
+        previous = b""
+        for start in range(0, n, _CHECK_CHUNK):  # paths in path order, a chunk at a time
+            rows = by_path[start:start + _CHECK_CHUNK]
+            ends = offsets[rows + 1].tolist()
+            in_path_order = [names[a:b] for a, b in zip(offsets[rows].tolist(), ends)]
+            if start and not previous < in_path_order[0]:
+                return "paths out of order or repeated"
+            if not all(map(operator.lt, in_path_order, in_path_order[1:])):
+                return "paths out of order or repeated"
+            previous = in_path_order[-1]
+        if self.flat:  # one flat folder, the usual shard: the per-path checks below, at once
+            for start in range(0, n, _CHECK_CHUNK):
+                chunk = self._chunk(start)
+                if b"." in chunk or b".." in chunk:
+                    return "an unsafe name"
+            if n and int(np.max(np.diff(offsets))) > 255:
                 return "an unsafe name"
+            for start in range(0, n, _CHECK_CHUNK):
+                bytes(names[int(offsets[start]):int(offsets[min(start + _CHECK_CHUNK, n)])]).decode("utf-8")
             return None
         open_folders: list[bytes] = []  # the folders the walk is inside, outermost first
-        kinds = self.kind.tolist()
-        for path, kind in zip(paths, kinds):
-            if any(part in (b"", b".", b"..") or len(part) > 255 for part in path.split(b"/")):
-                return "an unsafe name"
-            parent = path.rpartition(b"/")[0]
-            while open_folders and open_folders[-1] != parent:
-                open_folders.pop()
-            if parent and not open_folders:  # its folder is not listed before it, or was left already
-                return "entries not grouped under their folders"
-            if kind == DIR:
-                open_folders.append(path)
+        for start in range(0, n, _CHECK_CHUNK):
+            paths = self._chunk(start)
+            for path in paths:
+                path.decode("utf-8")
+            kinds = self.kind[start:start + _CHECK_CHUNK].tolist()
+            for path, kind in zip(paths, kinds):
+                if any(part in (b"", b".", b"..") or len(part) > 255 for part in path.split(b"/")):
+                    return "an unsafe name"
+                parent = path.rpartition(b"/")[0]
+                while open_folders and open_folders[-1] != parent:
+                    open_folders.pop()
+                if parent and not open_folders:  # its folder is not listed before it, or was left already
+                    return "entries not grouped under their folders"
+                if kind == DIR:
+                    open_folders.append(path)
         return None
+
+    def _chunk(self, start: int) -> list[bytes]:
+        """The paths of entries ``start`` to ``start + _CHECK_CHUNK`` (in tree order)."""
+        bounds = self._offsets[start:start + _CHECK_CHUNK + 1].tolist()
+        names = self._names
+        return [names[a:b] for a, b in zip(bounds, bounds[1:])]
+
+
+def _is_permutation(values: np.ndarray, n: int) -> bool:
+    """True if ``values`` holds every number below ``n`` once."""
+    if len(values) != n:
+        return False
+    if n == 0:
+        return True
+    if int(values.max()) >= n:
+        return False
+    return bool(np.all(np.bincount(values, minlength=n) == 1))
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,5 @@
-"""A shard folder's listing and lookup index, made from its file table, and the cache
-of recently listed folders.
+"""A shard folder's listing, made from its file table, and the cache of recently listed
+folders. (Lookups go through the table's own index: :meth:`FileTable.find`.)
 
 Listings keep no Python object per file whatever a folder's size: names are sliced
 from the table's blob a chunk at a time as the kernel asks for them.
@@ -11,9 +11,8 @@ import functools
 import itertools
 import operator
 import threading
-from bisect import bisect_left
 from collections import OrderedDict
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -25,6 +24,9 @@ from atlasfs.tree.placement import shard_ino
 #: Row numbers kept for the listings of recently listed sub-folders (4 bytes each; a shard
 #: folder without sub-folders is listed from its table as it is and keeps none).
 FOLDER_CACHE_ROWS = 1 << 20
+#: Listings remembered at most (each ~200 bytes, whatever its size: a flat shard folder's
+#: costs only its object).
+FOLDER_CACHE_LISTINGS = 1 << 14
 #: Children a listing handed out makes at once (FUSE's readdir asks for one at a time).
 LISTING_CHUNK = 256
 
@@ -82,12 +84,6 @@ def row_entries(table: FileTable, s: int, rows: range | list[int], mtime: float,
     return result
 
 
-def _view(array: np.ndarray, code: str) -> memoryview:
-    """A memoryview of ``array`` with the native format ``code`` (a stored table's arrays
-    say ``=Q``, which memoryviews do not index)."""
-    return memoryview(np.ascontiguousarray(array)).cast("B").cast(code)
-
-
 class Listing(Sequence[tuple[str, bool, int]]):
     """A folder's ``(name, is_dir, ino)`` children, made from its shard's file table when
     asked, a chunk at a time: a listing keeps no Python object per file, whatever the
@@ -98,24 +94,26 @@ class Listing(Sequence[tuple[str, bool, int]]):
 
     The tree keeps one per recently listed folder and hands out a :meth:`view` of it to
     each caller, with a chunk of its own; both are immutable sequences (the table's names
-    and kinds never change).
+    and kinds never change). A listing holds no table: it asks ``table_of`` for its
+    shard's table at each chunk, so that a table let go (unmapped) is not kept by it.
     """
 
-    __slots__ = ("_base", "_chunk", "_n", "_rows", "_skip", "_table", "shard")
+    __slots__ = ("_base", "_chunk", "_n", "_rows", "_skip", "_table_of", "shard")
 
-    def __init__(self, table: FileTable, shard: int, rows: np.ndarray | None, skip: int) -> None:
-        self._table = table
+    def __init__(self, table_of: Callable[[int], FileTable], shard: int, n: int, rows: np.ndarray | None,
+                 skip: int) -> None:
+        self._table_of = table_of
         self.shard = shard
         self._rows = rows  # the children's table rows; None: every row, in order (a flat shard folder)
         self._skip = skip  # bytes of the folder's path and slash, before each child's name
         self._base = shard_ino(shard) + 1
-        self._n = len(table) if rows is None else len(rows)
+        self._n = n
         self._chunk: tuple[int, list[tuple[str, bool, int]]] = (0, [])
 
     def view(self) -> "Listing":
         """The same listing, with a chunk of its own (only the caller's thread fills it)."""
         other = Listing.__new__(Listing)
-        for name in ("_base", "_n", "_rows", "_skip", "_table", "shard"):
+        for name in ("_base", "_n", "_rows", "_skip", "_table_of", "shard"):
             setattr(other, name, getattr(self, name))
         other._chunk = (0, [])
         return other
@@ -152,7 +150,7 @@ class Listing(Sequence[tuple[str, bool, int]]):
         return self._slice(i % self._n, i % self._n + 1)[0]
 
     def _slice(self, start: int, stop: int) -> list[tuple[str, bool, int]]:
-        table = self._table
+        table = self._table_of(self.shard)
         names = table._names  # the table's own blob: one slice and decode per name, nothing kept
         skip = self._skip
         if self._rows is None:
@@ -191,43 +189,12 @@ class Listing(Sequence[tuple[str, bool, int]]):
         return f"<listing of {self._n} entries of shard {self.shard}>"
 
 
-class PathIndex:
-    """A table's rows by the hash of their path, for lookups: a binary search and a
-    comparison, in 12 bytes a file (a dict of paths would hold ~150 bytes of Python
-    objects a file). Hashes are Python's, so the index is built in each process."""
-
-    __slots__ = ("_hashes", "_names", "_offsets", "_rows")
-
-    def __init__(self, table: FileTable) -> None:
-        names = table._names
-        bounds = table._offsets.tolist()
-        hashes = np.fromiter((hash(names[a:b]) for a, b in zip(bounds, bounds[1:])), dtype=np.int64,
-                             count=len(table))
-        order = np.argsort(hashes, kind="stable")
-        # memoryviews: indexed from Python they give ints at C speed (numpy's scalars cost more)
-        self._hashes = _view(hashes[order], "q")
-        self._rows = _view(order.astype(np.uint32), "I")
-        self._names = names
-        self._offsets = _view(table._offsets.astype(np.uint64, copy=False), "Q")
-
-    def find(self, path: bytes) -> int | None:
-        """The row of ``path`` (relative to the shard folder), or None."""
-        wanted = hash(path)
-        hashes = self._hashes
-        j = bisect_left(hashes, wanted)
-        while j < len(hashes) and hashes[j] == wanted:  # more than once only if two paths' hashes collide
-            row = self._rows[j]
-            if self._names[self._offsets[row]:self._offsets[row + 1]] == path:
-                return row
-            j += 1
-        return None
-
-
 class FolderCache:
     """Listings of recently listed folders, least recently listed first: the kernel asks
     for a big folder in many replies, and tar and find list every folder on every pass.
-    A flat shard folder's costs nothing; a sub-folder's keeps its rows, at most
-    :data:`FOLDER_CACHE_ROWS` in all."""
+    A flat shard folder's costs its object only; a sub-folder's keeps its rows, at most
+    :data:`FOLDER_CACHE_ROWS` in all; at most :data:`FOLDER_CACHE_LISTINGS` listings. No
+    listing holds its table (they are mapped, and let go, by :class:`atlasfs.tree.tables.Tables`)."""
 
     def __init__(self) -> None:
         self.listings: OrderedDict[tuple[int, str], Listing] = OrderedDict()
@@ -259,6 +226,6 @@ class FolderCache:
             self.rows -= old.cost if old is not None else 0
             self.listings[(s, folder)] = listing
             self.rows += cost
-            while self.rows > FOLDER_CACHE_ROWS:
+            while self.rows > FOLDER_CACHE_ROWS or len(self.listings) > FOLDER_CACHE_LISTINGS:
                 _, evicted = self.listings.popitem(last=False)
                 self.rows -= evicted.cost

@@ -8,12 +8,19 @@ the others are filled in when their files are first looked up (which encodes the
 example, as reading it would), and the table is stored again once it knows them all.
 A block that cannot be decoded gives ``<index key>.unreadable`` rows whose lookups
 and reads fail with EIO; a shard that cannot be opened fails its folder.
+
+Stored tables are mapped from their files, not read (:mod:`atlasfs.tree.tablefile`), and a
+table built here is mapped from its file once stored. At most :data:`RESIDENT_TABLE_BYTES`
+of tables are held, the least recently used let go first (mapped again from their files
+when next used; a table that could not be stored is built again): the memory tables take
+does not grow with the number of shards looked into.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
@@ -24,7 +31,6 @@ from atlasfs.formats.source import SourceShard
 from atlasfs.storage import StorageUnavailableError
 from atlasfs.tree.blocks import Blocks, max_suffix_bytes
 from atlasfs.tree.filetable import FILE, UNKNOWN_SIZE, UNREADABLE, FileTable, Limits, Rows
-from atlasfs.tree.listing import PathIndex
 from atlasfs.tree.naming import LAYOUT_VERSION, NO_KEY, KeyAssigner, declared_key, example_fields
 from atlasfs.tree.tablestore import TableStore
 
@@ -34,16 +40,20 @@ log = logging.getLogger("atlasfs")
 LOGGED_PROBLEMS = 10
 #: Suffix of the entries standing for examples of a block that cannot be decoded.
 UNREADABLE_SUFFIX = "unreadable"
+#: Bytes of file tables held, mapped or in memory (the most recently used; at least one, whatever its size).
+RESIDENT_TABLE_BYTES = 16 << 20
 
 
 class _Unsized:
     """What it takes to size a table's files: its rows grouped by block, the count
-    still unknown, and the key to store it under once complete (None: not stored)."""
+    still unknown, the count learnt since it was loaded, and the key to store it under
+    once complete (None: not stored). Kept on the table (:attr:`FileTable.unsized`)."""
 
     def __init__(self, table: FileTable, blocks: int, key: dict[str, Any] | None) -> None:
         self._order = np.argsort(table.block, kind="stable").astype(np.uint32)  # 4 bytes a file
         self._bounds = np.searchsorted(table.block[self._order], np.arange(blocks + 1))
         self.left = int(np.count_nonzero(table.size == UNKNOWN_SIZE))
+        self.learnt = 0
         self.key = key
 
     def rows_of(self, block: int) -> np.ndarray:
@@ -59,8 +69,63 @@ def _distinct(values: np.ndarray) -> list[int]:
 
 
 
+class Resident:
+    """The tables in use, by shard position, least recently used first: past ``bound`` bytes
+    (:meth:`FileTable.nbytes`) the least recently used are let go (unmapped, or freed, once
+    no caller holds them), whatever the size of the one just held."""
+
+    def __init__(self, bound: int) -> None:
+        self.bound = bound
+        self._tables: OrderedDict[int, FileTable] = OrderedDict()
+        self._costs: dict[int, int] = {}
+        self.bytes = 0  # of the mapped tables held
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._tables)
+
+    def __contains__(self, s: int) -> bool:
+        return s in self._tables
+
+    def get(self, s: int) -> FileTable | None:
+        """The table of shard position ``s`` if held (it becomes the most recently used)."""
+        with self._lock:
+            table = self._tables.get(s)
+            if table is not None:
+                self._tables.move_to_end(s)
+            return table
+
+    def put(self, s: int, table: FileTable) -> list[tuple[int, FileTable]]:
+        """Hold ``table``; returns the tables let go to stay within the bound, with their positions."""
+        cost = table.nbytes()
+        with self._lock:
+            self._drop(s)
+            self._tables[s] = table
+            self._costs[s] = cost
+            self.bytes += cost
+            evicted = []
+            for other in list(self._tables):
+                if self.bytes <= self.bound:
+                    break
+                if other != s:
+                    evicted.append((other, self._tables[other]))
+                    self._drop(other)
+            return evicted
+
+    def drop(self, s: int) -> None:
+        """Let go of the table of shard position ``s``, if held."""
+        with self._lock:
+            self._drop(s)
+
+    def _drop(self, s: int) -> None:
+        if s in self._tables:
+            del self._tables[s]
+            self.bytes -= self._costs.pop(s)
+
+
 class Tables:
-    """The file tables of a source's shards, each made once (one lock per shard)."""
+    """The file tables of a source's shards, each made once (one lock per shard), at
+    most :data:`RESIDENT_TABLE_BYTES` of mapped ones held (:class:`Resident`)."""
 
     def __init__(self, kind: str, shards: Sequence[SourceShard], blocks: Blocks,
                  store: TableStore | None) -> None:
@@ -68,22 +133,26 @@ class Tables:
         self.shards = shards
         self.blocks = blocks
         self.store = store
-        self.tables: dict[int, FileTable] = {}
+        self.tables = Resident(RESIDENT_TABLE_BYTES)
         self.locks = [threading.Lock() for _ in shards]
-        # Tables that do not know every size yet.
-        self._unsized: dict[int, _Unsized] = {}
-        # Each looked-into shard's lookup index (built at its first lookup).
-        self._indexes: dict[int, PathIndex] = {}
+        # The file each shard's table was last mapped from (mapped again from it once let go).
+        self._paths: dict[int, str] = {}
 
-    def index(self, s: int, table: FileTable) -> PathIndex:
-        """Shard position ``s``'s lookup index (built at its first lookup)."""
-        index = self._indexes.get(s)
-        if index is None:
-            with self.locks[s]:
-                index = self._indexes.get(s)
-                if index is None:
-                    index = self._indexes[s] = PathIndex(table)
-        return index
+    def _hold(self, s: int, table: FileTable) -> None:
+        """Hold ``table`` as shard position ``s``'s; a table let go that learnt sizes since it
+        was mapped is stored first (else they would be learnt again)."""
+        if table.path is not None:
+            self._paths[s] = table.path
+        for t, evicted in self.tables.put(s, table):
+            self._keep_learnt(t, evicted)
+
+    def _keep_learnt(self, s: int, table: FileTable) -> None:
+        """Store ``table`` (let go) if it learnt sizes since it was mapped (else they would be
+        learnt again)."""
+        unsized = table.unsized
+        if unsized is not None and unsized.learnt and unsized.key is not None:
+            unsized.learnt = 0
+            self._store(s, unsized.key, table)
 
     def table(self, s: int, sizes: bool = False) -> FileTable:
         """The file table of shard position ``s``: loaded from the store, or built by
@@ -98,7 +167,8 @@ class Tables:
             with self.locks[s]:
                 table = self.tables.get(s)
                 if table is None:
-                    table = self.tables[s] = self._load_or_build(s)
+                    table = self._load_or_build(s)
+                    self._hold(s, table)
         if sizes:
             for block in _distinct(table.block[table.size == UNKNOWN_SIZE]):
                 try:
@@ -129,22 +199,23 @@ class Tables:
         if locator is None:
             return False
         with self.locks[s]:
-            unsized = self._unsized.get(s)
+            unsized = table.unsized
             if table.size.item(i) != UNKNOWN_SIZE:
                 return True
             table.size[i] = locator.size
             if unsized is None:
                 return True
             unsized.left -= 1
+            unsized.learnt += 1
             if unsized.left:
                 return True
-            del self._unsized[s]
+            table.unsized = None
         if unsized.key is not None:
-            self._store(s, unsized.key, table)
+            self._store_complete(s, unsized.key, table)
         return True
 
     def _size_block(self, s: int, table: FileTable, block: int) -> None:
-        unsized = self._unsized.get(s)
+        unsized = table.unsized
         if unsized is None:  # sized meanwhile by another thread
             return
         rows = unsized.rows_of(block)
@@ -162,17 +233,41 @@ class Tables:
         with self.locks[s]:
             still = table.size[rows] == UNKNOWN_SIZE  # another thread may have been first
             table.size[rows[still]] = np.array(sizes, dtype=np.uint64)[still]
-            unsized.left -= int(np.count_nonzero(still))
-            if unsized.left or s not in self._unsized:
+            learnt = int(np.count_nonzero(still))
+            unsized.left -= learnt
+            unsized.learnt += learnt
+            if unsized.left or table.unsized is None:
                 return
-            del self._unsized[s]
+            table.unsized = None
         if unsized.key is not None:
-            self._store(s, unsized.key, table)
+            self._store_complete(s, unsized.key, table)
 
-    def _store(self, s: int, key: dict[str, Any], table: FileTable) -> None:
+    def _store(self, s: int, key: dict[str, Any], table: FileTable) -> bool:
+        """Store ``table``; False if it could not be (logged)."""
         assert self.store is not None
         name = self.shards[s].name
-        log.debug("stored the file table of shard %s in %s", name, self.store.save(name, key, table))
+        where = self.store.save(name, key, table)
+        log.debug("stored the file table of shard %s in %s", name, where)
+        return where is not None
+
+    def _mapped(self, s: int, key: dict[str, Any], table: FileTable) -> FileTable:
+        """``table`` as mapped from the file it was just stored in (its arrays then leave
+        memory), or ``table`` if it cannot be."""
+        assert self.store is not None
+        shard = self.shards[s]
+        path = self.store.saved_path(shard.name)
+        mapped = self.store.reopen(path, key, Limits(shard.num_blocks, shard.block_size)) if path else None
+        return mapped if mapped is not None and len(mapped) == len(table) else table
+
+    def _store_complete(self, s: int, key: dict[str, Any], table: FileTable) -> None:
+        """Store a table that has learnt every size, and hold it mapped from its file."""
+        if not self._store(s, key, table):
+            return
+        with self.locks[s]:
+            if self.tables.get(s) is table:
+                mapped = self._mapped(s, key, table)
+                if mapped is not table:
+                    self._hold(s, mapped)
 
     def table_key(self, s: int) -> dict[str, Any]:
         """What a shard's table depends on: the naming rules, the source's kind, and what
@@ -181,8 +276,15 @@ class Tables:
 
     def _load_or_build(self, s: int) -> FileTable:
         shard = self.shards[s]
-        key = self.table_key(s) if self.store is not None else None
-        table = self.stored(s)
+        key = None
+        table = None
+        if self.store is not None:
+            key = self.table_key(s)
+            path = self._paths.get(s)
+            if path is not None:  # mapped before, and let go: its state is the shard's already
+                table = self.store.reopen(path, key, Limits(shard.num_blocks, shard.block_size))
+            if table is None:
+                table = self.stored(s, key)
         if table is None:
             try:
                 state = shard.prepare()
@@ -200,15 +302,16 @@ class Tables:
             table.state = state
             if not complete:  # a table with unreadable blocks is rebuilt next time
                 key = None
-            elif key is not None:  # stored at once, sizes or not: the next mount lists without decoding
-                self._store(s, key, table)
+            elif key is not None and self._store(s, key, table):  # at once, sizes or not: the next mount
+                table = self._mapped(s, key, table)                  # lists without decoding
         if bool(np.any(table.size == UNKNOWN_SIZE)):
-            self._unsized[s] = _Unsized(table, shard.num_blocks, key)
+            table.unsized = _Unsized(table, shard.num_blocks, key)
         return table
 
-    def stored(self, s: int) -> FileTable | None:
+    def stored(self, s: int, key: dict[str, Any] | None = None) -> FileTable | None:
         """Shard position ``s``'s table as the store holds it, if it holds a valid one
-        built from the shard as it is now (None: it does not, or there is no store)."""
+        built from the shard as it is now (None: it does not, or there is no store);
+        ``key``: its :meth:`table_key`, if known."""
         if self.store is None:
             return None
         shard = self.shards[s]
@@ -217,15 +320,16 @@ class Tables:
             shard.restore(state)
             return Limits(shard.num_blocks, shard.block_size)
 
-        return self.store.load(shard.name, self.table_key(s), limits)
+        return self.store.load(shard.name, key or self.table_key(s), limits)
 
     def forget(self, s: int) -> None:
-        """Drop shard position ``s``'s table and what was made from it (a command going
-        over every shard keeps one at a time); it is loaded or built again if asked for."""
+        """Let go of shard position ``s``'s table (a command going over every shard keeps one
+        at a time); it is mapped, loaded or built again if asked for."""
         with self.locks[s]:
-            self.tables.pop(s, None)
-            self._unsized.pop(s, None)
-            self._indexes.pop(s, None)
+            table = self.tables.get(s)
+            self.tables.drop(s)
+        if table is not None:
+            self._keep_learnt(s, table)
 
     def _describe_block(self, s: int, block: int) -> list[tuple[Any, list[tuple[str, int]]]] | None:
         """What :meth:`SourceShard.describe_block` tells of a block's samples; None if it tells nothing."""

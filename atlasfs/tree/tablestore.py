@@ -17,6 +17,11 @@ ignored with one log line and built again. Tables are written atomically
 each leave a whole table. The user's cache is bounded in bytes: after each
 save, the tables used least recently go until it fits.
 
+A table is mapped from its file, not read (:mod:`atlasfs.tree.tablefile`), if it is a local
+file of the daemon's own user, which atlasfs only ever replaces by rename; another user's
+table, or one in a bucket, is copied into the user's cache first and the copy mapped (the
+copy counts in the cache's bound), so that no one can cut a mapped file short under a mount.
+
 Tables stored for others (beside the dataset, or in ``--index-dir``) are
 readable by every user whatever the umask: files 0644, and the folders atlasfs
 creates for them 0755 (a folder that exists keeps its mode). They hold the
@@ -139,7 +144,13 @@ class TableStore:
             try:
                 if not store.isfile(path):
                     continue
-                table = FileTable.from_bytes(store.read(path), key, limits)
+                # Touched before it is mapped: a file is mapped again without a pass only while
+                # its size and mtime are those it had when checked (tablefile.open_mapped).
+                if folder == self.cache_folder:
+                    _touch(path)  # eviction goes by last use
+                elif self._beside_only and not store.remote:
+                    _share(path)  # `atlasfs index` keeps it: stored 0600 by an older atlasfs, it becomes 0644
+                table = self._open(folder, path, key, limits)
             except StorageUnavailableError as exc:  # transient, and building it would wait for the same store
                 unavailable = exc
                 continue
@@ -147,14 +158,56 @@ class TableStore:
                 why = str(exc) if isinstance(exc, TableError) else f"cannot be read ({exc.strerror or exc})"
                 log.info("ignoring the stored file table %s: it %s; building it again", store.describe(path), why)
                 continue
-            if folder == self.cache_folder:
-                _touch(path)  # eviction goes by last use
-            elif self._beside_only and not store.remote:
-                _share(path)  # `atlasfs index` keeps it: stored 0600 by an older atlasfs, it becomes 0644
             return table
         if unavailable is not None:  # not "no table": it is there, and read on a later look
             raise unavailable
         return None
+
+    def _open(self, folder: str, path: str, key: dict[str, Any], limits: Limits | LimitsOf) -> FileTable:
+        """The table at ``path``, mapped if it is a local file of ours (atlasfs replaces those by
+        rename, never in place, so a mapped one is never truncated under its map); else (a bucket,
+        another user's file, which its owner may change in place) read and copied into the
+        user's cache, and the copy mapped (the bytes read are used as they are if it cannot be
+        written)."""
+        store = self._store_of(folder)
+        if not store.remote and _owned(path):
+            table = FileTable.load(path, key, limits)
+            if table is None:
+                raise TableError("is gone")
+            return table
+        data = store.read(path)
+        if folder == self.cache_folder:  # not ours, in our cache: read, not mapped
+            return FileTable.from_bytes(data, key, limits)
+        copy = os.path.join(self.cache_folder, path.rsplit("/", 1)[-1])
+        try:
+            os.makedirs(self.cache_folder, exist_ok=True)
+            _write_source(self.cache_folder, self.dataset_root)
+            LOCAL.write(copy, data)
+        except OSError:
+            return FileTable.from_bytes(data, key, limits)
+        del data
+        try:
+            table = FileTable.load(copy, key, limits)
+        except TableError:
+            _unlink(copy)
+            raise
+        if table is None:
+            raise TableError("is gone")
+        self._keep_cache_bound(copy)
+        return table
+
+    def saved_path(self, shard: str) -> str | None:
+        """The local file :meth:`save` stores ``shard``'s table in (None: a bucket)."""
+        return None if self._store_of(self.save_folder).remote else self._path(self.save_folder, shard)
+
+    def reopen(self, path: str, key: dict[str, Any], limits: Limits) -> FileTable | None:
+        """The table mapped from ``path`` again (a table unmapped to bound memory), or None
+        if it is gone (evicted from the cache) or no longer valid (logged)."""
+        try:
+            return FileTable.load(path, key, limits)
+        except TableError as exc:
+            log.info("ignoring the stored file table %s: it %s; building it again", path, exc)
+            return None
 
     def save(self, shard: str, key: dict[str, Any], table: FileTable) -> str | None:
         """Store ``table``; returns where, or None if it could not be written (logged)."""
@@ -295,6 +348,21 @@ def _share(path: str) -> None:
             os.chmod(path, SHARED_FILE_MODE)
     except OSError as exc:
         log.warning("%s: cannot make it readable by every user (%s)", path, exc.strerror or exc)
+
+
+def _owned(path: str) -> bool:
+    """True if the local file ``path`` belongs to this process's user (who alone may change it)."""
+    try:
+        return os.stat(path).st_uid == os.geteuid()
+    except OSError:
+        return False
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
 
 
 def _touch(path: str) -> None:

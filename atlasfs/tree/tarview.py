@@ -29,6 +29,7 @@ import logging
 import os
 import tarfile
 import threading
+from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Callable
@@ -42,6 +43,9 @@ RECORD = tarfile.RECORDSIZE
 MEMBER_MODE = 0o444
 #: The wids shard index file of the tar view.
 INDEX_NAME = "shards.json"
+#: Bytes of tar layouts kept (the most recently used; at least one): a layout is made again
+#: from the tree when its tar is next looked up.
+LAYOUT_BYTES = 16 << 20
 #: Inode numbers of the view's own files start here (the base tree's stay below).
 VIEW_INO_BASE = 1 << 62
 
@@ -132,6 +136,10 @@ class TarLayout:
 
     def __len__(self) -> int:
         return len(self.sizes)
+
+    def nbytes(self) -> int:
+        """Memory the layout keeps."""
+        return self.sizes.nbytes + self.mtimes.nbytes + self._name_offsets.nbytes + self.starts.nbytes + len(self._names)
 
     def name(self, i: int) -> str:
         """Member ``i``'s name (its path relative to the folder)."""
@@ -273,7 +281,8 @@ class TarView(Tree):
     def __init__(self, base: Tree, folders: bool = False) -> None:
         self.base = base
         self.show_folders = folders
-        self._layouts: dict[str, TarLayout] = {}
+        self._layouts: OrderedDict[str, TarLayout] = OrderedDict()  # least recently used first
+        self._layout_bytes = 0
         self._locks: dict[str, threading.Lock] = {}
         self._lock = threading.Lock()
         # Shards whose tars cannot be laid out, and why (bad data: it stays bad).
@@ -300,9 +309,13 @@ class TarView(Tree):
                             for i, folder in enumerate(f for f in self._children if f)}
 
     def layout(self, shard: str) -> TarLayout:
-        """The layout of ``shard``'s tar, made on first use and kept; raises
-        :class:`~atlasfs.tree.base.Unreadable` (every time, remembered) if it cannot be made."""
-        layout = self._layouts.get(shard)
+        """The layout of ``shard``'s tar, made on first use and kept (at most :data:`LAYOUT_BYTES`
+        of layouts, the least recently used let go); raises :class:`~atlasfs.tree.base.Unreadable`
+        (every time, remembered) if it cannot be made."""
+        with self._lock:
+            layout = self._layouts.get(shard)
+            if layout is not None:
+                self._layouts.move_to_end(shard)
         if layout is None:
             with self._lock:
                 lock = self._locks.setdefault(shard, threading.Lock())
@@ -313,11 +326,20 @@ class TarView(Tree):
                     if cause is not None:
                         raise Unreadable(cause)
                     try:
-                        layout = self._layouts[shard] = TarLayout(self.base, f"/{shard}")
+                        layout = TarLayout(self.base, f"/{shard}")
                     except Unreadable as exc:
                         self._unreadable[shard] = exc.cause
                         raise
+                    self._keep(shard, layout)
         return layout
+
+    def _keep(self, shard: str, layout: TarLayout) -> None:
+        with self._lock:
+            self._layouts[shard] = layout
+            self._layout_bytes += layout.nbytes()
+            while self._layout_bytes > LAYOUT_BYTES and len(self._layouts) > 1:
+                _, evicted = self._layouts.popitem(last=False)
+                self._layout_bytes -= evicted.nbytes()
 
     def _index_bytes(self) -> bytes:
         """``shards.json``: every shard whose tar can be laid out (made on first use)."""

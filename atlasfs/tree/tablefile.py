@@ -1,0 +1,288 @@
+"""A file table as stored: a file that is mapped and searched in place, never copied.
+
+Layout (all little-endian)::
+
+    magic "ATLFSTB6" | u32 header length | u32 CRC-32 of the header | header (JSON)
+    sections, each at an offset the header gives, 8-byte aligned (the names and the
+    inline bytes page-aligned: each is mapped on its own, and slices of a map are bytes)
+
+The header holds the key the table was built from, the number of entries, the
+locators' prefix lengths and, per section, ``[name, offset, length, CRC-32]``.
+The sections are the per-entry columns (name offsets, kind, size, block, pos, file,
+the path-sorted permutation ``by_path``), the lookup index (the stable 64-bit hashes
+of the paths, sorted, and the row of each), the names blob, the source's state and
+the optional locator columns with their prefixes and inline bytes.
+
+Loading checks, before any column is used: the magic, the header's checksum and
+every bound it states (the sections are exactly the expected ones, in order, not
+overlapping, of the lengths the entry count implies, ending where the file ends:
+nothing is ever read past the end of a file), every section's checksum, then
+:meth:`FileTable._problem`'s checks of the values (paths, permutation, index rows,
+positions). A file found valid once is remembered by its identity (device, inode,
+size, mtime) so that mapping it again after its table was unmapped costs no pass.
+
+Why mapping is safe from SIGBUS: a table is mapped only from a local file of the
+daemon's own user (the user's cache or a folder they own); atlasfs writes those by
+rename, never in place, so a mapped file is never truncated under the map (deleting
+or replacing it leaves the mapped inode alone). A table stored by another user
+(beside a shared dataset, or in a bucket) is first copied into the user's cache and
+the copy is mapped (:mod:`atlasfs.tree.tablestore`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import mmap
+import os
+import threading
+import zlib
+from typing import TYPE_CHECKING, Any, Callable
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from atlasfs.tree.filetable import FileTable, Limits, LimitsOf
+
+MAGIC = b"ATLFSTB6"  # 6: mapped in place, with the lookup index and section checksums
+_HEADER_MAX = 1 << 20
+_ALIGN = 8
+_PAGE = mmap.ALLOCATIONGRANULARITY
+#: (section, dtype, extra entries) of the per-entry arrays, in file order.
+ENTRY_SECTIONS: tuple[tuple[str, str, int], ...] = (
+    ("offsets", "<u8", 1), ("kind", "u1", 0), ("size", "<u8", 0), ("block", "<u4", 0), ("pos", "<u4", 0),
+    ("file", "<u2", 0), ("by_path", "<u4", 0), ("hashes", "<u8", 0), ("hash_rows", "<u4", 0))
+#: The optional locator columns (attribute of Locators, dtype).
+LOCATOR_SECTIONS: tuple[tuple[str, str], ...] = (
+    ("offset", "<u4"), ("length", "<u4"), ("check", "<u4"), ("prefix", "<u2"))
+#: Sections mapped on their own (sliced as bytes), so page-aligned.
+_PAGED = ("names", "inline")
+#: Files found valid (identity -> the limits they were checked against), so that mapping one again costs no pass.
+_VALIDATED: dict[tuple[int, ...], tuple[int, int]] = {}
+_VALIDATED_MAX = 1 << 16
+_validated_lock = threading.Lock()
+
+
+def path_hashes(paths: list[bytes]) -> np.ndarray:
+    """The stable 64-bit hash of each path (the first 8 bytes of its BLAKE2b digest, little-endian):
+    the same in every process, so that the lookup index can be stored."""
+    blake = hashlib.blake2b
+    return np.frombuffer(b"".join([blake(p, digest_size=8).digest() for p in paths]), dtype="<u8")
+
+
+def path_hash(path: bytes) -> int:
+    """:func:`path_hashes` of one path."""
+    return int.from_bytes(hashlib.blake2b(path, digest_size=8).digest(), "little")
+
+
+def _section_names(locators: bool) -> list[str]:
+    names = [name for name, _, _ in ENTRY_SECTIONS] + ["names", "state"]
+    if locators:
+        names += [f"loc_{name}" for name, _ in LOCATOR_SECTIONS] + ["prefixes", "inline"]
+    return names
+
+
+def _aligned(at: int, name: str) -> int:
+    step = _PAGE if name in _PAGED else _ALIGN
+    return -(-at // step) * step
+
+
+def encode(table: "FileTable", key: dict[str, Any]) -> list[bytes]:
+    """The parts of ``table``'s file, tagged with ``key`` (to be written one after another)."""
+    hashes, rows = table.lookup_index()
+    sections: list[tuple[str, bytes]] = []
+    for name, dtype, _ in ENTRY_SECTIONS:
+        array = {"offsets": table._offsets, "hashes": hashes, "hash_rows": rows}.get(name)
+        if array is None:
+            array = getattr(table, name)
+        sections.append((name, np.ascontiguousarray(array, dtype=dtype).tobytes()))
+    sections += [("names", bytes(table._names)), ("state", bytes(table.state))]
+    locators = table.locators
+    fields: dict[str, Any] = {"key": key, "entries": len(table)}
+    if locators is not None:
+        sections += [(f"loc_{name}", np.ascontiguousarray(getattr(locators, name), dtype=dtype).tobytes())
+                     for name, dtype in LOCATOR_SECTIONS]
+        sections += [("prefixes", b"".join(locators.prefixes)), ("inline", bytes(locators.inline))]
+        fields["prefixes"] = [len(p) for p in locators.prefixes]
+    # Offsets depend on the header's length, which depends on the offsets' digits: lay out
+    # with a header room that is a fixed bound above its length.
+    room = 0
+    while True:
+        at = _aligned(16 + room, "")
+        table_of_sections = []
+        for name, data in sections:
+            at = _aligned(at, name)
+            table_of_sections.append([name, at, len(data), zlib.crc32(data)])
+            at += len(data)
+        fields["sections"] = table_of_sections
+        header = json.dumps(fields).encode()
+        if len(header) <= room:
+            break
+        room = len(header) + 64
+    header = header.ljust(room)  # padded with spaces: still JSON
+    parts = [MAGIC, len(header).to_bytes(4, "little"), zlib.crc32(header).to_bytes(4, "little"), header]
+    at = 16 + len(header)
+    for (name, data), (_, offset, _, _) in zip(sections, table_of_sections):
+        parts.append(bytes(offset - at))
+        parts.append(data)
+        at = offset + len(data)
+    return parts
+
+
+class _Layout:
+    """A stored table's header, every bound it states checked against the file's size."""
+
+    def __init__(self, data: Any, key: dict[str, Any]) -> None:
+        from atlasfs.tree.filetable import MAX_PREFIXES, TableError
+
+        size = len(data)
+        if size < 16 or bytes(data[:8]) != MAGIC:
+            raise TableError("is not a file table of this atlasfs version")
+        length = int.from_bytes(data[8:12], "little")
+        if length > _HEADER_MAX or 16 + length > size:
+            raise TableError(f"is corrupt (a header of {length} bytes in {size})")
+        header_bytes = bytes(data[16:16 + length])
+        if zlib.crc32(header_bytes) != int.from_bytes(data[12:16], "little"):
+            raise TableError("is corrupt (its header's checksum does not match)")
+        header = json.loads(header_bytes)
+        if header.get("key") != key:
+            raise TableError("was built from other files or by other naming rules (stale or foreign)")
+        n = header["entries"]
+        if type(n) is not int or not 0 <= n < 2**32 - 1:
+            raise TableError("is corrupt (an entry count out of bounds)")
+        self.n = n
+        self.prefixes: list[int] | None = header.get("prefixes")
+        locators = self.prefixes is not None
+        if locators and (not isinstance(self.prefixes, list) or len(self.prefixes) > MAX_PREFIXES
+                         or any(type(p) is not int or p <= 0 for p in self.prefixes)):
+            raise TableError("is corrupt (locator prefixes out of bounds)")
+        sections = header["sections"]
+        expected = _section_names(locators)
+        if not isinstance(sections, list) or [s[0] if isinstance(s, list) else None for s in sections] != expected:
+            raise TableError("is corrupt (its sections are not the expected ones)")
+        widths = {name: (np.dtype(dtype).itemsize, extra) for name, dtype, extra in ENTRY_SECTIONS}
+        widths.update({f"loc_{name}": (np.dtype(dtype).itemsize, 0) for name, dtype in LOCATOR_SECTIONS})
+        self.sections: dict[str, tuple[int, int, int]] = {}
+        at = 16 + length
+        for section in sections:
+            if len(section) != 4 or not all(type(v) is int and v >= 0 for v in section[1:]):
+                raise TableError(f"is corrupt (section {section[0]} out of bounds)")
+            name, offset, count, crc = section
+            if offset < at or offset % _ALIGN or (name in _PAGED and offset % _PAGE) or offset + count > size:
+                raise TableError(f"is corrupt (section {name} out of bounds)")
+            if name in widths and count != widths[name][0] * (n + widths[name][1]):
+                raise TableError(f"is corrupt (section {name} of {count} bytes for {n} entries)")
+            if name == "prefixes" and count != sum(self.prefixes or []):
+                raise TableError("is corrupt (locator prefixes of another length than stated)")
+            self.sections[name] = (offset, count, crc)
+            at = offset + count
+        if at != size:
+            raise TableError(f"is corrupt ({size} bytes where its header means {at})")
+
+    def check_sums(self, data: Any) -> None:
+        """Every section's checksum (a pass over the file)."""
+        from atlasfs.tree.filetable import TableError
+
+        view = memoryview(data)
+        try:
+            for name, (offset, count, crc) in self.sections.items():
+                if zlib.crc32(view[offset:offset + count]) != crc:
+                    raise TableError(f"is corrupt (section {name}: its checksum does not match)")
+        finally:
+            view.release()
+
+    def array(self, data: Any, name: str, dtype: str) -> np.ndarray:
+        offset, count, _ = self.sections[name]
+        return np.frombuffer(data, dtype=dtype, count=count // np.dtype(dtype).itemsize, offset=offset)
+
+
+def parse(data: Any, key: dict[str, Any], limits: "Limits | LimitsOf",
+          blob: Callable[[int, int], Any] | None = None, validated: bool = False) -> "FileTable":
+    """The table in ``data`` (bytes, or a map of its file), its arrays views of ``data``;
+    ``blob(offset, length)`` gives the names and inline sections (default: copies).
+    With ``validated`` (the file was found valid before), only the header is checked."""
+    from atlasfs.tree.filetable import FileTable, Limits, Locators, TableError
+
+    layout = _Layout(data, key)
+    if not validated:
+        layout.check_sums(data)
+    if blob is None:
+        def blob(offset: int, count: int) -> bytes:
+            return bytes(data[offset:offset + count])
+    columns = {name: layout.array(data, name, dtype) for name, dtype, _ in ENTRY_SECTIONS}
+    names_at, names_len, _ = layout.sections["names"]
+    table = FileTable(blob(names_at, names_len) if names_len else b"", columns.pop("offsets"), columns)
+    state_at, state_len, _ = layout.sections["state"]
+    table.state = bytes(data[state_at:state_at + state_len])
+    if layout.prefixes is not None:
+        at, _, _ = layout.sections["prefixes"]
+        prefixes = []
+        for length in layout.prefixes:
+            prefixes.append(bytes(data[at:at + length]))
+            at += length
+        inline_at, inline_len, _ = layout.sections["inline"]
+        table.locators = Locators(*(layout.array(data, f"loc_{name}", dtype) for name, dtype in LOCATOR_SECTIONS),
+                                  prefixes, blob(inline_at, inline_len) if inline_len else b"")
+    if validated:
+        return table
+    if not isinstance(limits, Limits):
+        try:
+            limits = limits(table.state)
+        except ValueError as exc:
+            raise TableError(f"holds a source state that does not fit ({exc})") from None
+    problem = table._problem(limits)
+    if problem is None and table.locators is not None:
+        problem = table.locators.problem(table.kind, table.size)
+    if problem:
+        raise TableError(f"is corrupt ({problem})")
+    return table
+
+
+def _identity(st: os.stat_result) -> tuple[int, ...]:
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+def open_mapped(path: str, key: dict[str, Any], limits: "Limits | LimitsOf") -> "FileTable | None":
+    """The table stored in the local file ``path``, mapped (its arrays and names are views
+    of the map: nothing is copied), or None if there is no such file. The size column
+    is a copy in memory if some sizes are unknown (they are filled in at lookup)."""
+    from atlasfs.tree.filetable import UNKNOWN_SIZE, Limits, TableError
+
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise TableError(f"cannot be read ({exc.strerror})") from None
+    try:
+        st = os.fstat(fd)
+        if st.st_size < 16:
+            raise TableError(f"is corrupt (only {st.st_size} bytes)")
+        data = mmap.mmap(fd, st.st_size, access=mmap.ACCESS_READ)
+
+        def blob(offset: int, count: int) -> mmap.mmap:
+            return mmap.mmap(fd, count, access=mmap.ACCESS_READ, offset=offset)
+
+        identity = _identity(st)
+        known = _VALIDATED.get(identity)
+        checked = known is not None and isinstance(limits, Limits) and known == (limits.blocks, limits.block_size)
+        try:
+            table = parse(data, key, limits, blob, validated=checked)
+        except (ValueError, KeyError, TypeError, UnicodeDecodeError, IndexError) as exc:
+            if isinstance(exc, TableError):
+                raise
+            raise TableError(f"is corrupt ({exc})") from None
+        except OSError as exc:
+            raise TableError(f"cannot be read ({exc.strerror or exc})") from None
+    finally:
+        os.close(fd)  # the maps keep the file
+    if not checked and table.limits is not None:
+        with _validated_lock:
+            if len(_VALIDATED) >= _VALIDATED_MAX:
+                _VALIDATED.clear()
+            _VALIDATED[identity] = (table.limits.blocks, table.limits.block_size)
+    table.mapped_bytes = st.st_size
+    table.path = path
+    if bool(np.any(table.size == UNKNOWN_SIZE)):
+        table.size = table.size.copy()  # writable, in memory: 8 bytes a file while sizes are learnt
+    return table
