@@ -177,9 +177,9 @@ class BlockTree(Tree):
             return
         table = self.table(s)
         prefix = f"{folder}/" if folder else ""
-        rows = [i for i in table.example_order() if table.path(i).startswith(prefix)] if prefix else \
+        rows = [i for i in table.example_order() if table.entry_path(i).startswith(prefix)] if prefix else \
             table.example_order()
-        path, cut = table.path, len(prefix)
+        path, cut = table.entry_path, len(prefix)
         for start in range(0, len(rows), MEMBERS_BATCH):  # entries a batch at a time: sizing encodes their blocks
             batch = rows[start:start + MEMBERS_BATCH]
             unreadable = np.flatnonzero(table.kind[batch] == UNREADABLE)

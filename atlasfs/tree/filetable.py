@@ -322,12 +322,12 @@ class FileTable:
             return Locator(0, 0, locators.check.item(i), locators.inline[offset:offset + length], True)
         return Locator(offset, length, locators.check.item(i), locators.prefixes[number - 1] if number else b"")
 
+    def entry_path(self, i: int) -> str:
+        """The path of entry ``i`` (relative to the shard folder)."""
+        return self._path(i).decode("utf-8")
+
     def _path(self, i: int) -> bytes:
         return self._names[int(self._offsets[i]):int(self._offsets[i + 1])]
-
-    def path(self, i: int) -> str:
-        """The path of entry ``i`` (relative to the shard folder)."""
-        return self._names[int(self._offsets[i]):int(self._offsets[i + 1])].decode("utf-8")
 
     def row(self, i: int) -> Row:
         """Entry ``i`` (in tree order)."""
