@@ -15,8 +15,8 @@ import stat
 from dataclasses import dataclass
 
 from atlasfs.errors import AtlasFormatError
-from atlasfs.formats.source import Source
-from atlasfs.storage import LOCAL, Storage, StorageUnavailableError, is_url, open_storage
+from atlasfs.formats.source import Source, refused_in_one_line
+from atlasfs.storage import LOCAL, Storage, is_url, open_storage
 
 #: Format name -> (module, what its layout looks like, for the error when nothing matches).
 #: Detection tries them in this order.
@@ -95,18 +95,10 @@ def open_source(path: str, kind: str | None = None, options: SourceOptions | Non
     from its layout)."""
     path = os.fspath(path)
     storage, root = open_storage(path) if is_url(path) else (LOCAL, path)
-    try:
+    with refused_in_one_line(root, storage):
         if kind is None:
             kind = detect(root, storage)
         if kind not in FORMATS:
             raise AtlasFormatError(f"unknown format {kind!r} (formats: {', '.join(FORMATS)})")
         module = importlib.import_module(FORMATS[kind][0])
         return module.open_source(root, options or SourceOptions(), storage)
-    except StorageUnavailableError as exc:  # at open, the mount or command is refused in one line
-        raise AtlasFormatError(str(exc)) from None
-    except OSError as exc:
-        if not storage.remote:
-            raise
-        # The store refused (access denied, no such bucket, fsspec missing): one line too.
-        message = str(exc.strerror or exc)
-        raise AtlasFormatError(message if message.startswith(root) else f"{root}: {message}") from None

@@ -58,9 +58,8 @@ import numpy as np
 
 from atlasfs.errors import AtlasFormatError
 from atlasfs.formats import safepickle, state
-from atlasfs.formats.source import Source, SourceShard
+from atlasfs.formats.source import Source, SourceShard, file_or_folder_of
 from atlasfs.storage import LOCAL, LocalStorage, Storage, StorageChangedError, StorageUnavailableError
-from atlasfs.storage.files import listdir_or_empty
 from atlasfs.tree.naming import NO_KEY, index_key_width
 
 log = logging.getLogger("atlasfs")
@@ -517,10 +516,7 @@ class PbinSource(Source):
 
 def looks_like(path: str, storage: Storage = LOCAL) -> bool:
     """A ``.pbin`` file, or a folder with one directly inside (no file is opened)."""
-    if storage.isfile(path):
-        return path.endswith(SUFFIX)
-    return any(n.endswith(SUFFIX) and not n.startswith(".") and not is_dir
-               for n, is_dir in listdir_or_empty(storage, path))
+    return file_or_folder_of(path, SUFFIX, storage)
 
 
 def open_source(path: str, options: Any, storage: Storage = LOCAL) -> PbinSource:

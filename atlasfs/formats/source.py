@@ -31,14 +31,15 @@ naming the file (and line, uid or document) that is wrong.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any, NamedTuple, Protocol
 
 from atlasfs.errors import AtlasFormatError
-from atlasfs.storage import LOCAL, Storage
-from atlasfs.storage.files import relative
+from atlasfs.storage import LOCAL, Storage, StorageUnavailableError
+from atlasfs.storage.files import listdir_or_empty, relative
 
 
 class SpanMismatch(AtlasFormatError):
@@ -87,6 +88,30 @@ def file_signature(path: str, storage: Storage = LOCAL) -> list[Any] | None:
     except OSError:
         return None
     return [st.st_size, st.st_mtime_ns]
+
+
+def file_or_folder_of(path: str, suffix: str, storage: Storage = LOCAL) -> bool:
+    """A file named ``*<suffix>``, or a folder with one directly inside (no file is opened):
+    the layout of the formats whose dataset is files of one kind (``.pbin``, ``.tar``)."""
+    if storage.isfile(path):
+        return path.endswith(suffix)
+    return any(n.endswith(suffix) and not n.startswith(".") and not is_dir
+               for n, is_dir in listdir_or_empty(storage, path))
+
+
+@contextlib.contextmanager
+def refused_in_one_line(root: str, storage: Storage) -> Iterator[None]:
+    """While a dataset opens, a store that does not answer, or that refuses (access denied,
+    no such bucket, fsspec missing), is one :class:`AtlasFormatError` naming the dataset."""
+    try:
+        yield
+    except StorageUnavailableError as exc:
+        raise AtlasFormatError(str(exc)) from None
+    except OSError as exc:
+        if not storage.remote:
+            raise
+        message = str(exc.strerror or exc)
+        raise AtlasFormatError(message if message.startswith(root) else f"{root}: {message}") from None
 
 
 class Scratch(Protocol):

@@ -28,7 +28,7 @@ from atlasfs.formats.atlas import summary
 from atlasfs.formats.atlas.codec import DEFAULT_MAX_BLOCK_BYTES, BlockCodec, ZstdDictionary
 from atlasfs.formats.atlas.meta import CompressionStrategy, RootMeta, ShardMeta, parse_root_meta, parse_shard_meta
 from atlasfs.formats.atlas.spans import LocatedReads
-from atlasfs.formats.source import Source, SourceShard, file_signature
+from atlasfs.formats.source import Source, SourceShard, file_signature, refused_in_one_line
 from atlasfs.storage import LOCAL, LocalStorage, Storage, StorageChangedError, StorageUnavailableError, open_storage
 from atlasfs.tree.blockcache import BlockCache
 from atlasfs.tree.naming import index_key_width
@@ -455,17 +455,9 @@ class AtlasDataset(Source):
         self.storage = storage
         self.root = os.fspath(root).rstrip("/") if storage.remote else os.fspath(root)
         self.trust_pickle = trust_pickle
-        try:
+        with refused_in_one_line(self.root, storage):
             self._open(cache_bytes, trust_pickle, max_block_bytes, mmap_index, tolerate_broken_shards,
                        check_data_size)
-        except StorageUnavailableError as exc:  # at open, the mount or command is refused in one line
-            raise AtlasFormatError(str(exc)) from None
-        except OSError as exc:
-            if not storage.remote:
-                raise
-            # The store refused (access denied, no such bucket, fsspec missing): one line too.
-            message = str(exc.strerror or exc)
-            raise AtlasFormatError(message if message.startswith(self.root) else f"{self.root}: {message}") from None
 
     def _open(self, cache_bytes: int, trust_pickle: bool, max_block_bytes: int, mmap_index: bool,
               tolerate_broken_shards: bool, check_data_size: bool) -> None:

@@ -30,12 +30,11 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from atlasfs.storage import LOCAL, Storage
-from atlasfs.storage.files import listdir_or_empty
-
+from atlasfs.formats.source import file_or_folder_of
 from atlasfs.formats.webdataset.samples import BLOCK_BYTES, BLOCK_SAMPLES, Samples, group, key_field
 from atlasfs.formats.webdataset.source import STATE_VERSION, SUFFIX, TarShard, WebDatasetSource, find_tar_files
 from atlasfs.formats.webdataset.walk import Walk, WebDatasetError, walk
+from atlasfs.storage import LOCAL, Storage
 
 __all__ = ["BLOCK_BYTES", "BLOCK_SAMPLES", "STATE_VERSION", "SUFFIX", "Samples", "TarShard", "Walk",
            "WebDatasetError", "WebDatasetSource", "find_tar_files", "group", "key_field", "looks_like",
@@ -44,10 +43,7 @@ __all__ = ["BLOCK_BYTES", "BLOCK_SAMPLES", "STATE_VERSION", "SUFFIX", "Samples",
 
 def looks_like(path: str, storage: Storage = LOCAL) -> bool:
     """A ``.tar`` file, or a folder with one directly inside (no file is opened)."""
-    if storage.isfile(path):
-        return path.endswith(SUFFIX)
-    return any(n.endswith(SUFFIX) and not n.startswith(".") and not is_dir
-               for n, is_dir in listdir_or_empty(storage, path))
+    return file_or_folder_of(path, SUFFIX, storage)
 
 
 def open_source(path: str, options: Any, storage: Storage = LOCAL) -> WebDatasetSource:
