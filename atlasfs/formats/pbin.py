@@ -58,7 +58,7 @@ import numpy as np
 
 from atlasfs.errors import AtlasFormatError
 from atlasfs.formats import safepickle, state
-from atlasfs.formats.source import Source, SourceShard, file_or_folder_of
+from atlasfs.formats.source import Source, SourceShard, file_or_folder_of, stat_shard_file
 from atlasfs.storage import LOCAL, LocalStorage, Storage, StorageChangedError, StorageUnavailableError
 from atlasfs.tree.naming import NO_KEY, index_key_width
 
@@ -353,15 +353,9 @@ class PbinShard(SourceShard):
         self.name = name
         self.trust_pickle = trust_pickle
         self.first_index = 0  # each file numbers its documents from 0
-        try:
-            found = storage.stat(path)
-            if found is None:
-                raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), path)
-            self.mtime, self.data_size = found[1] / 1e9, found[0]
-        except StorageUnavailableError:
-            raise
-        except OSError as exc:
-            self.error = PbinError(f"{path}: cannot read ({exc.strerror})")
+        self.mtime, self.data_size, why = stat_shard_file(path, storage)
+        if why is not None:
+            self.error = PbinError(f"{path}: {why}")
         self._header_bytes = 0
         self._dtype = _WIDTHS[4]
         self._starts = np.zeros(0, dtype=np.int64)

@@ -32,6 +32,7 @@ naming the file (and line, uid or document) that is wrong.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
@@ -97,6 +98,21 @@ def file_or_folder_of(path: str, suffix: str, storage: Storage = LOCAL) -> bool:
         return path.endswith(suffix)
     return any(n.endswith(suffix) and not n.startswith(".") and not is_dir
                for n, is_dir in listdir_or_empty(storage, path))
+
+
+def stat_shard_file(path: str, storage: Storage = LOCAL) -> tuple[float, int, str | None]:
+    """``(mtime in seconds, size, None)`` of a shard's one file, or ``(0.0, 0, why)`` if it
+    cannot be stat'ed (missing, no permission); a store that does not answer raises
+    :class:`StorageUnavailableError` (transient, not the shard's fault)."""
+    try:
+        found = storage.stat(path)
+    except StorageUnavailableError:
+        raise
+    except OSError as exc:
+        return 0.0, 0, f"cannot be read ({exc.strerror or exc})"
+    if found is None:
+        return 0.0, 0, f"cannot be read ({os.strerror(errno.ENOENT)})"
+    return found[1] / 1e9, found[0], None
 
 
 @contextlib.contextmanager

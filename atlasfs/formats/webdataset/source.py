@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import errno
 import logging
 import os
 import tarfile
@@ -11,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from atlasfs.formats import state
-from atlasfs.formats.source import Source, SourceShard
+from atlasfs.formats.source import Source, SourceShard, stat_shard_file
 from atlasfs.formats.webdataset.samples import BLOCK_BYTES, BLOCK_SAMPLES, Samples, group, key_field
 from atlasfs.formats.webdataset.walk import WebDatasetError, Walk, walk
 from atlasfs.storage import LOCAL, LocalStorage, Storage, StorageChangedError, StorageUnavailableError
@@ -45,15 +44,9 @@ class TarShard(SourceShard):
         self._walk: Walk | None = None
         self._samples: Samples | None = None
         self._pair: tuple[Walk, Samples] | None = None  # both, set at once: what blocks are read from
-        try:
-            found = storage.stat(path)
-            if found is None:
-                raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), path)
-            self.mtime, self.data_size = found[1] / 1e9, found[0]
-        except StorageUnavailableError:
-            raise
-        except OSError as exc:
-            self.error = WebDatasetError(f"{path}: cannot be read ({exc.strerror})")
+        self.mtime, self.data_size, why = stat_shard_file(path, storage)
+        if why is not None:
+            self.error = WebDatasetError(f"{path}: {why}")
 
     # -- the pass over the headers
 
