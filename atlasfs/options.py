@@ -228,8 +228,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("coalesce", "storage.coalesce_bytes", parse_size, "a sequential reader's GETs from a bucket cover this much", metavar="SIZE"),
     Option("prefetch", "storage.prefetch", int, "ranges a sequential reader has in flight ahead of it", metavar="N"),
     Option("buffer_size", "storage.buffer_bytes", parse_size, "bound of the buffer of ranges fetched ahead", metavar="SIZE"),
-    Option("deadline", "storage.deadline", float, "seconds a read may wait for the store, retries included",
-           metavar="SECONDS"),
+    Option("deadline", "storage.deadline", float, "seconds a read from a bucket may wait for the store, retries "
+           "included (then EIO, or for a command one line)", DATASET_COMMANDS, metavar="SECONDS"),
     Option("attempt_timeout", "storage.attempt_timeout", float, "seconds one request to the store may take", metavar="SECONDS"),
 )
 BY_NAME = {option.name: option for option in OPTIONS}

@@ -39,7 +39,7 @@ def test_every_option_is_one_name_with_one_default_as_flag_and_as_o() -> None:
     value, and a flag given after -o wins; the help shows the field's own default."""
     values = {"format": "pbin", "uid_column": "id", "cache_size": "1G", "view": "both", "index_dir": "/x",
               "log_file": "/y", "endpoint_url": "http://127.0.0.1:1", "disk_cache": "/z", "disk_cache_size": "2G",
-              "join": "left", "main_shardset": "m"}
+              "join": "left", "main_shardset": "m", "deadline": "3"}
     parser = build_parser()
     for option in OPTIONS:
         if "mount" not in option.commands:
@@ -96,3 +96,13 @@ def test_mount_point_checks(tmp_path) -> None:
         check_mountpoint(str(tmp_path))
     with pytest.raises(MountError, match="already a mount point"):
         check_mountpoint("/proc")
+
+
+def test_a_bucket_deadline_is_a_flag_of_every_command_on_a_dataset() -> None:
+    """info and verify with the store down wait the deadline at open: it is theirs to set too."""
+    parser = build_parser()
+    for command in (["info"], ["verify"], ["index"], ["export", "OUT"], ["show", "0"]):
+        options = from_args(parser.parse_args([command[0], "s3://b/ds", *command[1:], "--deadline", "3"]))
+        assert options.storage.deadline == 3.0, command
+    with pytest.raises(SystemExit):
+        parser.parse_args(["info", "s3://b/ds", "--deadline", "soon"])
