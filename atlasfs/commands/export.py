@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from atlasfs.commands.jobs import LOST, Done, Opener, Report, run
-from atlasfs.formats.source import Source
+from atlasfs.formats.source import Source, SourceShard
 from atlasfs.progress import progress_bar, say
 from atlasfs.sizes import format_size
 from atlasfs.tree.base import Tree
@@ -31,7 +31,7 @@ from atlasfs.tree.blocktree import BlockTree
 from atlasfs.tree.tarview import INDEX_NAME, Written, shard_index, write_tar
 
 
-def write_shard_tar(tree: Tree, folder: str, out_path: str, on_file: Callable[[], None] | None = None) -> Written:
+def write_shard_tar(tree: Tree, folder: str, out_path: str, on_sample: Callable[[], None] | None = None) -> Written:
     """Write every file below ``folder`` into the tar ``out_path`` (in one pass: see
     :func:`~atlasfs.tree.tarview.write_tar`); returns what it wrote.
 
@@ -41,7 +41,7 @@ def write_shard_tar(tree: Tree, folder: str, out_path: str, on_file: Callable[[]
     partial = out_path + ".partial"
     try:
         with open(partial, "wb") as out:
-            written = write_tar(tree, folder, out, on_file)
+            written = write_tar(tree, folder, out, on_sample)
         os.replace(partial, out_path)
     except BaseException:
         if os.path.exists(partial):
@@ -60,14 +60,6 @@ def write_index(outdir: str, shards: Sequence[tuple[str, int]]) -> str:
     return path
 
 
-def count_files(tree: Tree, folder: str) -> int:
-    """How many files are below ``folder`` (from names only: nothing is sized or read)."""
-    total = 0
-    for name, is_dir, _ in tree.names(folder):
-        total += count_files(tree, f"{folder.rstrip('/')}/{name}") if is_dir else 1
-    return total
-
-
 @dataclass
 class Exported:
     """What an export run wrote: ``(tar name, samples)`` of each shard written, in the order
@@ -84,12 +76,20 @@ def _setup(source: Source, cache_bytes: int, outdir: str) -> tuple[BlockTree, st
 
 
 class _Counted:
-    """Files written, reported a few hundred at a time (a worker's report takes a lock)."""
+    """Samples written, reported a few hundred at a time (a worker's report takes a lock). The
+    shard's total is reported as its first sample comes: a shard's samples are known once
+    its source has prepared it (a Dolma shard's pass over its file), which writing does first."""
 
-    def __init__(self, report: Report, every: int = 256) -> None:
-        self.report, self.every, self.sent, self.held = report, every, 0, 0
+    def __init__(self, report: Report, shard: SourceShard, every: int = 256) -> None:
+        self.report, self.shard, self.every = report, shard, every
+        self.total: int | None = None
+        self.sent = self.held = 0
 
     def one(self) -> None:
+        if self.total is None:
+            shard = self.shard
+            self.total = sum(shard.block_length(block) for block in range(shard.num_blocks))
+            self.report("total", self.total)
         self.held += 1
         if self.held >= self.every:
             self.flush()
@@ -99,27 +99,27 @@ class _Counted:
             self.report("done", self.held)
             self.sent, self.held = self.sent + self.held, 0
 
+    def finish(self) -> None:
+        """Move the bar to the shard's end (its last samples, or those a failure left unwritten)."""
+        self.flush()
+        if self.total is not None and self.total > self.sent:
+            self.report("done", self.total - self.sent)
+
 
 def _export_shard(state: tuple[BlockTree, str], s: int, report: Report) -> Done:
     """Write shard position ``s``'s tar into the output folder; one line if it fails."""
     tree, outdir = state
     name = tree.shards[s].name
     out = os.path.join(outdir, f"{name}.tar")
-    counted = _Counted(report)
-    total = None
+    counted = _Counted(report, tree.shards[s])
     try:
         os.makedirs(os.path.dirname(out), exist_ok=True)  # a shard named with slashes (Dolma)
-        total = count_files(tree, f"/{name}")
-        report("total", total)
         written = write_shard_tar(tree, f"/{name}", out, counted.one)
     except OSError as exc:
-        counted.flush()
-        if total is not None:  # the bar moves past the files not written
-            report("done", total - counted.sent)
         return Done(s, f"{exc.strerror or exc}")
     finally:
+        counted.finish()
         tree.forget(s)
-    counted.flush()
     return Done(s, value=(out, written.samples, written.files, written.size))
 
 
@@ -127,12 +127,12 @@ def export_all(source: Source, opener: Opener, shards: Sequence[int], outdir: st
                jobs: int) -> Exported:
     """Write the tars of shard positions ``shards`` of ``source`` into ``outdir`` in ``jobs``
     processes (each with a ``cache_bytes / jobs`` block cache), saying each as it is written
-    (failures in one line on stderr), with a progress bar of files on a terminal."""
+    (failures in one line on stderr), with a progress bar of samples on a terminal."""
     result = Exported()
     names = [shard.name for shard in source.shards]
     samples: dict[int, int] = {}
     setup = functools.partial(_setup, cache_bytes=cache_bytes // max(jobs, 1), outdir=outdir)
-    with progress_bar("export", None, "files") as bar:
+    with progress_bar("export", None, "samples") as bar:
 
         def report(what: str, n: int) -> None:
             if what == "total":

@@ -95,6 +95,14 @@ class Tree(ABC):
         return self.walk(path)
 
 
+    def member_files(self, path: str) -> Iterator[tuple[str, Entry, bytes | None]]:
+        """:meth:`members` with each file's bytes where the source has them at hand without a
+        read per file (None: read them with :meth:`read`). What one pass over every file
+        uses (``atlasfs export``); the bytes must be the ones :meth:`read` gives."""
+        for name, entry in self.members(path):
+            yield name, entry, None
+
+
 class Unreadable(OSError):
     """EIO for data that is bad (a shard that cannot be opened, a block that cannot be
     decoded), as opposed to a read that failed for a while (a store that did not answer):

@@ -40,6 +40,7 @@ from atlasfs.tree.filetable import FILE, UNKNOWN_SIZE, UNREADABLE, FileTable
 from atlasfs.tree.listing import FolderCache, Listing, row_entries, row_entry
 from atlasfs.tree.located import LocatedReads
 from atlasfs.tree.placement import ShardPlacement
+from atlasfs.tree.shardfiles import shard_files
 from atlasfs.tree.tables import Tables
 from atlasfs.tree.tablestore import TableStore
 
@@ -187,6 +188,15 @@ class BlockTree(Tree):
                 raise eio(self.blocks.failure(s, int(table.block[batch[int(unreadable[0])]])))
             for i, entry in zip(batch, self._entries(s, table, batch)):
                 yield path(i)[cut:], entry
+
+    def member_files(self, path: str) -> Iterator[tuple[str, Entry, bytes | None]]:
+        s, folder = self._folder_of(path)
+        if s is None or folder or self.tables.tables.get(s) is not None:
+            yield from super().member_files(path)  # a sub-folder, or a table at hand: by the table
+            return
+        mtime = self.placement.shard_entries[s].mtime
+        for name, data in shard_files(self.tables, s):  # a whole shard: block by block, no table built
+            yield name, Entry(False, len(data), mtime, 0), data
 
     def read(self, entry: Entry, offset: int, size: int) -> bytes:
         ref = entry.ref

@@ -286,18 +286,7 @@ class Tables:
             if table is None:
                 table = self.stored(s, key)
         if table is None:
-            try:
-                state = shard.prepare()
-            except AtlasFormatError as exc:
-                raise self.blocks.fail(s, -1, str(exc)) from None
-            except Exception as exc:  # a source's bug or an unforeseen file still only fails its folder
-                raise self.blocks.fail(s, -1, f"{shard.path}: cannot be read ({exc!r})") from None
-            problems = shard.problems()
-            for problem in problems[:LOGGED_PROBLEMS]:
-                log.warning("%s", problem)
-            if len(problems) > LOGGED_PROBLEMS:
-                log.warning("%s: %d more problems (atlasfs verify lists them all)", shard.path,
-                            len(problems) - LOGGED_PROBLEMS)
+            state = self.prepare(s)
             table, complete = self._build_table(s)
             table.state = state
             if not complete:  # a table with unreadable blocks is rebuilt next time
@@ -307,6 +296,24 @@ class Tables:
         if bool(np.any(table.size == UNKNOWN_SIZE)):
             table.unsized = _Unsized(table, shard.num_blocks, key)
         return table
+
+    def prepare(self, s: int) -> bytes:
+        """Run shard position ``s``'s pass over its files (:meth:`SourceShard.prepare`), logging
+        the problems it found; returns its state. A shard it fails fails whole (EIO)."""
+        shard = self.shards[s]
+        try:
+            state = shard.prepare()
+        except AtlasFormatError as exc:
+            raise self.blocks.fail(s, -1, str(exc)) from None
+        except Exception as exc:  # a source's bug or an unforeseen file still only fails its folder
+            raise self.blocks.fail(s, -1, f"{shard.path}: cannot be read ({exc!r})") from None
+        problems = shard.problems()
+        for problem in problems[:LOGGED_PROBLEMS]:
+            log.warning("%s", problem)
+        if len(problems) > LOGGED_PROBLEMS:
+            log.warning("%s: %d more problems (atlasfs verify lists them all)", shard.path,
+                        len(problems) - LOGGED_PROBLEMS)
+        return state
 
     def stored(self, s: int, key: dict[str, Any] | None = None) -> FileTable | None:
         """Shard position ``s``'s table as the store holds it, if it holds a valid one
@@ -343,51 +350,61 @@ class Tables:
         """Decode every block of shard ``s`` and name its files (sizes only of bytes
         fields, which are served as they are); the flag is False if a block could
         not be decoded."""
-        shard = self.shards[s]
-        assigner = KeyAssigner(shard.key_width)
+        assigner = KeyAssigner(self.shards[s].key_width)
         rows: Rows = []  # (path, kind, size, block, pos, file[, locator])
         complete = True
-        for block in range(shard.num_blocks):
-            base = shard.first_index + block * shard.block_size
-            try:
-                described = self._describe_block(s, block)
-                if described is not None:  # names and sizes from the source's index: nothing decoded
-                    for pos, (declared, files) in enumerate(described):
-                        longest = max((len(suffix.encode("utf-8")) for suffix, _ in files), default=0)
-                        key, key_note = assigner.assign(declared, base + pos, longest)
-                        if key_note:
-                            log.info("%s example %d: %s", shard.path, base + pos, key_note)
-                        rows.extend((f"{key}.{suffix}", FILE, size, block, pos, j)
-                                    for j, (suffix, size) in enumerate(files))
-                    continue
-                named = self._name_block(s, block)
-                located = self._file_spans(s, block, [fields for _, fields, _ in named])
-            except StorageUnavailableError:  # no table from a store that did not answer: built on a later look
-                raise
-            except OSError:
-                complete = False
-                for pos in range(shard.block_length(block)):
-                    key, _ = assigner.assign(NO_KEY, base + pos, 0)
-                    rows.append((f"{key}.{UNREADABLE_SUFFIX}", UNREADABLE, 0, block, pos, 0))
-                continue
-            for pos, (declared, fields, note) in enumerate(named):
-                longest = max(len(suffix.encode("utf-8")) for suffix, _ in fields)
-                key, key_note = assigner.assign(declared, base + pos, longest)
-                for message in (key_note, note):
-                    if message:
-                        log.info("%s example %d: %s", shard.path, base + pos, message)
-                locators = located[pos] if located is not None else None
-                for j, (suffix, value) in enumerate(fields):
-                    size = len(value) if type(value) is bytes else UNKNOWN_SIZE
-                    locator = locators[j] if locators is not None else None
-                    if locator is not None and size not in (UNKNOWN_SIZE, locator.size):
-                        locator = None
-                    # A locator knows its file's size, but the table learns it only at the file's
-                    # lookup (_size_located): a table whose sizes are all known hands out every
-                    # file's attributes with its listings, and the kernel and libfuse keep an
-                    # entry for each (~250 bytes a file, docs/performance.md "Memory").
-                    rows.append((f"{key}.{suffix}", FILE, size, block, pos, j, locator))
+        for block in range(self.shards[s].num_blocks):
+            block_rows, readable = self.block_rows(s, block, assigner)
+            rows.extend(block_rows)
+            complete = complete and readable
         return FileTable.build(rows), complete
+
+    def block_rows(self, s: int, block: int, assigner: KeyAssigner, locate: bool = True) -> tuple[Rows, bool]:
+        """The table rows ``(path, kind, size, block, pos, file[, locator])`` of block ``block``
+        of shard ``s``, its examples' keys given by ``assigner`` (one per shard, fed every
+        block in order); with ``locate``, the locators of files the source can read without
+        decoding. False, with ``<key>.unreadable`` rows, if the block cannot be decoded."""
+        shard = self.shards[s]
+        base = shard.first_index + block * shard.block_size
+        rows: Rows = []
+        try:
+            described = self._describe_block(s, block)
+            if described is not None:  # names and sizes from the source's index: nothing decoded
+                for pos, (declared, files) in enumerate(described):
+                    longest = max((len(suffix.encode("utf-8")) for suffix, _ in files), default=0)
+                    key, key_note = assigner.assign(declared, base + pos, longest)
+                    if key_note:
+                        log.info("%s example %d: %s", shard.path, base + pos, key_note)
+                    rows.extend((f"{key}.{suffix}", FILE, size, block, pos, j)
+                                for j, (suffix, size) in enumerate(files))
+                return rows, True
+            named = self._name_block(s, block)
+            located = self._file_spans(s, block, [fields for _, fields, _ in named]) if locate else None
+        except StorageUnavailableError:  # no table from a store that did not answer: built on a later look
+            raise
+        except OSError:
+            for pos in range(shard.block_length(block)):
+                key, _ = assigner.assign(NO_KEY, base + pos, 0)
+                rows.append((f"{key}.{UNREADABLE_SUFFIX}", UNREADABLE, 0, block, pos, 0))
+            return rows, False
+        for pos, (declared, fields, note) in enumerate(named):
+            longest = max(len(suffix.encode("utf-8")) for suffix, _ in fields)
+            key, key_note = assigner.assign(declared, base + pos, longest)
+            for message in (key_note, note):
+                if message:
+                    log.info("%s example %d: %s", shard.path, base + pos, message)
+            locators = located[pos] if located is not None else None
+            for j, (suffix, value) in enumerate(fields):
+                size = len(value) if type(value) is bytes else UNKNOWN_SIZE
+                locator = locators[j] if locators is not None else None
+                if locator is not None and size not in (UNKNOWN_SIZE, locator.size):
+                    locator = None
+                # A locator knows its file's size, but the table learns it only at the file's
+                # lookup (_size_located): a table whose sizes are all known hands out every
+                # file's attributes with its listings, and the kernel and libfuse keep an
+                # entry for each (~250 bytes a file, docs/performance.md "Memory").
+                rows.append((f"{key}.{suffix}", FILE, size, block, pos, j, locator))
+        return rows, True
 
     def _file_spans(self, s: int, block: int, fields: list[list[tuple[str, Any]]]) -> list[list[Any]] | None:
         """The locators the source gives for a block's files (:meth:`SourceShard.file_spans`),

@@ -191,10 +191,10 @@ class TarLayout:
             raise OSError(errno.EIO, f"{self.folder}/{self.name(i)}: short read")
         return data
 
-    def write_to(self, out: "object", on_member: Callable[[], None] | None = None, chunk: int = 1 << 20) -> None:
+    def write_to(self, out: "object", chunk: int = 1 << 20) -> None:
         """Write the whole tar to the binary file ``out``: the bytes :meth:`read` gives, the
         members checked against the layout as they come (see :func:`write_tar`)."""
-        write_tar(self.tree, self._members_of, out, on_member, chunk, expect=self)
+        write_tar(self.tree, self._members_of, out, chunk=chunk, expect=self)
 
 
 @dataclass(frozen=True)
@@ -206,12 +206,13 @@ class Written:
     size: int
 
 
-def write_tar(tree: Tree, folder: str, out: "object", on_member: Callable[[], None] | None = None,
+def write_tar(tree: Tree, folder: str, out: "object", on_sample: Callable[[], None] | None = None,
               chunk: int = 1 << 20, expect: TarLayout | None = None) -> Written:
     """Write the tar of ``folder`` of ``tree`` to the binary file ``out`` in one pass over its
-    members (the bytes a :class:`TarLayout` of it places; no lookup per file), ``chunk``
-    bytes at a time: small members gathered, large files read in pieces. With ``expect``,
-    each member's name and size must be that layout's (EIO if the tree changed under it)."""
+    members (:meth:`~atlasfs.tree.base.Tree.member_files`: the bytes a :class:`TarLayout` of it
+    places; no lookup per file), ``chunk`` bytes at a time: small members gathered, large files
+    read in pieces; ``on_sample`` is called as each sample begins. With ``expect``, each
+    member's name and size must be that layout's (EIO if the tree changed under it)."""
     write = out.write  # type: ignore[attr-defined]
     where = folder.rstrip("/")
     if expect is not None:
@@ -219,7 +220,7 @@ def write_tar(tree: Tree, folder: str, out: "object", on_member: Callable[[], No
     parts: list[bytes] = []
     held = at_end = count = samples = 0
     last: tuple[str, str] | None = None
-    for i, (name, entry) in enumerate(tree.members(folder)):
+    for i, (name, entry, data) in enumerate(tree.member_files(folder)):
         size = entry.size
         mtime = int(entry.mtime)
         if expect is not None:
@@ -229,24 +230,32 @@ def write_tar(tree: Tree, folder: str, out: "object", on_member: Callable[[], No
         header = _header(name, size, mtime)
         parts.append(header)
         held += len(header)
-        for at in range(0, size, chunk):
-            data = tree.read(entry, at, min(chunk, size - at))
-            if len(data) != min(chunk, size - at):
+        if data is not None:  # the source had the bytes at hand
+            if len(data) != size:
                 raise OSError(errno.EIO, f"{where}/{name}: short read")
             parts.append(data)
-            held += len(data)
+            held += size
+        for at in range(0, size if data is None else 0, chunk):
+            piece = tree.read(entry, at, min(chunk, size - at))
+            if len(piece) != min(chunk, size - at):
+                raise OSError(errno.EIO, f"{where}/{name}: short read")
+            parts.append(piece)
+            held += len(piece)
             if held >= chunk:
                 write(b"".join(parts))
                 parts, held = [], 0
         parts.append(bytes(-size % BLOCK))
+        if held >= chunk:
+            write(b"".join(parts))
+            parts, held = [], 0
         at_end += len(header) + _padded(size)
         count += 1
         sub, _, base = name.rpartition("/")
         key = (sub, base.split(".", 1)[0])
         if key != last:
             samples, last = samples + 1, key
-        if on_member is not None:
-            on_member()
+            if on_sample is not None:
+                on_sample()
     if expect is not None and count != len(sizes):
         raise OSError(errno.EIO, f"{where}: changed since its tar was laid out")
     size = -(-(at_end + 2 * BLOCK) // RECORD) * RECORD
