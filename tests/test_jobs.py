@@ -4,6 +4,7 @@ resumes, and a shard failing in a worker that is one line while the others are d
 
 from __future__ import annotations
 
+import os
 import random
 import shutil
 import subprocess
@@ -11,6 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from atlasfs.commands.jobs import LOST, Done, Opener, run
+from atlasfs.formats.factory import SourceOptions, open_source
+from atlasfs.storage import StorageOptions
 from fusemount import atlasfs, mounted
 from helpers import REFERENCE
 
@@ -127,6 +131,26 @@ def test_export_in_two_processes_writes_the_bytes_of_one_and_of_the_tar_view(tmp
     result = atlasfs("export", str(dataset), str(tmp_path / "some"), "-j", "2", "--shards", "3", "0")
     assert result.returncode == 0, result.stderr
     assert '"url": "3.tar"' in (tmp_path / "some" / "shards.json").read_text().split('"url": "0.tar"')[0]
+
+
+def _no_state(source: object) -> None:
+    return None
+
+
+def _dies_on_shard_2(state: object, s: int, report: object) -> Done:
+    """A worker's work that ends its process on shard 2, as a crash in a decoder would."""
+    if s == 2:
+        os._exit(3)
+    return Done(s, value=os.getpid())
+
+
+def test_a_worker_that_dies_loses_its_own_shard_only(tmp_path: Path) -> None:
+    dataset = _dataset(tmp_path / "ds")
+    opener = Opener(str(dataset), None, SourceOptions(), StorageOptions())
+    results = list(run(open_source(str(dataset)), opener, _no_state, _dies_on_shard_2, range(5), 2,
+                       lambda what, n: None))
+    assert sorted(done.shard for done in results) == [0, 1, 2, 3, 4]  # each once
+    assert {done.shard: done.error for done in results if done.error} == {2: LOST}
 
 
 def test_jobs_must_be_a_positive_number(tmp_path: Path) -> None:

@@ -33,7 +33,7 @@ from atlasfs.storage import StorageOptions, set_default_options
 
 #: Seconds between looks at the workers' progress counters.
 POLL_SECONDS = 0.2
-#: Why a shard failed whose worker process died (the pool is then unusable).
+#: Why a shard failed whose worker process died, the shard alone in its pool.
 LOST = "a worker process ended without a result (killed, or out of memory?)"
 
 
@@ -142,6 +142,10 @@ def run(source: Source, opener: Opener, setup: Setup, work: Work, shards: Iterab
 
 def _run_pool(opener: Opener, setup: Setup, work: Work, shards: list[int], jobs: int,
               report: Report) -> Iterator[Done]:
+    """:func:`run` in processes. A worker that dies (killed, out of memory, a crash in a
+    decoder) breaks its pool and every shard in flight with it: those shards are done again
+    one at a time, each in a pool of its own, so that only the shard that kills its worker is
+    lost; the others go on in a new pool."""
     context = _context()
     total, done = context.Value("q", 0), context.Value("q", 0)
     seen = {"total": 0, "done": 0}
@@ -153,38 +157,65 @@ def _run_pool(opener: Opener, setup: Setup, work: Work, shards: list[int], jobs:
                 report(what, value - seen[what])
                 seen[what] = value
 
-    jobs = min(jobs, len(shards)) or 1
-    executor = ProcessPoolExecutor(jobs, mp_context=context, initializer=_init_worker,
+    def start(workers: int) -> ProcessPoolExecutor:
+        return ProcessPoolExecutor(workers, mp_context=context, initializer=_init_worker,
                                    initargs=(opener, setup, work, total, done))
+
+    todo = list(reversed(shards))  # popped from the end: in the order given
+    while todo:
+        suspects: list[int] = []
+        yield from _pool_pass(start(min(jobs, len(todo)) or 1), todo, jobs, poll, suspects)
+        for s in suspects:  # each alone: a second death is that shard's own
+            alone: list[int] = []
+            yield from _pool_pass(start(1), [s], 1, poll, alone)
+            if alone:
+                yield Done(s, LOST)
+
+
+def _pool_pass(executor: ProcessPoolExecutor, todo: list[int], jobs: int, poll: Callable[[], None],
+               suspects: list[int]) -> Iterator[Done]:
+    """Run shards popped from ``todo`` in ``executor`` until done or until a worker dies: then
+    the shards that were in flight are put in ``suspects`` (the rest stay in ``todo``)."""
     pending: dict[Future[Done], int] = {}
-    todo = iter(shards)
     try:
         while True:
-            while len(pending) < 2 * jobs:  # a few in flight: the parent holds no more than that
-                s = next(todo, None)
-                if s is None:
-                    break
+            while len(pending) < 2 * jobs and todo:  # a few in flight: the parent holds no more than that
+                s = todo.pop()
                 try:
                     pending[executor.submit(_run_in_worker, s)] = s
-                except BrokenProcessPool:  # a worker died: the shards not started fail too, one line each
-                    yield Done(s, LOST)
+                except BrokenProcessPool:
+                    todo.append(s)
+                    break
             if not pending:
                 break
             finished, _ = wait(pending, timeout=POLL_SECONDS, return_when=FIRST_COMPLETED)
             poll()
+            broken = False
             for future in finished:
                 s = pending.pop(future)
                 try:
                     yield future.result()
                 except BrokenProcessPool:
-                    yield Done(s, LOST)
+                    suspects.append(s)
+                    broken = True
                 except Exception as exc:  # a worker that could not start (the dataset could not be opened)
                     yield Done(s, f"{exc}")
+            if broken:
+                suspects.extend(pending.values())
+                pending.clear()
+                break
         poll()
     except BaseException:
         # Ctrl-C or an error here: stop the workers now rather than after the shards in flight
-        for process in list(getattr(executor, "_processes", {}).values()):
-            process.terminate()
-        executor.shutdown(wait=False, cancel_futures=True)
+        _stop_workers(executor)
         raise
-    executor.shutdown(wait=True)
+    if suspects:
+        _stop_workers(executor)
+    else:
+        executor.shutdown(wait=True)
+
+
+def _stop_workers(executor: ProcessPoolExecutor) -> None:
+    for process in list(getattr(executor, "_processes", {}).values()):
+        process.terminate()
+    executor.shutdown(wait=False, cancel_futures=True)
