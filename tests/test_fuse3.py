@@ -169,32 +169,38 @@ def _cmdline(pid: str) -> list[str]:
         return []
 
 
-@pytest.mark.parametrize("command", [["ls", "-ln", "d"], ["find", "d", "-type", "f", "-printf", "%s %i\n"],
-                                     ["du", "-ab", "d"]])
-def test_listing_with_attributes_looks_up_no_file(command: list[str]) -> None:
-    """The tree knows every entry, so READDIRPLUS hands them to the kernel with the names:
-    ls -l, find and du stat every file and the daemon is asked about none of them."""
+def test_find_asks_for_no_attributes_and_looks_up_no_file() -> None:
+    """find needs names and types only: the kernel asks for attributes (READDIRPLUS) with the
+    first listing reply alone (READDIRPLUS_AUTO), so the daemon works out no entry past its
+    first window and the kernel keeps no inode for the files listed."""
     with served(known=True) as tree:
-        out = _listing(tree.mountpoint, command)
-    assert out.count(str(FILE_SIZE)) >= FILES
+        out = _listing(tree.mountpoint, ["find", "d", "-type", "f"])
+    assert len(out.splitlines()) == FILES
     assert tree.file_lookups() == 0
     calls = tree.log["calls"]
-    # one listing for the open folder, however many replies the kernel reads it in, and its
-    # entries a window at a time
-    from atlasfs.fuse.adapter import KNOWN_WINDOW
-    assert calls["names /d"] == 1 and calls["known_entries /d"] == -(-FILES // KNOWN_WINDOW)
+    assert calls["names /d"] == 1 and calls["known_entries /d"] <= 1
 
 
-def test_a_folder_hands_out_its_attributes_once() -> None:
-    """The kernel keeps what a listing gave it (the tree never changes): a second ls -l
-    asks the daemon neither for attributes nor for lookups."""
+def test_ls_l_gets_every_attribute_with_the_listing() -> None:
+    """ls -l stats each file as it reads the folder, so the kernel asks for attributes with
+    every reply: the daemon is asked about no file, the second time neither."""
     with served(known=True) as tree:
         first = _listing(tree.mountpoint, ["ls", "-ln", "d"])
         assert _listing(tree.mountpoint, ["ls", "-ln", "d"]) == first
-    calls = tree.log["calls"]
-    from atlasfs.fuse.adapter import KNOWN_WINDOW
-    assert calls["names /d"] == 2 and calls["known_entries /d"] == -(-FILES // KNOWN_WINDOW)  # the first listing's
+    assert first.count(f" {FILE_SIZE} ") == FILES
     assert tree.file_lookups() == 0
+    assert tree.log["calls"]["names /d"] == 2
+
+
+@pytest.mark.parametrize("command", [["find", "d", "-type", "f", "-printf", "%s %i\n"], ["du", "-ab", "d"]])
+def test_a_listing_read_whole_before_its_stats_gets_attributes_first_then_lookups(command: list[str]) -> None:
+    """find -printf %s and du read a folder whole, then stat every file: the first reply
+    carries attributes, and the files past it are looked up, each once."""
+    with served(known=True) as tree:
+        out = _listing(tree.mountpoint, command)
+    assert out.count(str(FILE_SIZE)) >= FILES
+    assert 0 < tree.file_lookups() < FILES
+    assert tree.log["calls"]["names /d"] == 1 and tree.log["calls"]["known_entries /d"] == 1
 
 
 def test_entries_the_tree_does_not_know_are_looked_up() -> None:
@@ -225,11 +231,13 @@ def test_a_big_sequential_read_comes_in_reads_of_a_mebibyte() -> None:
 
 def test_atlas_mount_of_known_sizes_lists_with_attributes(tmp_path: Path) -> None:
     """End to end on an Atlas dataset whose files are all ``bytes`` fields (sizes known from
-    the first listing): libfuse's own debug log shows READDIRPLUS and no LOOKUP per file."""
+    the first listing): libfuse's own debug log shows READDIRPLUS, and a folder small
+    enough for one reply is listed by ls -l without a LOOKUP per file."""
     from atlasfs import AtlasWriter
 
-    with AtlasWriter(tmp_path / "ds", shard_size=FILES // 2, block_size=10) as writer:
-        for i in range(FILES // 2):
+    files = 20  # ls -l reads a folder whole before it stats a file: one reply's worth
+    with AtlasWriter(tmp_path / "ds", shard_size=files // 2, block_size=10) as writer:
+        for i in range(files // 2):
             writer.add_example({"jpg": bytes([i % 256]) * (i + 1), "bin": b"y" * 7})
     require_fuse()
     mnt = tmp_path / "mnt"
@@ -245,7 +253,7 @@ def test_atlas_mount_of_known_sizes_lists_with_attributes(tmp_path: Path) -> Non
         assert is_mounted(mnt), log_path.read_text()[-2000:]
         shard = sorted(os.listdir(mnt))[0]
         out = _listing(mnt / shard, ["ls", "-ln"])
-        assert len([line for line in out.splitlines() if line.startswith("-r--r--r--")]) == FILES
+        assert len([line for line in out.splitlines() if line.startswith("-r--r--r--")]) == files
         assert atlasfs("umount", str(mnt)).returncode == 0
         daemon.wait(timeout=30)
     finally:
@@ -277,7 +285,7 @@ def test_init_settles_the_connection_and_moves_libfuse2_options_there() -> None:
     adapter._init(ctypes.pointer(conn), ctypes.pointer(config))
     assert started == [True]
     assert config.use_ino == 1
-    assert conn.want == FUSE_CAP_READDIRPLUS  # always READDIRPLUS; sync_read: no async reads
+    assert conn.want == FUSE_CAP_READDIRPLUS | FUSE_CAP_READDIRPLUS_AUTO  # sync_read: no async reads
     assert (conn.max_read, conn.max_readahead, conn.max_background) == (65536, 32768, 20)
 
 

@@ -61,9 +61,6 @@ FUSE_CAP_READDIRPLUS_AUTO = 1 << 14
 #: A listing with attributes asks the tree for this many children's entries at a time
 #: (about 240 bytes each while the folder is open).
 KNOWN_WINDOW = 1024
-#: At most this many folders are remembered as listed with attributes (then
-#: forgotten all at once: their next listings hand attributes out again).
-LISTED_FOLDERS_KEPT = 100_000
 #: The signals that unmount and end the daemon.
 STOP_SIGNALS = (signal.SIGHUP, signal.SIGINT, signal.SIGTERM)
 #: libfuse 2 mount options that libfuse 3 no longer takes on its command line
@@ -143,7 +140,6 @@ class FuseAdapter:
         self._stopped = False
         self._loop_thread: int | None = None  # the thread in fuse_main
         self._open_folders: dict[int, _OpenFolder] = {}
-        self._listed_with_attributes: set[str] = set()
         self._handles = itertools.count(1)
 
     # -- building the operations table
@@ -235,12 +231,15 @@ class FuseAdapter:
         # Inode numbers are the tree's: stat, listings and find agree across
         # mounts. (libfuse 3 takes use_ino here only, not as a mount option.)
         config.use_ino = 1
-        # READDIRPLUS_AUTO makes the kernel ask for attributes with the names
-        # only on a folder's first listing request, and a listing of more
-        # entries than fit in one reply then LOOKUPs the rest one by one. The
-        # tree hands out what it knows cheaply, so always ask.
+        # READDIRPLUS_AUTO: the kernel asks for attributes with the names on a
+        # folder's first listing request, and on later ones only if the files
+        # listed were looked up meanwhile. Asked for with every name, attributes
+        # cost the kernel an inode and libfuse a node (~200 bytes of ours) for every
+        # file listed, which `find` never uses: over 1,000,000 files it took 3x as long
+        # and 170 MiB more (docs/performance.md, "Listings"). `ls -l` of a big folder
+        # then LOOKUPs most files one by one instead (3x as long).
         if conn.capable & FUSE_CAP_READDIRPLUS:
-            conn.want = (conn.want | FUSE_CAP_READDIRPLUS) & ~FUSE_CAP_READDIRPLUS_AUTO
+            conn.want |= FUSE_CAP_READDIRPLUS | FUSE_CAP_READDIRPLUS_AUTO
         options = self.conn_options
         if "max_read" in options:  # libfuse refuses the connection unless this matches the mount option
             conn.max_read = int(options["max_read"])
@@ -301,7 +300,7 @@ class FuseAdapter:
         # Without READDIRPLUS the kernel takes nothing else, and tree.names spares
         # the source from working out sizes. With it, files whose entries the
         # tree knows cheaply get their attributes here, the others are looked up
-        # later; each folder's attributes are handed out once. filler copies the
+        # later; attributes go out only when the kernel asks (see _configure). filler copies the
         # stat it is given (and without the PLUS flag reads only type and inode
         # number), so one structure serves every entry.
         folder = self._open_folders.get(fip.contents.fh) if fip else None
@@ -352,21 +351,13 @@ class FuseAdapter:
         return 0
 
     def _hand_out_attributes(self, folder: _OpenFolder) -> bool:
-        """Whether to hand out the known entries of ``folder``: the first time it is listed
-        with some. Later listings find them in the kernel's caches (the tree never changes),
-        and handing them out again costs a third of a warm tar of small files. (Should the
-        kernel have dropped them, its lookups bring them back.) A folder whose first window
-        knows none is taken to know none yet (a first mount: sizes come with lookups)."""
-        if folder.path in self._listed_with_attributes:
-            return False
+        """Whether to hand out the known entries of ``folder`` when the kernel asks for them
+        (READDIRPLUS: on a folder's first reply, and on later ones when the files listed
+        were looked up meanwhile, as ``ls -l`` does). A folder whose first window knows none
+        is taken to know none yet (a first mount: sizes come with lookups)."""
         folder.window_start = 0
         folder.window = self.tree.known_entries(folder.path, 0, KNOWN_WINDOW)
-        if not any(entry is not None for entry in folder.window):
-            return False
-        if len(self._listed_with_attributes) >= LISTED_FOLDERS_KEPT:
-            self._listed_with_attributes.clear()
-        self._listed_with_attributes.add(folder.path)
-        return True
+        return any(entry is not None for entry in folder.window)
 
     def open(self, path: bytes, fip: Any) -> int:
         # ENOSYS tells the kernel (Linux >= 3.16 with FUSE 7.23) that this file system
