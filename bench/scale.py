@@ -114,12 +114,14 @@ class Run:
         finally:
             self.phase_seconds[name] = time.monotonic() - start
 
-    def memory(self, view: View, step: str, files: int, note: str = "") -> tuple[int, int]:
-        """The daemon's RSS and peak now, recorded beside the bound."""
+    def memory(self, view: View, step: str, files: int, mounted: int, note: str = "") -> tuple[int, int]:
+        """The daemon's RSS and peak now, recorded beside the bound (with its growth a file over
+        ``mounted``, the RSS at mount)."""
         assert view.pid is not None
         now, peak = rss(view.pid)
         self.rss.append(Figure("atlasfs", step, now, peak, self.bound, files,
-                               (note + "; " if note else "") + memory.mapped_and_anonymous(view.pid)))
+                               (note + "; " if note else "") + f"{(now - mounted) / files:.0f} B a file over "
+                               f"the RSS at mount; {memory.mapped_and_anonymous(view.pid)}"))
         return now, peak
 
     def check(self, ok: bool, problem: str) -> None:
@@ -144,8 +146,10 @@ def listing(run: Run, data: scaledata.Data, atlas: systems.Atlasfs, ratar: syste
         if not stored:
             atlas.clear_metadata()
         with atlas.session() as view:
+            assert view.pid is not None
+            mounted = rss(view.pid)[0]
             seconds, rate = find(view, data.files, run)
-            now, peak = run.memory(view, f"after `find`, {key} mount ({what})", data.files)
+            now, peak = run.memory(view, f"after `find`, {key} mount ({what})", data.files, mounted)
         run.figures[f"atlasfs_{key}"] = {"mount_s": view.mount_seconds, "find_s": seconds, "find_fps": rate,
                                          "mount_find_fps": data.files / (view.mount_seconds + seconds),
                                          "rss": now, "peak": peak}
@@ -176,6 +180,8 @@ def index(run: Run, data: scaledata.Data, atlas: systems.Atlasfs, jobs: int) -> 
 def tar_shards(run: Run, data: scaledata.Data, atlas: systems.Atlasfs) -> None:
     """Figure 4: ``tar cf - -C MNT/<shard> . | wc -c`` of every shard in turn, each byte count checked."""
     with run.phase("atlasfs: tar of every shard"), atlas.session() as view:
+        assert view.pid is not None
+        mounted = rss(view.pid)[0]
         seconds = 0.0
         top = 0
         for shard in data.shards:
@@ -184,9 +190,8 @@ def tar_shards(run: Run, data: scaledata.Data, atlas: systems.Atlasfs) -> None:
             seconds += timed.seconds
             run.check(timed.answer == shard.tar_cf_bytes(),
                       f"tar of shard {shard.name}: {timed.answer:,} bytes, {shard.tar_cf_bytes():,} expected")
-            assert view.pid is not None
             top = max(top, rss(view.pid)[0])
-        now, peak = run.memory(view, "after `tar` of every shard", data.files,
+        now, peak = run.memory(view, "after `tar` of every shard", data.files, mounted,
                                f"largest after a shard {top / MiB:.1f} MiB")
         run.figures["tar"] = {"seconds": seconds, "fps": data.files / seconds,
                               "mbps": sum(s.file_bytes for s in data.shards) / seconds / 1e6, "rss": now,
