@@ -9,6 +9,8 @@ from collections.abc import Callable
 
 from atlasfs.formats.atlas import spans
 from atlasfs.formats.atlas.dataset import Shard
+from atlasfs.formats.atlas.meta import FORMAT_VERSION, RootMeta
+from atlasfs.formats.atlas.writer import ShardWriter, shard_name_width
 from atlasfs.formats.dolma import DolmaSource
 from atlasfs.formats.lavender import write_csv_shard
 from atlasfs.formats.pbin import write_pbin
@@ -19,13 +21,14 @@ from atlasfs.sizes import parse_size
 from atlasfs.tree.base import Entry, Tree
 from atlasfs.tree.blocktree import BlockTree
 from atlasfs.tree.filetable import Locators
-from atlasfs.tree.naming import MAX_NAME_BYTES, encode_as, example_fields, index_key_width
+from atlasfs.tree.naming import MAX_NAME_BYTES, encode_as, example_fields, index_key, index_key_width
 from atlasfs.tree.tablestore import TableStore
 from atlasfs.tree.tarview import TarLayout
 
-__all__ = ["BlockTree", "DolmaSource", "Entry", "Locators", "MAX_NAME_BYTES", "MountOptions", "Shard", "TableStore",
-           "TarLayout", "Tree", "default_cache_bytes", "encode_as", "example_fields", "index_key_width",
-           "parse_size", "safe_loads", "serve_tree", "spans", "write_csv_shard", "write_pbin"]
+__all__ = ["BlockTree", "DolmaSource", "Entry", "FORMAT_VERSION", "Locators", "MAX_NAME_BYTES", "MountOptions",
+           "RootMeta", "Shard", "ShardWriter", "TableStore", "TarLayout", "Tree", "default_cache_bytes", "encode_as",
+           "example_fields", "index_key", "index_key_width", "parse_size", "safe_loads", "serve_tree",
+           "shard_name_width", "spans", "write_csv_shard", "write_pbin"]
 
 
 def default_cache_bytes() -> int:

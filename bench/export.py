@@ -56,10 +56,12 @@ def tar_seconds(files: str, shards: list[str], out: str, at_once: int) -> float:
     return seconds
 
 
-def export_seconds(atlas: str, out: str, jobs: int) -> float:
-    """Seconds of ``atlasfs export -j JOBS ATLAS OUT`` (OUT removed first)."""
+def export_seconds(atlas: str, out: str, jobs: int, shards: list[str] | None = None) -> float:
+    """Seconds of ``atlasfs export -j JOBS ATLAS OUT [--shards SHARDS]`` (OUT removed first)."""
     shutil.rmtree(out, ignore_errors=True)
     command = [sys.executable, "-m", "atlasfs", "export", "-j", str(jobs), atlas, out]
+    if shards is not None:
+        command += ["--shards", *shards]
     return harness.timed(lambda: subprocess.run(command, check=True, stdout=subprocess.DEVNULL)).seconds
 
 

@@ -210,7 +210,9 @@ def mapped_and_anonymous(pid: int) -> str:
             f"anon {values['RssAnon'] / MiB:.0f} MiB")
 
 
-def _run(command: str, cwd: str | None = None) -> str:
+def shell(command: str, cwd: str | None = None) -> str:
+    """Run ``command`` in bash (``pipefail``); its stdout, stripped. Raises RuntimeError naming the
+    command and its stderr if it fails."""
     result = subprocess.run(["bash", "-o", "pipefail", "-c", command], capture_output=True, text=True, cwd=cwd,
                             check=False)
     if result.returncode != 0:
@@ -307,7 +309,7 @@ def large_case(dataset: Dataset, args: argparse.Namespace, workdir: str, figures
         now, top = rss(view.pid)
         figures.append(Figure("large", "mounted", now, top, limit, files))
         log("large: ls -R")
-        lines = int(_run(f"ls -R {shlex.quote(view.root)} | wc -l"))
+        lines = int(shell(f"ls -R {shlex.quote(view.root)} | wc -l"))
         now, top = rss(view.pid)
         figures.append(Figure("large", "after `ls -R`", now, top, limit, files, f"{lines:,} lines"))
         log("large: tar of the whole mount, every member checked")
@@ -340,7 +342,7 @@ def listing_case(dataset: Dataset, args: argparse.Namespace, workdir: str, figur
             assert view.pid is not None
             mounted, _ = rss(view.pid)
             log(f"listing: find MNT | wc -l, {step}")
-            run = harness.timed(lambda: int(_run(f"find {shlex.quote(view.root)} | wc -l")))
+            run = harness.timed(lambda: int(shell(f"find {shlex.quote(view.root)} | wc -l")))
             lines, seconds = run.answer, run.seconds
             now, top = rss(view.pid)
             files = lines - 1 - dataset.shards  # the mount point and the shard folders are not files
