@@ -22,6 +22,22 @@ KEY = {"layout": 1, "files": {"data.bin": [10, 20]}}
 LIMITS = Limits(blocks=4, block_size=2)
 
 
+@pytest.mark.parametrize("fixed_width", [True, False])
+def test_the_path_order_is_the_order_of_the_path_bytes(fixed_width: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """by_path (what proves a stored table's paths unique) sorts the UTF-8 bytes of the paths,
+    whether sorted as fixed-width strings or, past their bound, by Python."""
+    if not fixed_width:
+        monkeypatch.setattr("atlasfs.tree.tablebuilder._SORT_BYTES", 0)
+    rng = np.random.default_rng(5)
+    alphabet = ["a", "b", "ab", "é", "z", "0", "-", ".", "~", "ü", "\u4e2d"]
+    names = {"".join(rng.choice(alphabet, size=int(rng.integers(1, 6)))) + f".{i % 3}" for i in range(3000)}
+    rows = [(name, FILE, 1, i // 100, i % 100, 0) for i, name in enumerate(sorted(names, key=hash))]
+    table = FileTable.build(rows)
+    paths = [table.entry_path(i).encode() for i in range(len(table))]
+    assert [paths[i] for i in table.by_path.tolist()] == sorted(paths)
+    assert all(table.find(row[0]) == i for i, row in enumerate(rows))
+
+
 def test_listings_follow_example_order_and_lookups_find_every_path() -> None:
     table = FileTable.build(ROWS)
     # a folder stands where its first example is, and holds its later examples too

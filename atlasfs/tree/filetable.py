@@ -97,34 +97,6 @@ class Row:
     file: int
 
 
-def _tree_order(rows: Rows) -> Rows:
-    """``rows`` (files in example order, paths unique) in tree order, with the folders
-    their paths imply added, each where its first file is met."""
-    if not any("/" in row[0] for row in rows):
-        return rows
-    root: dict[str, Any] = {}  # name -> sub-folder dict, or the row of a file (dicts keep insertion order)
-    for row in rows:
-        *folders, name = row[0].split("/")
-        node = root
-        for part in folders:
-            node = node.setdefault(part, {})
-        node[name] = row
-    ordered: Rows = []
-    stack = [("", iter(root.items()))]
-    while stack:  # depth first without recursion: keys may nest hundreds of folders deep
-        prefix, children = stack[-1]
-        for name, child in children:
-            if isinstance(child, dict):
-                path = prefix + name
-                ordered.append((path, DIR, 0, 0, 0, 0))
-                stack.append((path + "/", iter(child.items())))
-                break
-            ordered.append(child)
-        else:
-            stack.pop()
-    return ordered
-
-
 class Locators:
     """The locators of a table's rows as columns: ``offset`` (uint32, :data:`NO_LOCATOR`
     for none; for an inline one, where its bytes start in ``inline``), ``length`` (uint32:
@@ -150,44 +122,14 @@ class Locators:
     def build(cls, locators: list[Locator | None]) -> "Locators | None":
         """Columns for one locator per row (None: none); None if no row has one. Locators
         past the bounds (:data:`MAX_PREFIXES`, :data:`MAX_PREFIX_BYTES`, :data:`INLINE_MAX`,
-        :data:`INLINE_AVERAGE`, offsets of 4 GiB) are left out: their files keep their blocks."""
-        n = len(locators)
-        if not any(loc is not None for loc in locators):
-            return None
-        offset = np.full(n, NO_LOCATOR, dtype=np.uint32)
-        length = np.zeros(n, dtype=np.uint32)
-        check = np.zeros(n, dtype=np.uint32)
-        prefix = np.zeros(n, dtype=np.uint16)
-        numbers: dict[bytes, int] = {}
-        prefix_bytes = 0
-        inline = bytearray()
-        inline_bound = INLINE_AVERAGE * n
-        for i, loc in enumerate(locators):
-            if loc is None:
-                continue
-            if loc.inline:
-                data = loc.prefix
-                if loc.length or len(data) > INLINE_MAX or len(inline) + len(data) > inline_bound:
-                    continue
-                offset[i] = len(inline)
-                length[i] = len(data)
-                prefix[i] = INLINE
-                inline += data
-            else:
-                if not 0 <= loc.offset < NO_LOCATOR or not 0 <= loc.length < NO_LOCATOR:
-                    continue
-                if loc.prefix:
-                    number = numbers.get(loc.prefix)
-                    if number is None:
-                        if len(numbers) >= MAX_PREFIXES or prefix_bytes + len(loc.prefix) > MAX_PREFIX_BYTES:
-                            continue
-                        prefix_bytes += len(loc.prefix)
-                        number = numbers[loc.prefix] = len(numbers) + 1
-                    prefix[i] = number
-                offset[i] = loc.offset
-                length[i] = loc.length
-            check[i] = loc.check & 0xFFFFFFFF
-        return cls(offset, length, check, prefix, list(numbers), bytes(inline))
+        :data:`INLINE_AVERAGE` a row of those before it, offsets of 4 GiB) are left out: their
+        files keep their blocks."""
+        from atlasfs.tree.tablebuilder import LocatorColumns
+
+        columns = LocatorColumns()
+        for loc in locators:
+            columns.add(loc)
+        return columns.columns()
 
     def nbytes(self) -> int:
         """Memory the columns and their bytes take."""
@@ -288,25 +230,13 @@ class FileTable:
         """A table from ``(path, kind, size, block, pos, file[, locator])`` rows of files in
         example order (``size`` may be :data:`UNKNOWN_SIZE`); folders implied by paths are
         added. Paths must be unique (the naming layer guarantees it). A row's locator, if
-        any, must be of a file whose size is unknown or the locator's."""
-        ordered = _tree_order(rows)
-        paths = [row[0].encode("utf-8") for row in ordered]
-        lengths = np.fromiter(map(len, paths), dtype=np.uint64, count=len(paths))
-        offsets = np.zeros(len(paths) + 1, dtype=np.uint64)
-        np.cumsum(lengths, out=offsets[1:])
-        columns = {name: np.array([row[i + 1] for row in ordered], dtype=dtype)
-                   for i, (name, dtype) in enumerate(_COLUMNS[:-1])}
-        columns["by_path"] = np.array(sorted(range(len(paths)), key=paths.__getitem__), dtype=np.uint32)
-        hashes = tablefile.path_hashes(paths)
-        order = np.argsort(hashes, kind="stable")
-        columns["hashes"], columns["hash_rows"] = hashes[order], order.astype(np.uint32)
-        table = cls(b"".join(paths), offsets, columns)
-        if any(len(row) > 6 and row[6] is not None for row in rows):
-            table.locators = Locators.build([
-                row[6] if len(row) > 6 and row[6] is not None and row[1] == FILE
-                and row[2] in (row[6].size, UNKNOWN_SIZE) else None
-                for row in ordered])
-        return table
+        any, must be of a file whose size is unknown or the locator's. (A shard's table is
+        built a block at a time: :class:`atlasfs.tree.tablebuilder.TableBuilder`.)"""
+        from atlasfs.tree.tablebuilder import TableBuilder
+
+        builder = TableBuilder()
+        builder.add(rows)
+        return builder.finish()
 
     def locator(self, i: int) -> Locator | None:
         """Where the file of entry ``i`` can be read without decoding its block, or None."""

@@ -26,12 +26,14 @@ from typing import Any
 
 import numpy as np
 
+from atlasfs import memory
 from atlasfs.errors import AtlasFormatError
 from atlasfs.formats.source import SourceShard
 from atlasfs.storage import StorageUnavailableError
 from atlasfs.tree.blocks import Blocks, max_suffix_bytes
 from atlasfs.tree.filetable import FILE, UNKNOWN_SIZE, UNREADABLE, FileTable, Limits, Rows
 from atlasfs.tree.naming import LAYOUT_VERSION, NO_KEY, KeyAssigner, declared_key, example_fields
+from atlasfs.tree.tablebuilder import TableBuilder
 from atlasfs.tree.tablestore import TableStore
 
 log = logging.getLogger("atlasfs")
@@ -351,13 +353,15 @@ class Tables:
         fields, which are served as they are); the flag is False if a block could
         not be decoded."""
         assigner = KeyAssigner(self.shards[s].key_width)
-        rows: Rows = []  # (path, kind, size, block, pos, file[, locator])
+        builder = TableBuilder()
         complete = True
         for block in range(self.shards[s].num_blocks):
             block_rows, readable = self.block_rows(s, block, assigner)
-            rows.extend(block_rows)
+            builder.add(block_rows)
             complete = complete and readable
-        return FileTable.build(rows), complete
+        table = builder.finish()
+        memory.trim()  # what the build held goes back to the system (a shard's names: tens of MiB)
+        return table, complete
 
     def block_rows(self, s: int, block: int, assigner: KeyAssigner, locate: bool = True) -> tuple[Rows, bool]:
         """The table rows ``(path, kind, size, block, pos, file[, locator])`` of block ``block``

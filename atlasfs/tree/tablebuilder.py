@@ -1,0 +1,214 @@
+"""A file table built a block at a time, in compact columns.
+
+A shard's table is built by naming its blocks one after another; holding every row as a
+Python tuple until the end cost ~850 bytes a file at its peak (a shard of 200,000 files:
+170 MiB for a table of 12). Here each block's rows go straight into arrays and one blob of
+paths (about 60 bytes a file), and the table is made from them at the end
+(:meth:`TableBuilder.finish`): the path order and the lookup index then take about 130
+bytes a file more, for as long as they are made.
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections.abc import Iterable
+from typing import Any
+
+import numpy as np
+
+from atlasfs.formats.source import Locator
+from atlasfs.tree import filetable, tablefile
+from atlasfs.tree.filetable import DIR, FILE, INLINE, NO_LOCATOR, UNKNOWN_SIZE, FileTable, Locators
+
+
+class LocatorColumns:
+    """Locators added one row at a time into :class:`~atlasfs.tree.filetable.Locators`'
+    columns, within their bounds (distinct prefixes and their bytes; inline bytes at most
+    :data:`~atlasfs.tree.filetable.INLINE_AVERAGE` a row of those added so far): a locator past
+    a bound is left out, and its file keeps its block."""
+
+    def __init__(self) -> None:
+        self.offset, self.length, self.check = array("I"), array("I"), array("I")
+        self.prefix = array("H")
+        self.numbers: dict[bytes, int] = {}
+        self.prefix_bytes = 0
+        self.inline = bytearray()
+        self.any = False
+
+    def add(self, loc: Locator | None) -> None:
+        """The next row's locator (None: it has none)."""
+        if loc is not None and self._fits(loc):
+            self.any = True
+            return
+        self.offset.append(NO_LOCATOR)
+        self.length.append(0)
+        self.check.append(0)
+        self.prefix.append(0)
+
+    def _fits(self, loc: Locator) -> bool:
+        """Append ``loc``'s columns if it is within the bounds."""
+        if loc.inline:
+            data = loc.prefix
+            rows = len(self.offset) + 1
+            if loc.length or len(data) > filetable.INLINE_MAX or \
+                    len(self.inline) + len(data) > filetable.INLINE_AVERAGE * rows:
+                return False
+            offset, length, number = len(self.inline), len(data), INLINE
+            self.inline += data
+        else:
+            if not 0 <= loc.offset < NO_LOCATOR or not 0 <= loc.length < NO_LOCATOR:
+                return False
+            number = 0
+            if loc.prefix:
+                number = self.numbers.get(loc.prefix, 0)
+                if not number:
+                    if len(self.numbers) >= filetable.MAX_PREFIXES or \
+                            self.prefix_bytes + len(loc.prefix) > filetable.MAX_PREFIX_BYTES:
+                        return False
+                    self.prefix_bytes += len(loc.prefix)
+                    number = self.numbers[loc.prefix] = len(self.numbers) + 1
+            offset, length = loc.offset, loc.length
+        self.offset.append(offset)
+        self.length.append(length)
+        self.check.append(loc.check & 0xFFFFFFFF)
+        self.prefix.append(number)
+        return True
+
+    def columns(self, order: np.ndarray | None = None) -> Locators | None:
+        """The columns (rows taken in ``order``, -1 for a row of none), or None if no row has a locator."""
+        if not self.any:
+            return None
+        arrays = [np.frombuffer(a, dtype=a.typecode) if len(a) else np.zeros(0, a.typecode)
+                  for a in (self.offset, self.length, self.check, self.prefix)]
+        if order is not None:
+            defaults = (NO_LOCATOR, 0, 0, 0)
+            arrays = [_take(a, order, default) for a, default in zip(arrays, defaults)]
+        else:
+            arrays = [a.copy() for a in arrays]
+        return Locators(*arrays, list(self.numbers), bytes(self.inline))
+
+
+def _take(values: np.ndarray, order: np.ndarray, default: int) -> np.ndarray:
+    """``values[order]``, with ``default`` where ``order`` is -1."""
+    result = np.full(len(order), default, dtype=values.dtype)
+    picked = order >= 0
+    result[picked] = values[order[picked]]
+    return result
+
+
+class TableBuilder:
+    """Rows ``(path, kind, size, block, pos, file[, locator])`` of files in example order,
+    added a block at a time (:meth:`add`); :meth:`finish` makes the
+    :class:`~atlasfs.tree.filetable.FileTable` (folders implied by paths added, in tree
+    order). Paths must be unique (the naming layer guarantees it). A row's locator is kept
+    only for a file whose size is unknown or the locator's."""
+
+    def __init__(self) -> None:
+        self._names = bytearray()
+        self._ends = array("Q")
+        self._kind, self._size = array("B"), array("Q")
+        self._block, self._pos, self._file = array("I"), array("I"), array("H")
+        self._locators = LocatorColumns()
+
+    def __len__(self) -> int:
+        return len(self._kind)
+
+    def add(self, rows: Iterable[tuple[Any, ...]]) -> None:
+        """Append ``rows`` (a block's)."""
+        names, ends, locators = self._names, self._ends, self._locators
+        for row in rows:
+            names += row[0].encode("utf-8")
+            ends.append(len(names))
+            kind, size = row[1], row[2]
+            self._kind.append(kind)
+            self._size.append(size)
+            self._block.append(row[3])
+            self._pos.append(row[4])
+            self._file.append(row[5])
+            loc = row[6] if len(row) > 6 else None
+            locators.add(loc if loc is not None and kind == FILE and size in (loc.size, UNKNOWN_SIZE) else None)
+
+    def finish(self) -> FileTable:
+        """The table of every row added."""
+        n = len(self)
+        offsets = np.zeros(n + 1, dtype=np.uint64)
+        if n:
+            offsets[1:] = np.frombuffer(self._ends, dtype=np.uint64)
+        names = bytes(self._names)
+        columns = {name: (np.frombuffer(a, dtype=a.typecode).copy() if len(a) else np.zeros(0, a.typecode))
+                   for name, a in (("kind", self._kind), ("size", self._size), ("block", self._block),
+                                   ("pos", self._pos), ("file", self._file))}
+        order = None
+        if b"/" in names:  # sub-folders: tree order, with the folders added
+            names, offsets, order = _tree_order(names, offsets)
+            columns = {name: _take(values, order, DIR if name == "kind" else 0) for name, values in columns.items()}
+        self._names, self._ends = bytearray(), array("Q")  # let go before the path order is made
+        columns["by_path"] = _path_order(names, offsets)
+        hashes = np.concatenate([np.zeros(0, dtype="<u8")] + [tablefile.path_hashes(chunk)
+                                                             for chunk in _path_chunks(names, offsets)])
+        rows = np.argsort(hashes, kind="stable")
+        columns["hashes"], columns["hash_rows"] = hashes[rows], rows.astype(np.uint32)
+        table = FileTable(names, offsets, columns)
+        table.locators = self._locators.columns(order)
+        return table
+
+
+#: Paths made into Python objects at once while the path order and the lookup index are made.
+_CHUNK = 1 << 16
+#: Most bytes of the fixed-width copy of the paths the path order is sorted on (one path far
+#: longer than the others would make it huge: those tables are sorted in Python instead).
+_SORT_BYTES = 32 << 20
+
+
+def _path_chunks(names: bytes, offsets: np.ndarray) -> Iterable[list[bytes]]:
+    """The paths, :data:`_CHUNK` at a time."""
+    for start in range(0, len(offsets) - 1, _CHUNK):
+        bounds = offsets[start:start + _CHUNK + 1].tolist()
+        yield [names[a:b] for a, b in zip(bounds, bounds[1:])]
+
+
+def _path_order(names: bytes, offsets: np.ndarray) -> np.ndarray:
+    """Row numbers sorted by path bytes: a stable sort of the paths as fixed-width byte strings
+    (no path holds a NUL, so their padding sorts as Python sorts bytes), about the longest
+    path's bytes a row; or, past :data:`_SORT_BYTES`, Python's sort of every path."""
+    n = len(offsets) - 1
+    longest = int(np.max(np.diff(offsets))) if n else 0
+    if n * max(longest, 1) <= _SORT_BYTES:
+        fixed = np.concatenate([np.zeros(0, dtype=f"S{max(longest, 1)}")] + [
+            np.array(chunk, dtype=f"S{max(longest, 1)}") for chunk in _path_chunks(names, offsets)])
+        return np.argsort(fixed, kind="stable").astype(np.uint32)
+    paths = [path for chunk in _path_chunks(names, offsets) for path in chunk]
+    return np.array(sorted(range(n), key=paths.__getitem__), dtype=np.uint32)
+
+
+def _tree_order(names: bytes, offsets: np.ndarray) -> tuple[bytes, np.ndarray, np.ndarray]:
+    """The paths of files in example order put in tree order, each folder their paths imply
+    added where its first file is met: the new names blob and offsets, and for each new row
+    the row it comes from (-1: an added folder)."""
+    bounds = offsets.tolist()
+    root: dict[str, Any] = {}  # name -> sub-folder dict, or a file's row (dicts keep insertion order)
+    for i, (a, b) in enumerate(zip(bounds, bounds[1:])):
+        *folders, name = names[a:b].decode("utf-8").split("/")
+        node = root
+        for part in folders:
+            node = node.setdefault(part, {})
+        node[name] = i
+    parts: list[bytes] = []
+    order: list[int] = []
+    stack = [("", iter(root.items()))]
+    while stack:  # depth first without recursion: keys may nest hundreds of folders deep
+        prefix, children = stack[-1]
+        for name, child in children:
+            if isinstance(child, dict):
+                path = prefix + name
+                parts.append(path.encode("utf-8"))
+                order.append(-1)
+                stack.append((path + "/", iter(child.items())))
+                break
+            parts.append(names[bounds[child]:bounds[child + 1]])
+            order.append(child)
+        else:
+            stack.pop()
+    new_offsets = np.zeros(len(parts) + 1, dtype=np.uint64)
+    np.cumsum(np.fromiter(map(len, parts), dtype=np.uint64, count=len(parts)), out=new_offsets[1:])
+    return b"".join(parts), new_offsets, np.array(order, dtype=np.int64)
