@@ -1,0 +1,330 @@
+"""The control plane of the native engine (``atlasfs.fuse._native``, docs/native.md).
+
+The C extension runs libfuse 3's low-level session on a multi-threaded loop and calls the
+:class:`NativeBridge` here, holding the GIL only for that call, for what it does not answer
+itself. For now that is every request (the generic path, which serves any
+:class:`~atlasfs.tree.base.Tree`); shard folders' table rows are to be answered in C
+(docs/native.md, "Next").
+
+The low-level API names files by node id, not path: the bridge keeps, for each node the
+kernel holds, its path and how many times it was looked up, and drops it when the kernel
+forgets it (FORGET); the root is node 1 for good. Every method answers a value or a negative
+errno and never raises: an error becomes the errno the tree said (EIO is logged at debug
+level, as the adapter does), anything unexpected EIO with a log line.
+
+Choose the engine with ``ATLASFS_ENGINE=native`` (the default is still the ctypes adapter,
+:mod:`atlasfs.fuse.adapter`, until the native engine serves every mount).
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import signal
+import stat
+import threading
+from collections.abc import Sequence
+from typing import Any, Callable
+
+from atlasfs.fuse.adapter import STOP_SIGNALS, _noted, _stop_on_signals
+from atlasfs.tree.base import Entry, Tree
+
+log = logging.getLogger("atlasfs")
+
+#: The environment variable that picks the engine, and its values.
+ENGINE_ENV = "ATLASFS_ENGINE"
+ENGINES = ("adapter", "native")
+#: What to install when the extension is missing (one line, for ``atlasfs mount``).
+INSTALL_HINT = ("the native engine (atlasfs.fuse._native) is not built: install libfuse3-dev, pkg-config, gcc and "
+                "python3-dev (Debian/Ubuntu: apt-get install libfuse3-dev pkg-config gcc python3-dev), then "
+                "reinstall atlasfs (make install, or pip install -e .)")
+ROOT = 1
+#: Options libfuse's low-level session takes on its command line; the others libfuse's
+#: high-level layer took are answered here (timeouts, uid, gid, umask, threads) or in ``init``.
+SESSION_OPTIONS = frozenset({"fsname", "subtype", "ro", "allow_other", "allow_root", "default_permissions", "nosuid",
+                             "suid", "nodev", "dev", "noexec", "exec", "max_read", "auto_unmount"})
+CONN_OPTIONS = ("max_read", "max_readahead", "max_background", "congestion_threshold")
+#: High-level options that mean nothing here: the kernel keeps pages across opens already
+#: (OPEN answers ENOSYS), node ids live as long as the kernel holds them.
+IGNORED_OPTIONS = frozenset({"kernel_cache", "auto_cache", "noforget", "remember", "use_ino"})
+#: Folders remembered as listed with attributes (then forgotten all at once).
+LISTED_FOLDERS_KEPT = 100_000
+
+
+def engine_name() -> str:
+    """The engine ``ATLASFS_ENGINE`` asks for; ValueError for an unknown one."""
+    name = os.environ.get(ENGINE_ENV, "adapter") or "adapter"
+    if name not in ENGINES:
+        raise ValueError(f"{ENGINE_ENV}={name}: unknown engine (one of {', '.join(ENGINES)})")
+    return name
+
+
+def native_module() -> Any:
+    """``atlasfs.fuse._native``; OSError saying what to install when it is not built."""
+    try:
+        from atlasfs.fuse import _native
+    except ImportError as exc:
+        raise OSError(f"{INSTALL_HINT} ({exc})") from None
+    return _native
+
+
+class NativeBridge:
+    """The engine's calls, answered from ``tree``. ``on_init`` runs once the kernel connected."""
+
+    def __init__(self, tree: Tree, on_init: Callable[[], None] | None = None) -> None:
+        self.tree = tree
+        self._on_init = on_init
+        self._lock = threading.Lock()
+        #: node id -> [path, lookups]; path -> node id. The root is node 1 for good.
+        self._nodes: dict[int, list[Any]] = {ROOT: ["/", 1]}
+        self._ids: dict[str, int] = {"/": ROOT}
+        self._next_id = ROOT + 1
+        self._listed_with_attributes: set[str] = set()
+        self._listing_plus: dict[str, bool] = {}
+        #: Set when a callback met SystemExit or KeyboardInterrupt: the loop is asked to end.
+        self.critical: BaseException | None = None
+        self.on_critical: Callable[[], None] = lambda: None
+
+    # -- nodes
+
+    def _path(self, node: int) -> str:
+        found = self._nodes.get(node)
+        if found is None:
+            raise OSError(errno.ESTALE, os.strerror(errno.ESTALE), node)
+        return found[0]
+
+    def _register(self, path: str) -> int:
+        """Count one more lookup of ``path``'s node (made if new); its id."""
+        with self._lock:
+            node = self._ids.get(path)
+            if node is None:
+                node = self._next_id
+                self._next_id += 1
+                self._ids[path] = node
+                self._nodes[node] = [path, 1]
+            else:
+                self._nodes[node][1] += 1
+            return node
+
+    def nodes(self) -> int:
+        """How many nodes the kernel holds (the root included)."""
+        return len(self._nodes)
+
+    # -- the engine's calls: a value, or a negative errno
+
+    def _failed(self, what: str, args: tuple[Any, ...], exc: BaseException) -> int:
+        if isinstance(exc, OSError):
+            code = exc.errno if exc.errno and exc.errno > 0 else errno.EIO
+            if code == errno.EIO:
+                log.debug("%s %r: %s", what, args, exc)
+            return -code
+        if isinstance(exc, Exception):
+            log.error("internal error in %s %r", what, args, exc_info=exc)
+            return -errno.EIO
+        self.critical = exc  # SystemExit, KeyboardInterrupt: stop serving
+        self.on_critical()
+        return -errno.EIO
+
+    def lookup(self, parent: int, name: bytes) -> tuple[int, bool, int, float, int] | int:
+        """``name`` in the folder ``parent``: (node id, is_dir, size, mtime, st_ino)."""
+        try:
+            folder = self._path(parent)
+            path = f"{folder.rstrip('/')}/{name.decode('utf-8')}"
+            entry = self.tree.lookup(path)
+            return self._register(path), entry.is_dir, entry.size, entry.mtime, entry.ino
+        except UnicodeDecodeError:  # tree names are UTF-8: such a name cannot be in it
+            return -errno.ENOENT
+        except BaseException as exc:
+            return self._failed("lookup", (parent, name), exc)
+
+    def getattr(self, node: int) -> tuple[bool, int, float, int] | int:
+        """(is_dir, size, mtime, st_ino) of ``node``."""
+        try:
+            entry = self.tree.lookup(self._path(node))
+            return entry.is_dir, entry.size, entry.mtime, entry.ino
+        except BaseException as exc:
+            return self._failed("getattr", (node,), exc)
+
+    def readdir(self, node: int, offset: int, count: int, plus: bool) -> list[tuple[Any, ...]] | int:
+        """At most ``count`` entries of the folder ``node`` from ``offset``, each
+        (name, is_dir, st_ino, node id or 0, size, mtime, next offset). Offsets: 0 ".",
+        1 "..", then child i at i + 2; the kernel asks again from where a reply filled up.
+        With ``plus``, the children the tree knows cheaply carry their attributes (and a
+        node id: looked up), the first time the folder is listed so (the kernel keeps them
+        after); the engine forgets those it could not fit."""
+        try:
+            path = self._path(node)
+            children = self.tree.names(path)  # ENOTDIR for a file
+            out: list[tuple[Any, ...]] = []
+            for dot in range(offset, min(2, offset + count)):
+                out.append((b"." if dot == 0 else b"..", True, 0, 0, 0, 0.0, dot + 1))
+            start = max(offset - 2, 0)
+            stop = min(len(children), start + count - len(out))
+            if stop <= start:
+                return out
+            known: Sequence[Entry | None] = ()
+            if plus and self._hand_out_attributes(path, offset):
+                known = self.tree.known_entries(path, start, stop)
+            prefix = path.rstrip("/")
+            for i in range(start, stop):
+                name, is_dir, ino = children[i]
+                entry = known[i - start] if i - start < len(known) else None
+                if entry is None:
+                    out.append((name.encode("utf-8"), is_dir, ino, 0, 0, 0.0, i + 3))
+                else:
+                    out.append((name.encode("utf-8"), entry.is_dir, entry.ino, self._register(f"{prefix}/{name}"),
+                                entry.size, entry.mtime, i + 3))
+            return out
+        except BaseException as exc:
+            return self._failed("readdir", (node, offset), exc)
+
+    def _hand_out_attributes(self, path: str, offset: int) -> bool:
+        """Whether this listing of ``path`` hands out attributes: decided at its first request
+        (offset 0), for its first READDIRPLUS listing only if the tree knows some of its first
+        children's (later listings find them in the kernel's caches; handing them out again
+        cost a third of a warm tar of small files in the adapter)."""
+        if offset > 0:
+            return self._listing_plus.get(path, False)
+        decided = False
+        if path not in self._listed_with_attributes:
+            decided = any(entry is not None for entry in self.tree.known_entries(path, 0, 64))
+            if decided:
+                if len(self._listed_with_attributes) >= LISTED_FOLDERS_KEPT:
+                    self._listed_with_attributes.clear()
+                self._listed_with_attributes.add(path)
+        if len(self._listing_plus) >= LISTED_FOLDERS_KEPT:
+            self._listing_plus.clear()
+        self._listing_plus[path] = decided
+        return decided
+
+    def read(self, node: int, offset: int, size: int) -> bytes | int:
+        """Up to ``size`` bytes of the file ``node`` from ``offset``."""
+        try:
+            data = self.tree.read(self.tree.lookup(self._path(node)), offset, size)
+            return data if type(data) is bytes else bytes(data)
+        except BaseException as exc:
+            return self._failed("read", (node, offset, size), exc)
+
+    def forget(self, pairs: list[tuple[int, int]]) -> None:
+        """The kernel dropped ``lookups`` of each node: nodes at 0 are forgotten (not the root)."""
+        with self._lock:
+            for node, lookups in pairs:
+                found = self._nodes.get(node)
+                if found is None or node == ROOT:
+                    continue
+                found[1] -= lookups
+                if found[1] <= 0:
+                    del self._nodes[node]
+                    if self._ids.get(found[0]) == node:
+                        del self._ids[found[0]]
+
+    def statfs(self) -> int:
+        """Bytes the tree's data occupies (0 if unknown)."""
+        try:
+            return max(int(self.tree.total_bytes()), 0)
+        except Exception:
+            log.exception("internal error in statfs")
+            return 0
+
+    def init(self) -> None:
+        """The kernel connected: the mount exists."""
+        try:
+            if self._on_init is not None:
+                self._on_init()
+        except Exception:
+            log.exception("internal error in init")
+
+
+def session_settings(options: dict[str, str | bool | int]) -> tuple[list[str], dict[str, Any]]:
+    """The libfuse ``-o`` options of a session and the engine's settings, from libfuse 2 style
+    mount options (those :func:`atlasfs.fuse.mount.fuse_options` makes)."""
+    passed: list[str] = []
+    settings: dict[str, Any] = {"uid": os.getuid(), "gid": os.getgid(),
+                                "file_mode": stat.S_IFREG | 0o444, "dir_mode": stat.S_IFDIR | 0o555}
+    for key, value in options.items():
+        if value is False:
+            continue
+        if key in ("attr_timeout", "entry_timeout", "negative_timeout"):
+            settings[key] = float(value)
+        elif key in ("uid", "gid"):
+            settings[key] = int(value)
+        elif key == "umask":  # as libfuse's: the permissions are 0777 without the mask
+            bits = 0o777 & ~int(str(value), 8)
+            settings["file_mode"], settings["dir_mode"] = stat.S_IFREG | bits, stat.S_IFDIR | bits
+        elif key in ("max_threads", "max_idle_threads"):
+            settings[key] = int(value)
+        elif key in CONN_OPTIONS:
+            settings[key] = int(value)
+            if key == "max_read":  # libfuse refuses the connection unless both agree
+                passed.append(f"max_read={int(value)}")
+        elif key in ("async_read", "sync_read"):
+            settings["async_read"] = 1 if key == "async_read" else -1
+        elif key in IGNORED_OPTIONS:
+            continue
+        else:  # the session's own (SESSION_OPTIONS); libfuse refuses others, saying which
+            passed.append(key if value is True else f"{key}={value}")
+    return passed, settings
+
+
+class NativeSession:
+    """A mount served by the native engine until unmounted or signalled."""
+
+    def __init__(self, bridge: NativeBridge, mountpoint: str, options: dict[str, str | bool | int],
+                 threads: bool = True, debug: bool = False) -> None:
+        native = native_module()
+        self.bridge = bridge
+        self.mountpoint = mountpoint
+        passed, settings = session_settings(options)
+        self.args = ["atlasfs"] + (["-d"] if debug else []) + (["-o", ",".join(passed)] if passed else [])
+        self.session = native.Session(bridge, threads=threads, **settings)
+        self.stop_signal: int | None = None
+        self._stop_lock = threading.Lock()
+        self._loop_thread: int | None = None
+        bridge.on_critical = self.session.exit
+
+    def stop(self, signum: int) -> None:
+        """Leave the loop, from any thread: the session's exit flag, then the signal again to
+        the loop's thread, whose wait only a signal interrupts."""
+        with self._stop_lock:
+            first = self.stop_signal is None
+            if first:
+                self.stop_signal = signum
+        self.session.exit()
+        if first and self._loop_thread is not None:
+            signal.pthread_kill(self._loop_thread, signum)
+
+    def run(self) -> None:
+        """Mount and serve in the foreground (call it in the main thread); RuntimeError if
+        libfuse could not mount (it says why on stderr)."""
+        self.session.mount(self.args, self.mountpoint)
+        self._loop_thread = threading.get_ident()
+        read_end, write_end = os.pipe()
+        os.set_blocking(write_end, False)
+        old_handlers = {sig: signal.signal(sig, _noted) for sig in STOP_SIGNALS}
+        old_wakeup = signal.set_wakeup_fd(write_end, warn_on_full_buffer=False)
+        watcher = threading.Thread(target=_stop_on_signals, args=(read_end, self), name="atlasfs-signals",
+                                   daemon=True)
+        watcher.start()
+        try:
+            err = self.session.loop()
+        finally:
+            signal.set_wakeup_fd(old_wakeup)
+            for sig, handler in old_handlers.items():
+                signal.signal(sig, handler)
+            os.write(write_end, b"\0")  # no signal is 0: the watcher's cue to end
+            watcher.join()
+            os.close(read_end)
+            os.close(write_end)
+            self.session.unmount()
+        if self.bridge.critical is not None:
+            raise self.bridge.critical
+        if err and self.stop_signal is None:
+            log.warning("%s: libfuse's loop ended with status %d", self.mountpoint, err)
+
+
+def native_main(tree: Tree, mountpoint: str, options: dict[str, str | bool | int], on_init: Callable[[], None],
+                threads: bool = True, debug: bool = False) -> None:
+    """Serve ``tree`` at ``mountpoint`` through the native engine (what
+    :func:`atlasfs.fuse.adapter.fuse_main` does through the ctypes adapter)."""
+    NativeSession(NativeBridge(tree, on_init), mountpoint, options, threads, debug).run()
