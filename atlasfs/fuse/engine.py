@@ -24,10 +24,11 @@ import os
 import signal
 import stat
 import threading
+from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any, Callable
 
-from atlasfs.fuse.adapter import STOP_SIGNALS, _noted, _stop_on_signals
+from atlasfs.fuse.adapter import KNOWN_WINDOW, STOP_SIGNALS, _noted, _stop_on_signals
 from atlasfs.tree.base import Entry, Tree
 
 log = logging.getLogger("atlasfs")
@@ -50,6 +51,9 @@ CONN_OPTIONS = ("max_read", "max_readahead", "max_background", "congestion_thres
 IGNORED_OPTIONS = frozenset({"kernel_cache", "auto_cache", "noforget", "remember", "use_ino"})
 #: Folders remembered as listed with attributes (then forgotten all at once).
 LISTED_FOLDERS_KEPT = 100_000
+#: Listings under way kept between their requests, the least recently used dropped first
+#: (one that is dropped is made again from its next request: the tree's names are cheap).
+LISTINGS_KEPT = 256
 
 
 def engine_name() -> str:
@@ -69,6 +73,28 @@ def native_module() -> Any:
     return _native
 
 
+class _Listing:
+    """A folder being listed: its children, whether its attributes are handed out, and the
+    known entries of the window of children being listed (a folder may hold millions)."""
+
+    __slots__ = ("children", "path", "plus", "window", "window_start")
+
+    def __init__(self, path: str, children: Sequence[tuple[str, bool, int]]) -> None:
+        self.path = path
+        self.children = children
+        self.plus = False
+        self.window: Sequence[Entry | None] = ()
+        self.window_start = 0
+
+    def known(self, tree: Tree, i: int) -> Entry | None:
+        """Child ``i``'s entry if the tree knows it cheaply (a window of them asked at once)."""
+        at = i - self.window_start
+        if not 0 <= at < len(self.window):
+            self.window_start, at = i, 0
+            self.window = tree.known_entries(self.path, i, i + KNOWN_WINDOW)
+        return self.window[at] if at < len(self.window) else None
+
+
 class NativeBridge:
     """The engine's calls, answered from ``tree``. ``on_init`` runs once the kernel connected."""
 
@@ -81,7 +107,7 @@ class NativeBridge:
         self._ids: dict[str, int] = {"/": ROOT}
         self._next_id = ROOT + 1
         self._listed_with_attributes: set[str] = set()
-        self._listing_plus: dict[str, bool] = {}
+        self._listings: OrderedDict[int, _Listing] = OrderedDict()
         #: Set when a callback met SystemExit or KeyboardInterrupt: the loop is asked to end.
         self.critical: BaseException | None = None
         self.on_critical: Callable[[], None] = lambda: None
@@ -155,21 +181,17 @@ class NativeBridge:
         after); the engine forgets those it could not fit."""
         try:
             path = self._path(node)
-            children = self.tree.names(path)  # ENOTDIR for a file
+            listing = self._listing(node, path, offset, plus)
+            children = listing.children
             out: list[tuple[Any, ...]] = []
             for dot in range(offset, min(2, offset + count)):
                 out.append((b"." if dot == 0 else b"..", True, 0, 0, 0, 0.0, dot + 1))
             start = max(offset - 2, 0)
             stop = min(len(children), start + count - len(out))
-            if stop <= start:
-                return out
-            known: Sequence[Entry | None] = ()
-            if plus and self._hand_out_attributes(path, offset):
-                known = self.tree.known_entries(path, start, stop)
             prefix = path.rstrip("/")
             for i in range(start, stop):
                 name, is_dir, ino = children[i]
-                entry = known[i - start] if i - start < len(known) else None
+                entry = listing.known(self.tree, i) if listing.plus else None
                 if entry is None:
                     out.append((name.encode("utf-8"), is_dir, ino, 0, 0, 0.0, i + 3))
                 else:
@@ -179,24 +201,37 @@ class NativeBridge:
         except BaseException as exc:
             return self._failed("readdir", (node, offset), exc)
 
-    def _hand_out_attributes(self, path: str, offset: int) -> bool:
-        """Whether this listing of ``path`` hands out attributes: decided at its first request
-        (offset 0), for its first READDIRPLUS listing only if the tree knows some of its first
-        children's (later listings find them in the kernel's caches; handing them out again
-        cost a third of a warm tar of small files in the adapter)."""
-        if offset > 0:
-            return self._listing_plus.get(path, False)
-        decided = False
-        if path not in self._listed_with_attributes:
-            decided = any(entry is not None for entry in self.tree.known_entries(path, 0, 64))
-            if decided:
-                if len(self._listed_with_attributes) >= LISTED_FOLDERS_KEPT:
-                    self._listed_with_attributes.clear()
-                self._listed_with_attributes.add(path)
-        if len(self._listing_plus) >= LISTED_FOLDERS_KEPT:
-            self._listing_plus.clear()
-        self._listing_plus[path] = decided
-        return decided
+    def _listing(self, node: int, path: str, offset: int, plus: bool) -> _Listing:
+        """The listing of ``path`` under way: a new one at offset 0 (OPENDIR answers ENOSYS,
+        so a listing's first request is what starts it), kept for the requests that follow."""
+        with self._lock:
+            listing = self._listings.get(node) if offset > 0 else None
+            if listing is not None:
+                self._listings.move_to_end(node)
+                return listing
+        listing = _Listing(path, self.tree.names(path))  # ENOTDIR for a file
+        if plus:
+            listing.plus = self._hand_out_attributes(listing)
+        with self._lock:
+            self._listings[node] = listing
+            while len(self._listings) > LISTINGS_KEPT:
+                self._listings.popitem(last=False)
+        return listing
+
+    def _hand_out_attributes(self, listing: _Listing) -> bool:
+        """Whether to hand out the known entries of a folder: the first time it is listed with
+        some (later listings find them in the kernel's caches; handing them out again cost a
+        third of a warm tar of small files in the adapter). A folder whose first window knows
+        none is taken to know none yet (a first mount: sizes come with lookups)."""
+        if listing.path in self._listed_with_attributes:
+            return False
+        listing.known(self.tree, 0)  # its first window
+        if not any(entry is not None for entry in listing.window):
+            return False
+        if len(self._listed_with_attributes) >= LISTED_FOLDERS_KEPT:
+            self._listed_with_attributes.clear()
+        self._listed_with_attributes.add(listing.path)
+        return True
 
     def read(self, node: int, offset: int, size: int) -> bytes | int:
         """Up to ``size`` bytes of the file ``node`` from ``offset``."""

@@ -87,6 +87,15 @@ def check_mountpoint(mountpoint: str) -> None:
             raise MountError(f"{mountpoint}: a dead mount is left here; clear it with: atlasfs umount -z {mountpoint}") from None
         raise MountError(f"{mountpoint}: {exc.strerror}") from None
     fstype = mounted_filesystems().get(mountpoint)
+    if fstype is not None and fstype.startswith("fuse"):
+        # The native engine lets the kernel keep listings (docs/native.md): a dead mount may
+        # still list from that cache, but statfs always asks the daemon.
+        try:
+            os.statvfs(mountpoint)
+        except OSError as exc:
+            if exc.errno == errno.ENOTCONN:
+                raise MountError(f"{mountpoint}: a dead mount is left here; clear it with: "
+                                 f"atlasfs umount -z {mountpoint}") from None
     if fstype == "fuse.atlasfs":
         raise MountError(f"{mountpoint}: already an atlasfs mount (unmount it first: atlasfs umount {mountpoint})")
     if fstype is not None:
