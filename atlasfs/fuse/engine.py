@@ -191,7 +191,9 @@ class NativeBridge:
             prefix = path.rstrip("/")
             for i in range(start, stop):
                 name, is_dir, ino = children[i]
-                entry = listing.known(self.tree, i) if listing.plus else None
+                # only READDIRPLUS hands attributes out (and counts a lookup: the engine forgets
+                # only those of READDIRPLUS replies it could not fit)
+                entry = listing.known(self.tree, i) if plus and listing.plus else None
                 if entry is None:
                     out.append((name.encode("utf-8"), is_dir, ino, 0, 0, 0.0, i + 3))
                 else:
