@@ -10,6 +10,7 @@ from __future__ import annotations
 import errno
 import hashlib
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -93,8 +94,8 @@ def test_parallel_readers_read_what_one_reader_reads() -> None:
         assert output == b"".join(expected[path] for path in files[start:] + files[:start])
 
 
-def _serve_foreground(mnt: Path, env: dict[str, str]) -> subprocess.Popen[str]:
-    process = subprocess.Popen([sys.executable, "-m", "atlasfs", "mount", "-f", str(DATASET), str(mnt)],
+def _serve_foreground(mnt: Path, env: dict[str, str], dataset: Path = DATASET) -> subprocess.Popen[str]:
+    process = subprocess.Popen([sys.executable, "-m", "atlasfs", "mount", "-f", str(dataset), str(mnt)],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, **env})
     deadline = time.monotonic() + 30
     while not is_mounted(mnt):
@@ -133,6 +134,42 @@ def test_the_daemon_unmounts_and_exits_cleanly(mountpoint: Path, how: str) -> No
     assert not is_mounted(mountpoint)
     assert "Fatal" not in err and "Traceback" not in err
     assert "unmounted" in err
+
+
+def test_rows_of_an_attached_table_are_answered_in_c(tmp_path: Path, mountpoint: Path) -> None:
+    """A flat shard whose table knows every size (``atlasfs index``): once the control plane
+    has the table (the first lookup in the shard), lookups, attributes and listings of its
+    rows are answered by C, with what the adapter answers."""
+    from atlasfs import AtlasWriter
+
+    dataset = tmp_path / "ds"
+    with AtlasWriter(dataset, shard_size=60, block_size=10) as writer:
+        for i in range(120):
+            writer.add_example({"bin": bytes([i]) * (i + 1), "json": {"i": i}})
+    assert atlasfs("index", str(dataset)).returncode == 0
+    with mounted(dataset, env=ADAPTER) as mnt:
+        expected = tree_of(mnt)
+        names = sorted(os.listdir(mnt / "0"))
+    process = _serve_foreground(mountpoint, NATIVE, dataset)
+    try:
+        first, *rest = names
+        assert os.stat(mountpoint / "0" / first).st_size > 0  # the control plane maps the table
+        for name in rest:  # by name, without a listing: LOOKUPs
+            st = os.stat(mountpoint / "0" / name)
+            assert st.st_ino > 1 << 32 and st.st_mode == 0o100444
+        assert tree_of(mountpoint) == expected
+        subprocess.run(["fusermount3", "-u", str(mountpoint)], check=True)
+        _, err = process.communicate(timeout=30)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert process.returncode == 0, err
+    (line,) = [line for line in err.splitlines() if "native engine answered" in line]
+    answered = {kind: (int(c), int(python)) for kind, c, python in
+                re.findall(r"(\w+) (\d+) in C, (\d+) in Python", line)}
+    assert answered["lookup"][0] >= len(rest), line
+    assert answered["readdir"][0] >= 1, line  # shard 0's listing (its table attached)
 
 
 def test_a_mount_without_the_extension_says_what_to_install(mountpoint: Path) -> None:
@@ -180,6 +217,19 @@ def test_wrong_answers_of_the_control_plane_are_eio_never_a_crash(mountpoint: Pa
         with pytest.raises(OSError) as failed:
             os.listdir(mountpoint)  # a name with a NUL, then an entry of two fields
         assert failed.value.errno == errno.EIO
+        # Table columns that lie: C checks every row, offset and size against its buffers.
+        for path in ("lying/ab", "lying/cd", "lying/zz", "sizes/big"):
+            with pytest.raises(OSError) as failed:
+                os.stat(mountpoint / path)
+            assert failed.value.errno == errno.EIO, path
+        assert os.stat(mountpoint / "sizes" / "ok").st_size == 2
+        assert os.stat(mountpoint / "sizes" / "ok").st_ino == (2 << 32) + 2
+        with pytest.raises(FileNotFoundError):
+            os.stat(mountpoint / "sizes" / "no")
+        with pytest.raises(OSError) as failed:
+            os.listdir(mountpoint / "lying")
+        assert failed.value.errno == errno.EIO
+        assert sorted(os.listdir(mountpoint / "sizes")) == ["big", "ok"]
         assert (mountpoint / "good").read_bytes() == b"hello"
         assert process.poll() is None
     finally:

@@ -41,6 +41,8 @@ INSTALL_HINT = ("the native engine (atlasfs.fuse._native) is not built: install 
                 "python3-dev (Debian/Ubuntu: apt-get install libfuse3-dev pkg-config gcc python3-dev), then "
                 "reinstall atlasfs (make install, or pip install -e .)")
 ROOT = 1
+#: Node ids from here on are shard folders and table rows (their inode numbers); below, ours.
+TABLE_NODES = 1 << 32
 #: Options libfuse's low-level session takes on its command line; the others libfuse's
 #: high-level layer took are answered here (timeouts, uid, gid, umask, threads) or in ``init``.
 SESSION_OPTIONS = frozenset({"fsname", "subtype", "ro", "allow_other", "allow_root", "default_permissions", "nosuid",
@@ -108,6 +110,12 @@ class NativeBridge:
         self._next_id = ROOT + 1
         self._listed_with_attributes: set[str] = set()
         self._listings: OrderedDict[int, _Listing] = OrderedDict()
+        #: A tree whose inode numbers from TABLE_NODES on name shard folders and table rows
+        #: (BlockTree) resolves them; the engine answers those rows from attached tables.
+        self._path_of_ino: Callable[[int], str | None] | None = getattr(tree, "path_of_ino", None)
+        self._tables = getattr(tree, "tables", None) if self._path_of_ino is not None else None
+        self._attached: dict[int, Any] = {}  # shard position -> the size column attached
+        self.session: Any = None
         #: Set when a callback met SystemExit or KeyboardInterrupt: the loop is asked to end.
         self.critical: BaseException | None = None
         self.on_critical: Callable[[], None] = lambda: None
@@ -116,9 +124,19 @@ class NativeBridge:
 
     def _path(self, node: int) -> str:
         found = self._nodes.get(node)
-        if found is None:
+        if found is not None:
+            return found[0]
+        path = self._path_of_ino(node) if node >= TABLE_NODES and self._path_of_ino is not None else None
+        if path is None:
             raise OSError(errno.ESTALE, os.strerror(errno.ESTALE), node)
-        return found[0]
+        return path
+
+    def _node(self, path: str, entry: Entry) -> int:
+        """The node id of ``path``: its inode number where that names it (a shard folder or a
+        table row of a tree that says so: nothing kept), else a counted node of our own."""
+        if entry.ino >= TABLE_NODES and self._path_of_ino is not None:
+            return entry.ino
+        return self._register(path)
 
     def _register(self, path: str) -> int:
         """Count one more lookup of ``path``'s node (made if new); its id."""
@@ -158,7 +176,9 @@ class NativeBridge:
             folder = self._path(parent)
             path = f"{folder.rstrip('/')}/{name.decode('utf-8')}"
             entry = self.tree.lookup(path)
-            return self._register(path), entry.is_dir, entry.size, entry.mtime, entry.ino
+            if parent >= TABLE_NODES:
+                self._attach(parent)
+            return self._node(path, entry), entry.is_dir, entry.size, entry.mtime, entry.ino
         except UnicodeDecodeError:  # tree names are UTF-8: such a name cannot be in it
             return -errno.ENOENT
         except BaseException as exc:
@@ -197,8 +217,10 @@ class NativeBridge:
                 if entry is None:
                     out.append((name.encode("utf-8"), is_dir, ino, 0, 0, 0.0, i + 3))
                 else:
-                    out.append((name.encode("utf-8"), entry.is_dir, entry.ino, self._register(f"{prefix}/{name}"),
+                    out.append((name.encode("utf-8"), entry.is_dir, entry.ino, self._node(f"{prefix}/{name}", entry),
                                 entry.size, entry.mtime, i + 3))
+            if node >= TABLE_NODES:
+                self._attach(node)
             return out
         except BaseException as exc:
             return self._failed("readdir", (node, offset), exc)
@@ -242,6 +264,29 @@ class NativeBridge:
             return data if type(data) is bytes else bytes(data)
         except BaseException as exc:
             return self._failed("read", (node, offset, size), exc)
+
+    def _attach(self, folder: int) -> None:
+        """Attach the table of the shard folder ``folder`` to the engine, if it is held and
+        flat (C answers its rows' lookups, attributes and listing from then on), or again if
+        its size column changed (a table mapped again)."""
+        s, row = (folder >> 32) - 1, folder & 0xFFFFFFFF
+        if self.session is None or self._tables is None or row != 0:
+            return
+        table = self._tables.tables.get(s)
+        if table is None or not table.flat or self._attached.get(s) is table.size:
+            return
+        mtime = self.tree.lookup(self._path(folder)).mtime
+        try:
+            self.session.attach(s, mtime, table._names, table._offsets, table.kind, table.size, table.by_path)
+        except (ValueError, TypeError, BufferError) as exc:  # a column that is no plain buffer: Python answers
+            log.debug("shard %d: table not attached to the engine: %s", s, exc)
+            return
+        self._attached[s] = table.size
+
+    def release(self, s: int) -> None:
+        """The tree let go of shard position ``s``'s table: the engine lets go of its columns."""
+        if self._attached.pop(s, None) is not None and self.session is not None:
+            self.session.detach(s)
 
     def forget(self, pairs: list[tuple[int, int]]) -> None:
         """The kernel dropped ``lookups`` of each node: nodes at 0 are forgotten (not the root)."""
@@ -314,7 +359,12 @@ class NativeSession:
         self.mountpoint = mountpoint
         passed, settings = session_settings(options)
         self.args = ["atlasfs"] + (["-d"] if debug else []) + (["-o", ",".join(passed)] if passed else [])
-        self.session = native.Session(bridge, threads=threads, **settings)
+        tables = bridge._tables
+        self.session = native.Session(bridge, threads=threads, shards=len(tables.shards) if tables else 0,
+                                      **settings)
+        bridge.session = self.session
+        if tables is not None:
+            tables.on_release = bridge.release
         self.stop_signal: int | None = None
         self._stop_lock = threading.Lock()
         self._loop_thread: int | None = None
@@ -354,6 +404,9 @@ class NativeSession:
             os.close(read_end)
             os.close(write_end)
             self.session.unmount()
+        stats = self.session.stats()
+        log.info("%s: native engine answered %s", self.mountpoint,
+                 ", ".join(f"{kind} {n['c']} in C, {n['python']} in Python" for kind, n in stats.items()))
         if self.bridge.critical is not None:
             raise self.bridge.critical
         if err and self.stop_signal is None:

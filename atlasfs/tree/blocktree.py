@@ -97,6 +97,18 @@ class BlockTree(Tree):
         self.folders.forget(s)
         self._recent = {}
 
+    def path_of_ino(self, ino: int) -> str | None:
+        """The path of a shard folder's or a table row's inode number (they carry (shard, row):
+        :func:`~atlasfs.tree.placement.shard_ino`), None if it names none. The native engine
+        names these files by their inode numbers and keeps nothing per file (docs/native.md)."""
+        s, row = (ino >> 32) - 1, (ino & 0xFFFFFFFF) - 1
+        if not 0 <= s < len(self.shards) or self.placement.by_name.get(self.shards[s].name) != s:
+            return None
+        if row < 0:
+            return f"/{self.shards[s].name}"
+        table = self.tables.tables.get(s) or self.table(s)
+        return f"/{self.shards[s].name}/{table.entry_path(row)}" if row < len(table) else None
+
     # -- the Tree interface
 
     def lookup(self, path: str) -> Entry:

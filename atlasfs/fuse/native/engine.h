@@ -25,6 +25,21 @@ enum {
     CB_LOOKUP, CB_GETATTR, CB_READDIR, CB_READ, CB_FORGET, CB_STATFS, CB_INIT, CB_COUNT
 };
 
+/* Requests answered in C and by the control plane, per kind (Session.stats()). */
+enum { ST_LOOKUP, ST_GETATTR, ST_READDIR, ST_READ, ST_COUNT };
+#define COUNT(s, kind, by_c) __atomic_fetch_add(&(s)->stats[kind][by_c], 1, __ATOMIC_RELAXED)
+
+/* Node ids from here on name shard folders and table rows (tables.c); below, the control plane's. */
+#define TABLE_NODES (UINT64_C(1) << 32)
+
+/* A shard's attached table columns (tables.c). The columns follow the lock, in this order. */
+typedef struct {
+    pthread_rwlock_t lock;
+    Py_buffer names, offsets, kind, size, by_path;
+    uint64_t n;
+    double mtime;
+} ShardTable;
+
 typedef struct {
     PyObject_HEAD
     struct fuse_session *se;
@@ -42,10 +57,25 @@ typedef struct {
     /* The loop. */
     int threads;
     unsigned max_threads, max_idle_threads;
+    uint64_t stats[ST_COUNT][2];  /* [kind][0: Python, 1: C] */
+    /* Shard tables, one slot per shard position. */
+    ShardTable *tables;
+    Py_ssize_t ntables;
 } Session;
 
 /* ops.c */
 extern const struct fuse_lowlevel_ops atlasfs_ops;
+void fill_attr(const Session *s, struct stat *st, int is_dir, uint64_t size, double mtime, uint64_t ino);
+
+/* tables.c: each answer 1 (answered), 0 (the control plane answers) or a negative errno. */
+int tables_init(Session *s, Py_ssize_t shards);
+void tables_free(Session *s);
+PyObject *tables_attach(Session *self, PyObject *args);
+PyObject *tables_detach(Session *self, PyObject *args);
+int tables_lookup(Session *s, fuse_ino_t parent, const char *name, struct fuse_entry_param *e);
+int tables_getattr(Session *s, fuse_ino_t ino, struct stat *st);
+int tables_readdir(Session *s, fuse_req_t req, fuse_ino_t folder, size_t size, off_t off, int plus,
+                   char *buf, size_t *used);
 
 /* bridge.c */
 int bridge_setup(void);

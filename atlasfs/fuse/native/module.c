@@ -17,25 +17,28 @@ static int Session_init(Session *self, PyObject *args, PyObject *kwds)
     static char *kwlist[] = {
         "bridge", "entry_timeout", "attr_timeout", "negative_timeout", "uid", "gid", "file_mode",
         "dir_mode", "max_read", "max_readahead", "max_background", "congestion_threshold",
-        "async_read", "threads", "max_threads", "max_idle_threads", NULL,
+        "async_read", "threads", "max_threads", "max_idle_threads", "shards", NULL,
     };
     PyObject *bridge;
     unsigned int uid = 0, gid = 0, file_mode = 0100444, dir_mode = 040555;
+    Py_ssize_t shards = 0;
     int i;
     self->threads = 1;
     self->max_threads = 10;
     self->max_idle_threads = 10;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O|$dddIIIIIIIIipII", kwlist, &bridge,
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O|$dddIIIIIIIIipIIn", kwlist, &bridge,
                                      &self->entry_timeout, &self->attr_timeout, &self->negative_timeout,
                                      &uid, &gid, &file_mode, &dir_mode, &self->max_read,
                                      &self->max_readahead, &self->max_background,
                                      &self->congestion_threshold, &self->async_read, &self->threads,
-                                     &self->max_threads, &self->max_idle_threads))
+                                     &self->max_threads, &self->max_idle_threads, &shards))
         return -1;
     if (self->se != NULL) {
         PyErr_SetString(PyExc_RuntimeError, "the session is set up already");
         return -1;
     }
+    if (tables_init(self, shards) != 0)
+        return -1;
     if (bridge_setup() != 0) {
         PyErr_SetString(PyExc_RuntimeError, "no thread-specific key for libfuse's workers");
         return -1;
@@ -161,10 +164,29 @@ static PyObject *Session_fd(Session *self, PyObject *unused)
     return PyLong_FromLong(self->se != NULL ? fuse_session_fd(self->se) : -1);
 }
 
+static PyObject *Session_stats(Session *self, PyObject *unused)
+{
+    static const char *const kinds[ST_COUNT] = {"lookup", "getattr", "readdir", "read"};
+    PyObject *out = PyDict_New();
+    int k;
+    (void)unused;
+    for (k = 0; out != NULL && k < ST_COUNT; k++) {
+        PyObject *pair = Py_BuildValue("{sKsK}", "c",
+                                       (unsigned long long)__atomic_load_n(&self->stats[k][1], __ATOMIC_RELAXED),
+                                       "python",
+                                       (unsigned long long)__atomic_load_n(&self->stats[k][0], __ATOMIC_RELAXED));
+        if (pair == NULL || PyDict_SetItemString(out, kinds[k], pair) != 0)
+            Py_CLEAR(out);
+        Py_XDECREF(pair);
+    }
+    return out;
+}
+
 static void Session_dealloc(Session *self)
 {
     int i;
     session_close(self);
+    tables_free(self);
     for (i = 0; i < CB_COUNT; i++)
         Py_CLEAR(self->callbacks[i]);
     Py_CLEAR(self->bridge);
@@ -178,6 +200,12 @@ static PyMethodDef Session_methods[] = {
      "Serve requests until unmounted or exit(); the GIL is released. Returns libfuse's status."},
     {"exit", (PyCFunction)Session_exit, METH_NOARGS, "Ask the loop to end (from any thread)."},
     {"unmount", (PyCFunction)Session_unmount, METH_NOARGS, "Unmount and end the session (idempotent)."},
+    {"attach", (PyCFunction)tables_attach, METH_VARARGS,
+     "attach(shard, mtime, names, offsets, kind, size, by_path): a flat shard table's columns (buffers), "
+     "answered in C from then on."},
+    {"detach", (PyCFunction)tables_detach, METH_VARARGS, "detach(shard): let go of its columns."},
+    {"stats", (PyCFunction)Session_stats, METH_NOARGS,
+     "Requests answered so far, per kind: {'lookup': {'c': n, 'python': n}, ...}."},
     {"fd", (PyCFunction)Session_fd, METH_NOARGS, "The session's /dev/fuse descriptor, -1 when closed."},
     {NULL, NULL, 0, NULL},
 };

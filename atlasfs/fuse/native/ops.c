@@ -25,7 +25,7 @@ static Session *session_of(fuse_req_t req)
     return fuse_req_userdata(req);
 }
 
-static void fill_attr(const Session *s, struct stat *st, int is_dir, uint64_t size, double mtime, uint64_t ino)
+void fill_attr(const Session *s, struct stat *st, int is_dir, uint64_t size, double mtime, uint64_t ino)
 {
     memset(st, 0, sizeof *st);
     st->st_mode = is_dir ? s->dir_mode : s->file_mode;
@@ -93,9 +93,23 @@ static void op_lookup(fuse_req_t req, fuse_ino_t parent, const char *name)
     Session *s = session_of(req);
     struct fuse_entry_param e;
     uint64_t nodeid = 0;
-    int err = 0;
-    PyGILState_STATE gil = bridge_enter();
-    PyObject *r = bridge_call(s, CB_LOOKUP, Py_BuildValue("(Ky#)", (unsigned long long)parent, name,
+    int err = tables_lookup(s, parent, name, &e);
+    PyGILState_STATE gil;
+    PyObject *r;
+    COUNT(s, ST_LOOKUP, err != 0);
+    if (err == 1) {
+        e.attr_timeout = s->attr_timeout;
+        e.entry_timeout = s->entry_timeout;
+        fuse_reply_entry(req, &e);  /* a table row: nothing to forget if the kernel did not take it */
+        return;
+    }
+    if (err < 0) {
+        err = -err;
+        memset(&e, 0, sizeof e);
+        goto reply;
+    }
+    gil = bridge_enter();
+    r = bridge_call(s, CB_LOOKUP, Py_BuildValue("(Ky#)", (unsigned long long)parent, name,
                                                           (Py_ssize_t)strlen(name)));
     memset(&e, 0, sizeof e);
     if (r != NULL && PyTuple_Check(r) && PyTuple_GET_SIZE(r) == 5 && parse_attr(s, r, 1, &e.attr) == 0
@@ -105,6 +119,7 @@ static void op_lookup(fuse_req_t req, fuse_ino_t parent, const char *name)
         err = bridge_errno(r, "lookup");
     Py_XDECREF(r);
     bridge_leave(gil);
+reply:
     if (err == ENOENT && s->negative_timeout > 0) {
         e.ino = 0;  /* a negative entry the kernel keeps for negative_timeout */
         e.entry_timeout = s->negative_timeout;
@@ -128,10 +143,20 @@ static void op_getattr(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi
 {
     Session *s = session_of(req);
     struct stat st;
-    int err = 0;
-    PyGILState_STATE gil = bridge_enter();
-    PyObject *r = bridge_call(s, CB_GETATTR, Py_BuildValue("(K)", (unsigned long long)ino));
+    int err = tables_getattr(s, ino, &st);
+    PyGILState_STATE gil;
+    PyObject *r;
     (void)fi;
+    COUNT(s, ST_GETATTR, err != 0);
+    if (err != 0) {
+        if (err == 1)
+            fuse_reply_attr(req, &st, s->attr_timeout);
+        else
+            fuse_reply_err(req, -err);
+        return;
+    }
+    gil = bridge_enter();
+    r = bridge_call(s, CB_GETATTR, Py_BuildValue("(K)", (unsigned long long)ino));
     if (!(r != NULL && PyTuple_Check(r) && PyTuple_GET_SIZE(r) == 4 && parse_attr(s, r, 0, &st) == 0))
         err = bridge_errno(r, "getattr");
     Py_XDECREF(r);
@@ -156,6 +181,15 @@ static void do_readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, i
     PyObject *r;
     if (buf == NULL) {
         fuse_reply_err(req, ENOMEM);
+        return;
+    }
+    err = tables_readdir(s, req, ino, size, off, plus, buf, &used);
+    COUNT(s, ST_READDIR, err != 0);
+    if (err != 0) {
+        if (err == 1)
+            fuse_reply_buf(req, buf, used);
+        else
+            fuse_reply_err(req, -err);
         return;
     }
     gil = bridge_enter();
@@ -248,8 +282,11 @@ static void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, stru
     char *buf = NULL;
     size_t got = 0;
     int err = 0;
-    PyGILState_STATE gil = bridge_enter();
-    PyObject *r = bridge_call(s, CB_READ, Py_BuildValue("(KLn)", (unsigned long long)ino, (long long)off,
+    PyGILState_STATE gil;
+    PyObject *r;
+    COUNT(s, ST_READ, 0);
+    gil = bridge_enter();
+    r = bridge_call(s, CB_READ, Py_BuildValue("(KLn)", (unsigned long long)ino, (long long)off,
                                                          (Py_ssize_t)size));
     (void)fi;
     if (r != NULL && PyBytes_Check(r) && (size_t)PyBytes_GET_SIZE(r) <= size) {
@@ -274,7 +311,12 @@ static void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, stru
 static void op_forget(fuse_req_t req, fuse_ino_t ino, uint64_t nlookup)
 {
     Session *s = session_of(req);
-    PyGILState_STATE gil = bridge_enter();
+    PyGILState_STATE gil;
+    if (ino >= TABLE_NODES) {  /* a table row or shard folder: nothing is kept for it */
+        fuse_reply_none(req);
+        return;
+    }
+    gil = bridge_enter();
     bridge_forget(s, ino, nlookup);
     bridge_leave(gil);
     fuse_reply_none(req);
@@ -283,17 +325,28 @@ static void op_forget(fuse_req_t req, fuse_ino_t ino, uint64_t nlookup)
 static void op_forget_multi(fuse_req_t req, size_t count, struct fuse_forget_data *forgets)
 {
     Session *s = session_of(req);
-    PyGILState_STATE gil = bridge_enter();
-    PyObject *pairs = PyList_New((Py_ssize_t)count);
-    size_t i;
+    PyGILState_STATE gil;
+    PyObject *pairs;
+    size_t i, ours = 0;
+    for (i = 0; i < count; i++)
+        ours += forgets[i].ino < TABLE_NODES;
+    if (ours == 0) {  /* table rows only: nothing is kept for them */
+        fuse_reply_none(req);
+        return;
+    }
+    gil = bridge_enter();
+    pairs = PyList_New(0);
     for (i = 0; pairs != NULL && i < count; i++) {
-        PyObject *pair = Py_BuildValue("(KK)", (unsigned long long)forgets[i].ino,
-                                       (unsigned long long)forgets[i].nlookup);
-        if (pair == NULL) {
+        PyObject *pair;
+        if (forgets[i].ino >= TABLE_NODES)
+            continue;
+        pair = Py_BuildValue("(KK)", (unsigned long long)forgets[i].ino, (unsigned long long)forgets[i].nlookup);
+        if (pair == NULL || PyList_Append(pairs, pair) != 0) {
+            Py_XDECREF(pair);
             Py_CLEAR(pairs);
             break;
         }
-        PyList_SET_ITEM(pairs, (Py_ssize_t)i, pair);
+        Py_DECREF(pair);
     }
     if (pairs != NULL)
         Py_XDECREF(bridge_call(s, CB_FORGET, PyTuple_Pack(1, pairs)));
