@@ -17,7 +17,7 @@ import sys
 from setuptools import Extension, setup
 
 SOURCES = ["atlasfs/fuse/native/module.c", "atlasfs/fuse/native/ops.c", "atlasfs/fuse/native/bridge.c",
-           "atlasfs/fuse/native/tables.c"]
+           "atlasfs/fuse/native/tables.c", "atlasfs/fuse/native/cache.c"]
 SANITIZE = ["-fsanitize=address,undefined", "-fno-omit-frame-pointer", "-fno-sanitize-recover=undefined"]
 
 

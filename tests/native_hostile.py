@@ -36,10 +36,10 @@ ANSWERS = {
 TABLES = {
     # names "ab", "cd"; the second row's name ends past the blob, the path order names row 7
     "lying": (1 << 32, (b"abcd", np.array([0, 2, 99], np.uint64), np.zeros(2, np.uint8),
-                        np.array([5, 5], np.uint64), np.array([0, 7], np.uint32))),
+                        np.array([5, 5], np.uint64), np.array([0, 7], np.uint32), np.zeros(2, np.uint32))),
     # names "big", "ok"; "big" is 2^63 bytes
     "sizes": (2 << 32, (b"bigok", np.array([0, 3, 5], np.uint64), np.zeros(2, np.uint8),
-                        np.array([1 << 63, 2], np.uint64), np.array([0, 1], np.uint32))),
+                        np.array([1 << 63, 2], np.uint64), np.array([0, 1], np.uint32), np.zeros(2, np.uint32))),
 }
 
 
@@ -88,6 +88,10 @@ class Hostile(NativeBridge):
         if path == "/text":
             return "hello"
         return super().read(node, offset, size)
+
+    def fill(self, shard: int, row: int, offset: int, size: int):  # type: ignore[override]
+        """The files of "sizes"' block, offsets past the bytes: C keeps nothing, EIO."""
+        return 0, np.array([0, 3, 99], np.uint64), b"bigok"
 
     def readdir(self, node: int, offset: int, count: int, plus: bool):  # type: ignore[override]
         if node != 1:

@@ -170,6 +170,7 @@ def test_rows_of_an_attached_table_are_answered_in_c(tmp_path: Path, mountpoint:
                 re.findall(r"(\w+) (\d+) in C, (\d+) in Python", line)}
     assert answered["lookup"][0] >= len(rest), line
     assert answered["readdir"][0] >= 1, line  # shard 0's listing (its table attached)
+    assert answered["read"][0] >= 1, line  # from the byte cache: blocks decoded once
 
 
 def test_a_mount_without_the_extension_says_what_to_install(mountpoint: Path) -> None:
@@ -230,6 +231,9 @@ def test_wrong_answers_of_the_control_plane_are_eio_never_a_crash(mountpoint: Pa
             os.listdir(mountpoint / "lying")
         assert failed.value.errno == errno.EIO
         assert sorted(os.listdir(mountpoint / "sizes")) == ["big", "ok"]
+        with pytest.raises(OSError) as failed:  # the block's files, offsets past their bytes
+            (mountpoint / "sizes" / "ok").read_bytes()
+        assert failed.value.errno == errno.EIO
         assert (mountpoint / "good").read_bytes() == b"hello"
         assert process.poll() is None
     finally:

@@ -41,6 +41,9 @@ INSTALL_HINT = ("the native engine (atlasfs.fuse._native) is not built: install 
                 "python3-dev (Debian/Ubuntu: apt-get install libfuse3-dev pkg-config gcc python3-dev), then "
                 "reinstall atlasfs (make install, or pip install -e .)")
 ROOT = 1
+#: The bound of the engine's byte cache (the encoded files of blocks of attached tables; on
+#: top of the tree's own block cache for now: docs/native.md).
+READ_CACHE_BYTES = 64 << 20
 #: Node ids from here on are shard folders and table rows (their inode numbers); below, ours.
 TABLE_NODES = 1 << 32
 #: Options libfuse's low-level session takes on its command line; the others libfuse's
@@ -277,7 +280,8 @@ class NativeBridge:
             return
         mtime = self.tree.lookup(self._path(folder)).mtime
         try:
-            self.session.attach(s, mtime, table._names, table._offsets, table.kind, table.size, table.by_path)
+            self.session.attach(s, mtime, table._names, table._offsets, table.kind, table.size, table.by_path,
+                                table.block)
         except (ValueError, TypeError, BufferError) as exc:  # a column that is no plain buffer: Python answers
             log.debug("shard %d: table not attached to the engine: %s", s, exc)
             return
@@ -287,6 +291,30 @@ class NativeBridge:
         """The tree let go of shard position ``s``'s table: the engine lets go of its columns."""
         if self._attached.pop(s, None) is not None and self.session is not None:
             self.session.detach(s)
+
+    def fill(self, shard: int, row: int, offset: int, size: int) -> tuple[int, Any, bytes] | bytes | int:
+        """For the engine's byte cache, a read of row ``row`` of an attached table: the files of
+        its block (:meth:`BlockTree.block_files`), kept in C, if the block is decoded (or this
+        read decodes it); else only this read's bytes (a random read of a block not decoded
+        is served from where the file's bytes lie, without decoding it)."""
+        try:
+            tree: Any = self.tree
+            entry = tree.lookup(self._path(((shard + 1) << 32) + 1 + row))
+            ref = entry.ref
+            if ref is None:
+                return -errno.EISDIR
+            key = (ref.shard, ref.block)
+            if key not in tree.blocks.cache:
+                data = tree.read(entry, offset, size)
+                if key not in tree.blocks.cache:
+                    return data if type(data) is bytes else bytes(data)
+            files = tree.block_files(ref.shard, ref.block)
+            if files is None:
+                data = tree.read(entry, offset, size)
+                return data if type(data) is bytes else bytes(data)
+            return files
+        except BaseException as exc:
+            return self._failed("fill", (shard, row, offset, size), exc)
 
     def forget(self, pairs: list[tuple[int, int]]) -> None:
         """The kernel dropped ``lookups`` of each node: nodes at 0 are forgotten (not the root)."""
@@ -361,7 +389,7 @@ class NativeSession:
         self.args = ["atlasfs"] + (["-d"] if debug else []) + (["-o", ",".join(passed)] if passed else [])
         tables = bridge._tables
         self.session = native.Session(bridge, threads=threads, shards=len(tables.shards) if tables else 0,
-                                      **settings)
+                                      cache_bytes=READ_CACHE_BYTES, **settings)
         bridge.session = self.session
         if tables is not None:
             tables.on_release = bridge.release

@@ -22,7 +22,7 @@
 
 /* The Python methods the engine calls (the control plane, atlasfs/fuse/engine.py). */
 enum {
-    CB_LOOKUP, CB_GETATTR, CB_READDIR, CB_READ, CB_FORGET, CB_STATFS, CB_INIT, CB_COUNT
+    CB_LOOKUP, CB_GETATTR, CB_READDIR, CB_READ, CB_FORGET, CB_STATFS, CB_INIT, CB_FILL, CB_COUNT
 };
 
 /* Requests answered in C and by the control plane, per kind (Session.stats()). */
@@ -35,10 +35,12 @@ enum { ST_LOOKUP, ST_GETATTR, ST_READDIR, ST_READ, ST_COUNT };
 /* A shard's attached table columns (tables.c). The columns follow the lock, in this order. */
 typedef struct {
     pthread_rwlock_t lock;
-    Py_buffer names, offsets, kind, size, by_path;
+    Py_buffer names, offsets, kind, size, by_path, block;
     uint64_t n;
     double mtime;
 } ShardTable;
+
+typedef struct CachedBlock CachedBlock;
 
 typedef struct {
     PyObject_HEAD
@@ -61,6 +63,11 @@ typedef struct {
     /* Shard tables, one slot per shard position. */
     ShardTable *tables;
     Py_ssize_t ntables;
+    /* The byte cache (cache.c). */
+    pthread_mutex_t cache_lock;
+    pthread_cond_t cache_filled;
+    CachedBlock *cache_head;
+    size_t cache_bytes, cache_bound;
 } Session;
 
 /* ops.c */
@@ -72,6 +79,7 @@ int tables_init(Session *s, Py_ssize_t shards);
 void tables_free(Session *s);
 PyObject *tables_attach(Session *self, PyObject *args);
 PyObject *tables_detach(Session *self, PyObject *args);
+ShardTable *table_of(Session *s, fuse_ino_t ino, int64_t *row);
 int tables_lookup(Session *s, fuse_ino_t parent, const char *name, struct fuse_entry_param *e);
 int tables_getattr(Session *s, fuse_ino_t ino, struct stat *st);
 int tables_readdir(Session *s, fuse_req_t req, fuse_ino_t folder, size_t size, off_t off, int plus,
@@ -86,5 +94,10 @@ int bridge_errno(PyObject *result, const char *what);
 int bridge_u64(PyObject *value, uint64_t *out);
 void bridge_forget(Session *s, fuse_ino_t ino, uint64_t nlookup);
 void *bridge_scratch(size_t size);
+
+/* cache.c */
+int cache_init(Session *s, size_t bound);
+void cache_free(Session *s);
+int cache_read(Session *s, fuse_req_t req, fuse_ino_t ino, size_t size, off_t off);
 
 #endif

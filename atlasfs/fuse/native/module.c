@@ -9,7 +9,7 @@
 #include <string.h>
 
 static const char *const CALLBACK_NAMES[CB_COUNT] = {
-    "lookup", "getattr", "readdir", "read", "forget", "statfs", "init",
+    "lookup", "getattr", "readdir", "read", "forget", "statfs", "init", "fill",
 };
 
 static int Session_init(Session *self, PyObject *args, PyObject *kwds)
@@ -17,27 +17,31 @@ static int Session_init(Session *self, PyObject *args, PyObject *kwds)
     static char *kwlist[] = {
         "bridge", "entry_timeout", "attr_timeout", "negative_timeout", "uid", "gid", "file_mode",
         "dir_mode", "max_read", "max_readahead", "max_background", "congestion_threshold",
-        "async_read", "threads", "max_threads", "max_idle_threads", "shards", NULL,
+        "async_read", "threads", "max_threads", "max_idle_threads", "shards", "cache_bytes", NULL,
     };
     PyObject *bridge;
     unsigned int uid = 0, gid = 0, file_mode = 0100444, dir_mode = 040555;
-    Py_ssize_t shards = 0;
+    Py_ssize_t shards = 0, cache_bytes = 64 << 20;
     int i;
     self->threads = 1;
     self->max_threads = 10;
     self->max_idle_threads = 10;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O|$dddIIIIIIIIipIIn", kwlist, &bridge,
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O|$dddIIIIIIIIipIInn", kwlist, &bridge,
                                      &self->entry_timeout, &self->attr_timeout, &self->negative_timeout,
                                      &uid, &gid, &file_mode, &dir_mode, &self->max_read,
                                      &self->max_readahead, &self->max_background,
                                      &self->congestion_threshold, &self->async_read, &self->threads,
-                                     &self->max_threads, &self->max_idle_threads, &shards))
+                                     &self->max_threads, &self->max_idle_threads, &shards, &cache_bytes))
         return -1;
     if (self->se != NULL) {
         PyErr_SetString(PyExc_RuntimeError, "the session is set up already");
         return -1;
     }
-    if (tables_init(self, shards) != 0)
+    if (self->tables != NULL || cache_bytes < 0) {
+        PyErr_SetString(PyExc_ValueError, "the session is set up already, or cache_bytes < 0");
+        return -1;
+    }
+    if (tables_init(self, shards) != 0 || cache_init(self, (size_t)cache_bytes) != 0)
         return -1;
     if (bridge_setup() != 0) {
         PyErr_SetString(PyExc_RuntimeError, "no thread-specific key for libfuse's workers");
@@ -187,6 +191,8 @@ static void Session_dealloc(Session *self)
     int i;
     session_close(self);
     tables_free(self);
+    if (self->cache_bound != 0 || self->cache_head != NULL)
+        cache_free(self);
     for (i = 0; i < CB_COUNT; i++)
         Py_CLEAR(self->callbacks[i]);
     Py_CLEAR(self->bridge);
@@ -201,7 +207,7 @@ static PyMethodDef Session_methods[] = {
     {"exit", (PyCFunction)Session_exit, METH_NOARGS, "Ask the loop to end (from any thread)."},
     {"unmount", (PyCFunction)Session_unmount, METH_NOARGS, "Unmount and end the session (idempotent)."},
     {"attach", (PyCFunction)tables_attach, METH_VARARGS,
-     "attach(shard, mtime, names, offsets, kind, size, by_path): a flat shard table's columns (buffers), "
+     "attach(shard, mtime, names, offsets, kind, size, by_path, block): a flat shard table's columns (buffers), "
      "answered in C from then on."},
     {"detach", (PyCFunction)tables_detach, METH_VARARGS, "detach(shard): let go of its columns."},
     {"stats", (PyCFunction)Session_stats, METH_NOARGS,

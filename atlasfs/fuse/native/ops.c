@@ -284,6 +284,12 @@ static void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, stru
     int err = 0;
     PyGILState_STATE gil;
     PyObject *r;
+    int cached = cache_read(s, req, ino, size, off);  /* a row of an attached table: 1 answered */
+    if (cached != 0) {
+        if (cached < 0)
+            fuse_reply_err(req, -cached);
+        return;
+    }
     COUNT(s, ST_READ, 0);
     gil = bridge_enter();
     r = bridge_call(s, CB_READ, Py_BuildValue("(KLn)", (unsigned long long)ino, (long long)off,

@@ -23,7 +23,7 @@
 
 static void release_columns(ShardTable *t)
 {
-    Py_buffer *columns[] = {&t->names, &t->offsets, &t->kind, &t->size, &t->by_path};
+    Py_buffer *columns[] = {&t->names, &t->offsets, &t->kind, &t->size, &t->by_path, &t->block};
     size_t i;
     for (i = 0; i < sizeof columns / sizeof *columns; i++)
         if (columns[i]->obj != NULL)
@@ -77,11 +77,11 @@ PyObject *tables_attach(Session *self, PyObject *args)
 {
     Py_ssize_t shard;
     double mtime;
-    PyObject *names, *offsets, *kind, *size, *by_path;
+    PyObject *names, *offsets, *kind, *size, *by_path, *block;
     ShardTable fresh, old, *t;
     uint64_t n;
     memset(&fresh, 0, sizeof fresh);
-    if (!PyArg_ParseTuple(args, "ndOOOOO", &shard, &mtime, &names, &offsets, &kind, &size, &by_path))
+    if (!PyArg_ParseTuple(args, "ndOOOOOO", &shard, &mtime, &names, &offsets, &kind, &size, &by_path, &block))
         return NULL;
     if (shard < 0 || shard >= self->ntables) {
         PyErr_SetString(PyExc_IndexError, "attach: no such shard");
@@ -89,12 +89,13 @@ PyObject *tables_attach(Session *self, PyObject *args)
     }
     if (get_column(names, &fresh.names, 1, "names") || get_column(offsets, &fresh.offsets, 8, "offsets")
         || get_column(kind, &fresh.kind, 1, "kind") || get_column(size, &fresh.size, 8, "size")
-        || get_column(by_path, &fresh.by_path, 4, "by_path")) {
+        || get_column(by_path, &fresh.by_path, 4, "by_path") || get_column(block, &fresh.block, 4, "block")) {
         release_columns(&fresh);
         return NULL;
     }
     n = (uint64_t)fresh.kind.len;
     if ((uint64_t)fresh.size.len != n * 8 || (uint64_t)fresh.by_path.len != n * 4
+        || (uint64_t)fresh.block.len != n * 4
         || (uint64_t)fresh.offsets.len != (n + 1) * 8 || n >= UINT32_MAX) {
         release_columns(&fresh);
         PyErr_SetString(PyExc_ValueError, "attach: columns of different lengths");
@@ -166,7 +167,7 @@ static int row_attr(const Session *s, const ShardTable *t, uint64_t row, fuse_in
     return 1;
 }
 
-static ShardTable *table_of(Session *s, fuse_ino_t ino, int64_t *row)
+ShardTable *table_of(Session *s, fuse_ino_t ino, int64_t *row)
 {
     uint64_t shard;
     if (ino < TABLE_NODES)
