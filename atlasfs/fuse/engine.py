@@ -44,6 +44,8 @@ ROOT = 1
 #: The bound of the engine's byte cache (the encoded files of blocks of attached tables; on
 #: top of the tree's own block cache for now: docs/native.md).
 READ_CACHE_BYTES = 64 << 20
+#: Blocks remembered as read once without being decoded (then forgotten all at once).
+LOCATED_BLOCKS_KEPT = 1 << 16
 #: Node ids from here on are shard folders and table rows (their inode numbers); below, ours.
 TABLE_NODES = 1 << 32
 #: Options libfuse's low-level session takes on its command line; the others libfuse's
@@ -118,6 +120,7 @@ class NativeBridge:
         self._path_of_ino: Callable[[int], str | None] | None = getattr(tree, "path_of_ino", None)
         self._tables = getattr(tree, "tables", None) if self._path_of_ino is not None else None
         self._attached: dict[int, Any] = {}  # shard position -> the size column attached
+        self._located_blocks: set[tuple[int, int]] = set()  # blocks read once without decoding
         self.session: Any = None
         #: Set when a callback met SystemExit or KeyboardInterrupt: the loop is asked to end.
         self.critical: BaseException | None = None
@@ -294,9 +297,9 @@ class NativeBridge:
 
     def fill(self, shard: int, row: int, offset: int, size: int) -> tuple[int, Any, bytes] | bytes | int:
         """For the engine's byte cache, a read of row ``row`` of an attached table: the files of
-        its block (:meth:`BlockTree.block_files`), kept in C, if the block is decoded (or this
-        read decodes it); else only this read's bytes (a random read of a block not decoded
-        is served from where the file's bytes lie, without decoding it)."""
+        its block (:meth:`BlockTree.block_files`), kept in C; or, for the first read of a block
+        not decoded, only this read's bytes (served from where the file's bytes lie, without
+        decoding the block: one random read stays cheap)."""
         try:
             tree: Any = self.tree
             entry = tree.lookup(self._path(((shard + 1) << 32) + 1 + row))
@@ -305,9 +308,16 @@ class NativeBridge:
                 return -errno.EISDIR
             key = (ref.shard, ref.block)
             if key not in tree.blocks.cache:
-                data = tree.read(entry, offset, size)
-                if key not in tree.blocks.cache:
-                    return data if type(data) is bytes else bytes(data)
+                # The first read of a block not decoded is served where its bytes lie; a second
+                # decodes it, so that the rest of its files are read in C (readers in parallel).
+                seen = self._located_blocks
+                if key not in seen:
+                    if len(seen) >= LOCATED_BLOCKS_KEPT:
+                        seen.clear()
+                    seen.add(key)
+                    data = tree.read(entry, offset, size)
+                    if key not in tree.blocks.cache:
+                        return data if type(data) is bytes else bytes(data)
             files = tree.block_files(ref.shard, ref.block)
             if files is None:
                 data = tree.read(entry, offset, size)
