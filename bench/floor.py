@@ -10,6 +10,9 @@ and reads every file in a random order with 1 and with 4 reader processes at onc
 fresh mount (``xargs cat``; files/s of all readers together). What the engine, libfuse 3 and
 the kernel cost per file, with no decoding at all, bounds what atlasfs can reach on small files.
 (The native engine serves this tree through its generic path: every request calls Python.)
+The same files as an indexed Atlas dataset (blocks of 100, random bytes, ``atlasfs mount``)
+are measured the same way through each engine: the path a real mount takes, where the native
+engine answers flat shards' rows from their tables and reads from its byte cache in C.
 
     python bench/floor.py                            # 24,000 files of 1 KiB, then 4,500 of 100 KiB; 3 repeats
     python bench/floor.py --files 4500 --size 102400 # one case
@@ -31,7 +34,7 @@ if __package__ in (None, ""):  # run as a script: make `bench` importable
 
 from bench import harness
 from bench._atlasfs import Entry, Tree
-from bench.systems import ServedTree, Tmpfs
+from bench.systems import Atlasfs, ServedTree, Tmpfs
 from bench.workloads import parallel_reads, tar_all
 
 #: The default cases, (files, size): small files, and files of the image set's size.
@@ -87,6 +90,26 @@ def measure(files: int, size: int, repeat: int, workdir: str) -> dict[str, list[
         results |= {f"{engine} cold": [], f"{engine} warm": []}
     for engine in ENGINES:
         results |= {f"{engine} {readers} reader{'s' * (readers > 1)}": [] for readers in READERS}
+    atlas = atlas_dataset(workdir, files, size)
+    shards = sorted(name for name in os.listdir(atlas) if name.isdigit())
+    mounts = {engine: Atlasfs(atlas, shards, os.path.join(workdir, f"atlas-{engine}")) for engine in ENGINES}
+    for engine, system in mounts.items():
+        system.env["ATLASFS_ENGINE"] = engine
+        system.prepare_metadata()
+    with mounts["adapter"].session() as view:
+        atlas_order = [f"{s}/{name}" for s in shards for name in sorted(os.listdir(view.shard_dirs[s]))]
+    random.Random(0).shuffle(atlas_order)
+    for engine in ENGINES:
+        results[f"atlas {engine} cold"] = []
+        results |= {f"atlas {engine} {readers} reader{'s' * (readers > 1)}": [] for readers in READERS}
+    for _ in range(repeat):
+        for engine, system in mounts.items():
+            with system.session() as view:
+                results[f"atlas {engine} cold"].append(tar_all(view, shards).seconds)
+            for readers in READERS:
+                with system.session() as view:
+                    seconds = parallel_reads(view, atlas_order, readers).seconds
+                results[f"atlas {engine} {readers} reader{'s' * (readers > 1)}"].append(seconds)
     for _ in range(repeat):
         with tmpfs.session() as view:
             results["tmpfs"].append(tar_all(view, ["d"]).seconds)
@@ -100,6 +123,21 @@ def measure(files: int, size: int, repeat: int, workdir: str) -> dict[str, list[
                     seconds = parallel_reads(view, order, readers).seconds
                 results[f"{engine} {readers} reader{'s' * (readers > 1)}"].append(seconds)
     return results
+
+
+def atlas_dataset(workdir: str, files: int, size: int) -> str:
+    """An Atlas dataset of ``files`` files of ``size`` random bytes (one field an example), in
+    four shards of blocks of 100 examples, its tables stored by ``atlasfs index`` (run by each
+    engine's ``prepare_metadata``)."""
+    path = os.path.join(workdir, f"atlas-{files}x{size}")
+    if not os.path.exists(os.path.join(path, "meta.json")):
+        from atlasfs import AtlasWriter
+
+        rng = random.Random(0)
+        with AtlasWriter(path, shard_size=max(1, -(-files // 4)), block_size=100) as writer:
+            for _ in range(files):
+                writer.add_example({"bin": rng.randbytes(size)})
+    return path
 
 
 def main(argv: list[str] | None = None) -> int:

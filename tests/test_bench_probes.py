@@ -25,7 +25,8 @@ def test_floor_serves_its_tree_through_both_engines_and_reports_every_line(tmp_p
     (case,) = run.data["cases"].values()
     tmpfs = statistics.median(case["tmpfs"])
     for name in ("tmpfs", "adapter cold", "adapter warm", "native cold", "native warm", "adapter 1 reader",
-                 "adapter 4 readers", "native 1 reader", "native 4 readers"):
+                 "adapter 4 readers", "native 1 reader", "native 4 readers", "atlas adapter cold",
+                 "atlas native cold", "atlas adapter 4 readers", "atlas native 4 readers"):
         (row,) = table_rows(run.markdown, name)
         assert float(row[1].replace(",", "")) > 0, row  # files/s
         assert row[4] == f"{tmpfs / statistics.median(case[name]):.3f}", row  # of tmpfs, in the same run
