@@ -115,6 +115,28 @@ def random_reads(view: View, relative_paths: list[str]) -> Reads:
     return Reads(latencies, clock() - start, nbytes, checksum)
 
 
+def parallel_reads(view: View, relative_paths: list[str], readers: int) -> Timed:
+    """``readers`` processes at once (``xargs cat``), each reading its share of the files (every
+    ``readers``-th, in the order given) to the end; answers the number of files read."""
+    with tempfile.TemporaryDirectory(prefix="atlasfs-bench-readers-") as lists:
+        commands = []
+        for i in range(readers):
+            listing = os.path.join(lists, f"{i}.list")
+            with open(listing, "wb") as f:
+                f.write(b"\0".join(os.fsencode(view.path(p)) for p in relative_paths[i::readers]))
+            commands.append(["xargs", "-0", "-a", listing, "cat"])
+
+        def run() -> list[int]:
+            processes = [subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+                         for command in commands]
+            return [process.wait() for process in processes]
+
+        result = timed(run)
+    if any(result.answer):
+        raise WorkloadError(f"parallel reads: a reader exited {result.answer}")
+    return Timed(result.seconds, len(relative_paths))
+
+
 def pick_files(files: list[str], count: int, seed: int) -> list[str]:
     """``count`` files drawn at random (with replacement when there are fewer), the same for every system."""
     rng = random.Random(seed)

@@ -188,8 +188,11 @@ def test_ls_l_gets_every_attribute_with_the_listing() -> None:
         first = _listing(tree.mountpoint, ["ls", "-ln", "d"])
         assert _listing(tree.mountpoint, ["ls", "-ln", "d"]) == first
     assert first.count(f" {FILE_SIZE} ") == FILES
+    # The native engine answers OPENDIR with ENOSYS, so the kernel keeps the listing itself
+    # (FOPEN_CACHE_DIR) and the second ls does not reach the daemon at all.
+    listings = 1 if os.environ.get("ATLASFS_ENGINE") == "native" else 2
     assert tree.file_lookups() == 0
-    assert tree.log["calls"]["names /d"] == 2
+    assert tree.log["calls"]["names /d"] == listings
 
 
 @pytest.mark.parametrize("command", [["find", "d", "-type", "f", "-printf", "%s %i\n"], ["du", "-ab", "d"]])

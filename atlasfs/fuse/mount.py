@@ -27,6 +27,7 @@ from atlasfs.errors import AtlasFormatError
 from atlasfs.formats.factory import open_source
 from atlasfs.fuse.adapter import FuseAdapter, fuse_main, libfuse3
 from atlasfs.fuse.daemonlog import PROBLEM_PREFIX, StartupReport, file_handler, log_in_background
+from atlasfs.fuse.engine import engine_name, native_main, native_module
 from atlasfs.fuse.sdnotify import notify
 from atlasfs.options import MountOptions
 from atlasfs.storage import is_url, redact, set_default_options
@@ -86,6 +87,15 @@ def check_mountpoint(mountpoint: str) -> None:
             raise MountError(f"{mountpoint}: a dead mount is left here; clear it with: atlasfs umount -z {mountpoint}") from None
         raise MountError(f"{mountpoint}: {exc.strerror}") from None
     fstype = mounted_filesystems().get(mountpoint)
+    if fstype is not None and fstype.startswith("fuse"):
+        # The native engine lets the kernel keep listings (docs/native.md): a dead mount may
+        # still list from that cache, but statfs always asks the daemon.
+        try:
+            os.statvfs(mountpoint)
+        except OSError as exc:
+            if exc.errno == errno.ENOTCONN:
+                raise MountError(f"{mountpoint}: a dead mount is left here; clear it with: "
+                                 f"atlasfs umount -z {mountpoint}") from None
     if fstype == "fuse.atlasfs":
         raise MountError(f"{mountpoint}: already an atlasfs mount (unmount it first: atlasfs umount {mountpoint})")
     if fstype is not None:
@@ -103,8 +113,11 @@ def check_fuse(allow_other: bool) -> None:
     if ctypes.util.find_library("fuse3") is None and not os.environ.get("FUSE_LIBRARY_PATH"):
         raise MountError("libfuse 3 not found: install it (Debian/Ubuntu: apt-get install fuse3 libfuse3-3)")
     try:
-        libfuse3()
-    except OSError as exc:
+        if engine_name() == "native":  # ATLASFS_ENGINE (docs/native.md)
+            native_module()
+        else:
+            libfuse3()
+    except (OSError, ValueError) as exc:
         raise MountError(str(exc)) from None
     try:
         os.close(os.open(FUSE_DEVICE, os.O_RDWR))
@@ -185,6 +198,10 @@ def serve(tree: Tree, mountpoint: str, options: MountOptions, fsname: str,
                 log.error("%s: the mount did not answer within %.0f s", mountpoint, READY_TIMEOUT)
         threading.Thread(target=watch, name="atlasfs-ready", daemon=True).start()
 
+    if engine_name() == "native":
+        native_main(tree, mountpoint, fuse_options(options, fsname), on_init, threads=options.threads,
+                    debug=options.debug)
+        return
     fuse_main(FuseAdapter(tree, on_init), mountpoint, fuse_options(options, fsname), threads=options.threads,
               debug=options.debug)
 

@@ -98,6 +98,38 @@ class BlockTree(Tree):
         self.folders.forget(s)
         self._recent = {}
 
+    def path_of_ino(self, ino: int) -> str | None:
+        """The path of a shard folder's or a table row's inode number (they carry (shard, row):
+        :func:`~atlasfs.tree.placement.shard_ino`), None if it names none. The native engine
+        names these files by their inode numbers and keeps nothing per file (docs/native.md)."""
+        s, row = (ino >> 32) - 1, (ino & 0xFFFFFFFF) - 1
+        if not 0 <= s < len(self.shards) or self.placement.by_name.get(self.shards[s].name) != s:
+            return None
+        if row < 0:
+            return f"/{self.shards[s].name}"
+        table = self.tables.tables.get(s) or self.table(s)
+        return f"/{self.shards[s].name}/{table.entry_path(row)}" if row < len(table) else None
+
+    def block_files(self, s: int, block: int) -> tuple[int, np.ndarray, bytes] | None:
+        """The encoded files of block ``block`` of shard position ``s`` for the native engine's
+        byte cache: (first row, offsets of each file's bytes and their end, the bytes), if the
+        block's rows are consecutive files (a flat shard); None otherwise. Encodes every
+        example of the block."""
+        table = self.tables.tables.get(s) or self.table(s)
+        rows = np.flatnonzero(table.block == block)
+        if not len(rows) or int(rows[-1]) - int(rows[0]) + 1 != len(rows) or (table.kind[rows] != FILE).any():
+            return None
+        parts = []
+        for i in rows.tolist():
+            files = self.blocks.encoded_example(s, block, table.pos.item(i))
+            file = table.file.item(i)
+            if file >= len(files):  # only if the dataset changed under us, or a stored table lies
+                raise self.blocks.mismatch(s, block)
+            parts.append(files[file])
+        offsets = np.zeros(len(parts) + 1, np.uint64)
+        np.cumsum([len(part) for part in parts], out=offsets[1:])
+        return int(rows[0]), offsets, b"".join(parts)
+
     # -- the Tree interface
 
     def lookup(self, path: str) -> Entry:

@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -139,6 +139,8 @@ class Tables:
         self.locks = [threading.Lock() for _ in shards]
         # The file each shard's table was last mapped from (mapped again from it once let go).
         self._paths: dict[int, str] = {}
+        #: Called with a shard position whose table is let go (the native engine detaches its columns).
+        self.on_release: Callable[[int], None] | None = None
 
     def _hold(self, s: int, table: FileTable) -> None:
         """Hold ``table`` as shard position ``s``'s; a table let go that learnt sizes since it
@@ -146,6 +148,8 @@ class Tables:
         if table.path is not None:
             self._paths[s] = table.path
         for t, evicted in self.tables.put(s, table):
+            if self.on_release is not None:
+                self.on_release(t)
             self._keep_learnt(t, evicted)
 
     def _keep_learnt(self, s: int, table: FileTable) -> None:
@@ -338,6 +342,8 @@ class Tables:
             table = self.tables.get(s)
             self.tables.drop(s)
         if table is not None:
+            if self.on_release is not None:
+                self.on_release(s)
             self._keep_learnt(s, table)
 
     def _describe_block(self, s: int, block: int) -> list[tuple[Any, list[tuple[str, int]]]] | None:

@@ -1,0 +1,458 @@
+"""The control plane of the native engine (``atlasfs.fuse._native``, docs/native.md).
+
+The C extension runs libfuse 3's low-level session on a multi-threaded loop and calls the
+:class:`NativeBridge` here, holding the GIL only for that call, for what it does not answer
+itself. For now that is every request (the generic path, which serves any
+:class:`~atlasfs.tree.base.Tree`); shard folders' table rows are to be answered in C
+(docs/native.md, "Next").
+
+The low-level API names files by node id, not path: the bridge keeps, for each node the
+kernel holds, its path and how many times it was looked up, and drops it when the kernel
+forgets it (FORGET); the root is node 1 for good. Every method answers a value or a negative
+errno and never raises: an error becomes the errno the tree said (EIO is logged at debug
+level, as the adapter does), anything unexpected EIO with a log line.
+
+Choose the engine with ``ATLASFS_ENGINE=native`` (the default is still the ctypes adapter,
+:mod:`atlasfs.fuse.adapter`, until the native engine serves every mount).
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import signal
+import stat
+import threading
+from collections import OrderedDict
+from collections.abc import Sequence
+from typing import Any, Callable
+
+from atlasfs.fuse.adapter import KNOWN_WINDOW, STOP_SIGNALS, _noted, _stop_on_signals
+from atlasfs.tree.base import Entry, Tree
+
+log = logging.getLogger("atlasfs")
+
+#: The environment variable that picks the engine, and its values.
+ENGINE_ENV = "ATLASFS_ENGINE"
+ENGINES = ("adapter", "native")
+#: What to install when the extension is missing (one line, for ``atlasfs mount``).
+INSTALL_HINT = ("the native engine (atlasfs.fuse._native) is not built: install libfuse3-dev, pkg-config, gcc and "
+                "python3-dev (Debian/Ubuntu: apt-get install libfuse3-dev pkg-config gcc python3-dev), then "
+                "reinstall atlasfs (make install, or pip install -e .)")
+ROOT = 1
+#: The bound of the engine's byte cache (the encoded files of blocks of attached tables; on
+#: top of the tree's own block cache for now: docs/native.md).
+READ_CACHE_BYTES = 64 << 20
+#: Blocks remembered as read once without being decoded (then forgotten all at once).
+LOCATED_BLOCKS_KEPT = 1 << 16
+#: Node ids from here on are shard folders and table rows (their inode numbers); below, ours.
+TABLE_NODES = 1 << 32
+#: Options libfuse's low-level session takes on its command line; the others libfuse's
+#: high-level layer took are answered here (timeouts, uid, gid, umask, threads) or in ``init``.
+SESSION_OPTIONS = frozenset({"fsname", "subtype", "ro", "allow_other", "allow_root", "default_permissions", "nosuid",
+                             "suid", "nodev", "dev", "noexec", "exec", "max_read", "auto_unmount"})
+CONN_OPTIONS = ("max_read", "max_readahead", "max_background", "congestion_threshold")
+#: High-level options that mean nothing here: the kernel keeps pages across opens already
+#: (OPEN answers ENOSYS), node ids live as long as the kernel holds them.
+IGNORED_OPTIONS = frozenset({"kernel_cache", "auto_cache", "noforget", "remember", "use_ino"})
+#: Folders remembered as listed with attributes (then forgotten all at once).
+LISTED_FOLDERS_KEPT = 100_000
+#: Listings under way kept between their requests, the least recently used dropped first
+#: (one that is dropped is made again from its next request: the tree's names are cheap).
+LISTINGS_KEPT = 256
+
+
+def engine_name() -> str:
+    """The engine ``ATLASFS_ENGINE`` asks for; ValueError for an unknown one."""
+    name = os.environ.get(ENGINE_ENV, "adapter") or "adapter"
+    if name not in ENGINES:
+        raise ValueError(f"{ENGINE_ENV}={name}: unknown engine (one of {', '.join(ENGINES)})")
+    return name
+
+
+def native_module() -> Any:
+    """``atlasfs.fuse._native``; OSError saying what to install when it is not built."""
+    try:
+        from atlasfs.fuse import _native
+    except ImportError as exc:
+        raise OSError(f"{INSTALL_HINT} ({exc})") from None
+    return _native
+
+
+class _Listing:
+    """A folder being listed: its children, whether its attributes are handed out, and the
+    known entries of the window of children being listed (a folder may hold millions)."""
+
+    __slots__ = ("children", "path", "plus", "window", "window_start")
+
+    def __init__(self, path: str, children: Sequence[tuple[str, bool, int]]) -> None:
+        self.path = path
+        self.children = children
+        self.plus = False
+        self.window: Sequence[Entry | None] = ()
+        self.window_start = 0
+
+    def known(self, tree: Tree, i: int) -> Entry | None:
+        """Child ``i``'s entry if the tree knows it cheaply (a window of them asked at once)."""
+        at = i - self.window_start
+        if not 0 <= at < len(self.window):
+            self.window_start, at = i, 0
+            self.window = tree.known_entries(self.path, i, i + KNOWN_WINDOW)
+        return self.window[at] if at < len(self.window) else None
+
+
+class NativeBridge:
+    """The engine's calls, answered from ``tree``. ``on_init`` runs once the kernel connected."""
+
+    def __init__(self, tree: Tree, on_init: Callable[[], None] | None = None) -> None:
+        self.tree = tree
+        self._on_init = on_init
+        self._lock = threading.Lock()
+        #: node id -> [path, lookups]; path -> node id. The root is node 1 for good.
+        self._nodes: dict[int, list[Any]] = {ROOT: ["/", 1]}
+        self._ids: dict[str, int] = {"/": ROOT}
+        self._next_id = ROOT + 1
+        self._listed_with_attributes: set[str] = set()
+        self._listings: OrderedDict[int, _Listing] = OrderedDict()
+        #: A tree whose inode numbers from TABLE_NODES on name shard folders and table rows
+        #: (BlockTree) resolves them; the engine answers those rows from attached tables.
+        self._path_of_ino: Callable[[int], str | None] | None = getattr(tree, "path_of_ino", None)
+        self._tables = getattr(tree, "tables", None) if self._path_of_ino is not None else None
+        self._attached: dict[int, Any] = {}  # shard position -> the size column attached
+        self._located_blocks: set[tuple[int, int]] = set()  # blocks read once without decoding
+        self.session: Any = None
+        #: Set when a callback met SystemExit or KeyboardInterrupt: the loop is asked to end.
+        self.critical: BaseException | None = None
+        self.on_critical: Callable[[], None] = lambda: None
+
+    # -- nodes
+
+    def _path(self, node: int) -> str:
+        found = self._nodes.get(node)
+        if found is not None:
+            return found[0]
+        path = self._path_of_ino(node) if node >= TABLE_NODES and self._path_of_ino is not None else None
+        if path is None:
+            raise OSError(errno.ESTALE, os.strerror(errno.ESTALE), node)
+        return path
+
+    def _node(self, path: str, entry: Entry) -> int:
+        """The node id of ``path``: its inode number where that names it (a shard folder or a
+        table row of a tree that says so: nothing kept), else a counted node of our own."""
+        if entry.ino >= TABLE_NODES and self._path_of_ino is not None:
+            return entry.ino
+        return self._register(path)
+
+    def _register(self, path: str) -> int:
+        """Count one more lookup of ``path``'s node (made if new); its id."""
+        with self._lock:
+            node = self._ids.get(path)
+            if node is None:
+                node = self._next_id
+                self._next_id += 1
+                self._ids[path] = node
+                self._nodes[node] = [path, 1]
+            else:
+                self._nodes[node][1] += 1
+            return node
+
+    def nodes(self) -> int:
+        """How many nodes the kernel holds (the root included)."""
+        return len(self._nodes)
+
+    # -- the engine's calls: a value, or a negative errno
+
+    def _failed(self, what: str, args: tuple[Any, ...], exc: BaseException) -> int:
+        if isinstance(exc, OSError):
+            code = exc.errno if exc.errno and exc.errno > 0 else errno.EIO
+            if code == errno.EIO:
+                log.debug("%s %r: %s", what, args, exc)
+            return -code
+        if isinstance(exc, Exception):
+            log.error("internal error in %s %r", what, args, exc_info=exc)
+            return -errno.EIO
+        self.critical = exc  # SystemExit, KeyboardInterrupt: stop serving
+        self.on_critical()
+        return -errno.EIO
+
+    def lookup(self, parent: int, name: bytes) -> tuple[int, bool, int, float, int] | int:
+        """``name`` in the folder ``parent``: (node id, is_dir, size, mtime, st_ino)."""
+        try:
+            folder = self._path(parent)
+            path = f"{folder.rstrip('/')}/{name.decode('utf-8')}"
+            entry = self.tree.lookup(path)
+            if parent >= TABLE_NODES:
+                self._attach(parent)
+            return self._node(path, entry), entry.is_dir, entry.size, entry.mtime, entry.ino
+        except UnicodeDecodeError:  # tree names are UTF-8: such a name cannot be in it
+            return -errno.ENOENT
+        except BaseException as exc:
+            return self._failed("lookup", (parent, name), exc)
+
+    def getattr(self, node: int) -> tuple[bool, int, float, int] | int:
+        """(is_dir, size, mtime, st_ino) of ``node``."""
+        try:
+            entry = self.tree.lookup(self._path(node))
+            return entry.is_dir, entry.size, entry.mtime, entry.ino
+        except BaseException as exc:
+            return self._failed("getattr", (node,), exc)
+
+    def readdir(self, node: int, offset: int, count: int, plus: bool) -> list[tuple[Any, ...]] | int:
+        """At most ``count`` entries of the folder ``node`` from ``offset``, each
+        (name, is_dir, st_ino, node id or 0, size, mtime, next offset). Offsets: 0 ".",
+        1 "..", then child i at i + 2; the kernel asks again from where a reply filled up.
+        With ``plus``, the children the tree knows cheaply carry their attributes (and a
+        node id: looked up), the first time the folder is listed so (the kernel keeps them
+        after); the engine forgets those it could not fit."""
+        try:
+            path = self._path(node)
+            listing = self._listing(node, path, offset, plus)
+            children = listing.children
+            out: list[tuple[Any, ...]] = []
+            for dot in range(offset, min(2, offset + count)):
+                out.append((b"." if dot == 0 else b"..", True, 0, 0, 0, 0.0, dot + 1))
+            start = max(offset - 2, 0)
+            stop = min(len(children), start + count - len(out))
+            prefix = path.rstrip("/")
+            for i in range(start, stop):
+                name, is_dir, ino = children[i]
+                # only READDIRPLUS hands attributes out (and counts a lookup: the engine forgets
+                # only those of READDIRPLUS replies it could not fit)
+                entry = listing.known(self.tree, i) if plus and listing.plus else None
+                if entry is None:
+                    out.append((name.encode("utf-8"), is_dir, ino, 0, 0, 0.0, i + 3))
+                else:
+                    out.append((name.encode("utf-8"), entry.is_dir, entry.ino, self._node(f"{prefix}/{name}", entry),
+                                entry.size, entry.mtime, i + 3))
+            if node >= TABLE_NODES:
+                self._attach(node)
+            return out
+        except BaseException as exc:
+            return self._failed("readdir", (node, offset), exc)
+
+    def _listing(self, node: int, path: str, offset: int, plus: bool) -> _Listing:
+        """The listing of ``path`` under way: a new one at offset 0 (OPENDIR answers ENOSYS,
+        so a listing's first request is what starts it), kept for the requests that follow."""
+        with self._lock:
+            listing = self._listings.get(node) if offset > 0 else None
+            if listing is not None:
+                self._listings.move_to_end(node)
+                return listing
+        listing = _Listing(path, self.tree.names(path))  # ENOTDIR for a file
+        if plus:
+            listing.plus = self._hand_out_attributes(listing)
+        with self._lock:
+            self._listings[node] = listing
+            while len(self._listings) > LISTINGS_KEPT:
+                self._listings.popitem(last=False)
+        return listing
+
+    def _hand_out_attributes(self, listing: _Listing) -> bool:
+        """Whether to hand out the known entries of a folder: the first time it is listed with
+        some (later listings find them in the kernel's caches; handing them out again cost a
+        third of a warm tar of small files in the adapter). A folder whose first window knows
+        none is taken to know none yet (a first mount: sizes come with lookups)."""
+        if listing.path in self._listed_with_attributes:
+            return False
+        listing.known(self.tree, 0)  # its first window
+        if not any(entry is not None for entry in listing.window):
+            return False
+        if len(self._listed_with_attributes) >= LISTED_FOLDERS_KEPT:
+            self._listed_with_attributes.clear()
+        self._listed_with_attributes.add(listing.path)
+        return True
+
+    def read(self, node: int, offset: int, size: int) -> bytes | int:
+        """Up to ``size`` bytes of the file ``node`` from ``offset``."""
+        try:
+            data = self.tree.read(self.tree.lookup(self._path(node)), offset, size)
+            return data if type(data) is bytes else bytes(data)
+        except BaseException as exc:
+            return self._failed("read", (node, offset, size), exc)
+
+    def _attach(self, folder: int) -> None:
+        """Attach the table of the shard folder ``folder`` to the engine, if it is held and
+        flat (C answers its rows' lookups, attributes and listing from then on), or again if
+        its size column changed (a table mapped again)."""
+        s, row = (folder >> 32) - 1, folder & 0xFFFFFFFF
+        if self.session is None or self._tables is None or row != 0:
+            return
+        table = self._tables.tables.get(s)
+        if table is None or not table.flat or self._attached.get(s) is table.size:
+            return
+        mtime = self.tree.lookup(self._path(folder)).mtime
+        try:
+            self.session.attach(s, mtime, table._names, table._offsets, table.kind, table.size, table.by_path,
+                                table.block)
+        except (ValueError, TypeError, BufferError) as exc:  # a column that is no plain buffer: Python answers
+            log.debug("shard %d: table not attached to the engine: %s", s, exc)
+            return
+        self._attached[s] = table.size
+
+    def release(self, s: int) -> None:
+        """The tree let go of shard position ``s``'s table: the engine lets go of its columns."""
+        if self._attached.pop(s, None) is not None and self.session is not None:
+            self.session.detach(s)
+
+    def fill(self, shard: int, row: int, offset: int, size: int) -> tuple[int, Any, bytes] | bytes | int:
+        """For the engine's byte cache, a read of row ``row`` of an attached table: the files of
+        its block (:meth:`BlockTree.block_files`), kept in C; or, for the first read of a block
+        not decoded, only this read's bytes (served from where the file's bytes lie, without
+        decoding the block: one random read stays cheap)."""
+        try:
+            tree: Any = self.tree
+            entry = tree.lookup(self._path(((shard + 1) << 32) + 1 + row))
+            ref = entry.ref
+            if ref is None:
+                return -errno.EISDIR
+            key = (ref.shard, ref.block)
+            if key not in tree.blocks.cache:
+                # The first read of a block not decoded is served where its bytes lie; a second
+                # decodes it, so that the rest of its files are read in C (readers in parallel).
+                seen = self._located_blocks
+                if key not in seen:
+                    if len(seen) >= LOCATED_BLOCKS_KEPT:
+                        seen.clear()
+                    seen.add(key)
+                    data = tree.read(entry, offset, size)
+                    if key not in tree.blocks.cache:
+                        return data if type(data) is bytes else bytes(data)
+            files = tree.block_files(ref.shard, ref.block)
+            if files is None:
+                data = tree.read(entry, offset, size)
+                return data if type(data) is bytes else bytes(data)
+            return files
+        except BaseException as exc:
+            return self._failed("fill", (shard, row, offset, size), exc)
+
+    def forget(self, pairs: list[tuple[int, int]]) -> None:
+        """The kernel dropped ``lookups`` of each node: nodes at 0 are forgotten (not the root)."""
+        with self._lock:
+            for node, lookups in pairs:
+                found = self._nodes.get(node)
+                if found is None or node == ROOT:
+                    continue
+                found[1] -= lookups
+                if found[1] <= 0:
+                    del self._nodes[node]
+                    if self._ids.get(found[0]) == node:
+                        del self._ids[found[0]]
+
+    def statfs(self) -> int:
+        """Bytes the tree's data occupies (0 if unknown)."""
+        try:
+            return max(int(self.tree.total_bytes()), 0)
+        except Exception:
+            log.exception("internal error in statfs")
+            return 0
+
+    def init(self) -> None:
+        """The kernel connected: the mount exists."""
+        try:
+            if self._on_init is not None:
+                self._on_init()
+        except Exception:
+            log.exception("internal error in init")
+
+
+def session_settings(options: dict[str, str | bool | int]) -> tuple[list[str], dict[str, Any]]:
+    """The libfuse ``-o`` options of a session and the engine's settings, from libfuse 2 style
+    mount options (those :func:`atlasfs.fuse.mount.fuse_options` makes)."""
+    passed: list[str] = []
+    settings: dict[str, Any] = {"uid": os.getuid(), "gid": os.getgid(),
+                                "file_mode": stat.S_IFREG | 0o444, "dir_mode": stat.S_IFDIR | 0o555}
+    for key, value in options.items():
+        if value is False:
+            continue
+        if key in ("attr_timeout", "entry_timeout", "negative_timeout"):
+            settings[key] = float(value)
+        elif key in ("uid", "gid"):
+            settings[key] = int(value)
+        elif key == "umask":  # as libfuse's: the permissions are 0777 without the mask
+            bits = 0o777 & ~int(str(value), 8)
+            settings["file_mode"], settings["dir_mode"] = stat.S_IFREG | bits, stat.S_IFDIR | bits
+        elif key in ("max_threads", "max_idle_threads"):
+            settings[key] = int(value)
+        elif key in CONN_OPTIONS:
+            settings[key] = int(value)
+            if key == "max_read":  # libfuse refuses the connection unless both agree
+                passed.append(f"max_read={int(value)}")
+        elif key in ("async_read", "sync_read"):
+            settings["async_read"] = 1 if key == "async_read" else -1
+        elif key in IGNORED_OPTIONS:
+            continue
+        else:  # the session's own (SESSION_OPTIONS); libfuse refuses others, saying which
+            passed.append(key if value is True else f"{key}={value}")
+    return passed, settings
+
+
+class NativeSession:
+    """A mount served by the native engine until unmounted or signalled."""
+
+    def __init__(self, bridge: NativeBridge, mountpoint: str, options: dict[str, str | bool | int],
+                 threads: bool = True, debug: bool = False) -> None:
+        native = native_module()
+        self.bridge = bridge
+        self.mountpoint = mountpoint
+        passed, settings = session_settings(options)
+        self.args = ["atlasfs"] + (["-d"] if debug else []) + (["-o", ",".join(passed)] if passed else [])
+        tables = bridge._tables
+        self.session = native.Session(bridge, threads=threads, shards=len(tables.shards) if tables else 0,
+                                      cache_bytes=READ_CACHE_BYTES, **settings)
+        bridge.session = self.session
+        if tables is not None:
+            tables.on_release = bridge.release
+        self.stop_signal: int | None = None
+        self._stop_lock = threading.Lock()
+        self._loop_thread: int | None = None
+        bridge.on_critical = self.session.exit
+
+    def stop(self, signum: int) -> None:
+        """Leave the loop, from any thread: the session's exit flag, then the signal again to
+        the loop's thread, whose wait only a signal interrupts."""
+        with self._stop_lock:
+            first = self.stop_signal is None
+            if first:
+                self.stop_signal = signum
+        self.session.exit()
+        if first and self._loop_thread is not None:
+            signal.pthread_kill(self._loop_thread, signum)
+
+    def run(self) -> None:
+        """Mount and serve in the foreground (call it in the main thread); RuntimeError if
+        libfuse could not mount (it says why on stderr)."""
+        self.session.mount(self.args, self.mountpoint)
+        self._loop_thread = threading.get_ident()
+        read_end, write_end = os.pipe()
+        os.set_blocking(write_end, False)
+        old_handlers = {sig: signal.signal(sig, _noted) for sig in STOP_SIGNALS}
+        old_wakeup = signal.set_wakeup_fd(write_end, warn_on_full_buffer=False)
+        watcher = threading.Thread(target=_stop_on_signals, args=(read_end, self), name="atlasfs-signals",
+                                   daemon=True)
+        watcher.start()
+        try:
+            err = self.session.loop()
+        finally:
+            signal.set_wakeup_fd(old_wakeup)
+            for sig, handler in old_handlers.items():
+                signal.signal(sig, handler)
+            os.write(write_end, b"\0")  # no signal is 0: the watcher's cue to end
+            watcher.join()
+            os.close(read_end)
+            os.close(write_end)
+            self.session.unmount()
+        stats = self.session.stats()
+        log.info("%s: native engine answered %s", self.mountpoint,
+                 ", ".join(f"{kind} {n['c']} in C, {n['python']} in Python" for kind, n in stats.items()))
+        if self.bridge.critical is not None:
+            raise self.bridge.critical
+        if err and self.stop_signal is None:
+            log.warning("%s: libfuse's loop ended with status %d", self.mountpoint, err)
+
+
+def native_main(tree: Tree, mountpoint: str, options: dict[str, str | bool | int], on_init: Callable[[], None],
+                threads: bool = True, debug: bool = False) -> None:
+    """Serve ``tree`` at ``mountpoint`` through the native engine (what
+    :func:`atlasfs.fuse.adapter.fuse_main` does through the ctypes adapter)."""
+    NativeSession(NativeBridge(tree, on_init), mountpoint, options, threads, debug).run()

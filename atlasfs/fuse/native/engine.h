@@ -1,0 +1,103 @@
+/* The native data plane of atlasfs: shared declarations (docs/native.md).
+ *
+ * module.c  the Python type `Session` (configuration, mount, loop, exit, unmount)
+ * ops.c     libfuse 3's low-level operations
+ * bridge.c  calls into Python: thread states, the GIL, replies parsed from Python values
+ *
+ * Everything a Python callback returns is checked here as untrusted: a wrong type or
+ * value becomes EIO with one log line, never a crash.
+ */
+#ifndef ATLASFS_ENGINE_H
+#define ATLASFS_ENGINE_H
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#define FUSE_USE_VERSION 312
+#include <fuse_lowlevel.h>
+
+#include <pthread.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+/* The Python methods the engine calls (the control plane, atlasfs/fuse/engine.py). */
+enum {
+    CB_LOOKUP, CB_GETATTR, CB_READDIR, CB_READ, CB_FORGET, CB_STATFS, CB_INIT, CB_FILL, CB_COUNT
+};
+
+/* Requests answered in C and by the control plane, per kind (Session.stats()). */
+enum { ST_LOOKUP, ST_GETATTR, ST_READDIR, ST_READ, ST_COUNT };
+#define COUNT(s, kind, by_c) __atomic_fetch_add(&(s)->stats[kind][by_c], 1, __ATOMIC_RELAXED)
+
+/* Node ids from here on name shard folders and table rows (tables.c); below, the control plane's. */
+#define TABLE_NODES (UINT64_C(1) << 32)
+
+/* A shard's attached table columns (tables.c). The columns follow the lock, in this order. */
+typedef struct {
+    pthread_rwlock_t lock;
+    Py_buffer names, offsets, kind, size, by_path, block;
+    uint64_t n;
+    double mtime;
+} ShardTable;
+
+typedef struct CachedBlock CachedBlock;
+
+typedef struct {
+    PyObject_HEAD
+    struct fuse_session *se;
+    int mounted;
+    PyObject *callbacks[CB_COUNT];  /* bound methods of the bridge, owned */
+    PyObject *bridge;
+    /* Replies. */
+    double entry_timeout, attr_timeout, negative_timeout;
+    uid_t uid;
+    gid_t gid;
+    mode_t file_mode, dir_mode;
+    /* fuse_conn_info fields set in init; 0 leaves libfuse's. */
+    unsigned max_read, max_readahead, max_background, congestion_threshold;
+    int async_read;  /* -1 sync_read, 1 async_read, 0 as libfuse has it */
+    /* The loop. */
+    int threads;
+    unsigned max_threads, max_idle_threads;
+    uint64_t stats[ST_COUNT][2];  /* [kind][0: Python, 1: C] */
+    /* Shard tables, one slot per shard position. */
+    ShardTable *tables;
+    Py_ssize_t ntables;
+    /* The byte cache (cache.c). */
+    pthread_mutex_t cache_lock;
+    pthread_cond_t cache_filled;
+    CachedBlock *cache_head;
+    size_t cache_bytes, cache_bound;
+} Session;
+
+/* ops.c */
+extern const struct fuse_lowlevel_ops atlasfs_ops;
+void fill_attr(const Session *s, struct stat *st, int is_dir, uint64_t size, double mtime, uint64_t ino);
+
+/* tables.c: each answer 1 (answered), 0 (the control plane answers) or a negative errno. */
+int tables_init(Session *s, Py_ssize_t shards);
+void tables_free(Session *s);
+PyObject *tables_attach(Session *self, PyObject *args);
+PyObject *tables_detach(Session *self, PyObject *args);
+ShardTable *table_of(Session *s, fuse_ino_t ino, int64_t *row);
+int tables_lookup(Session *s, fuse_ino_t parent, const char *name, struct fuse_entry_param *e);
+int tables_getattr(Session *s, fuse_ino_t ino, struct stat *st);
+int tables_readdir(Session *s, fuse_req_t req, fuse_ino_t folder, size_t size, off_t off, int plus,
+                   char *buf, size_t *used);
+
+/* bridge.c */
+int bridge_setup(void);
+PyGILState_STATE bridge_enter(void);
+void bridge_leave(PyGILState_STATE state);
+PyObject *bridge_call(Session *s, int which, PyObject *args);
+int bridge_errno(PyObject *result, const char *what);
+int bridge_u64(PyObject *value, uint64_t *out);
+void bridge_forget(Session *s, fuse_ino_t ino, uint64_t nlookup);
+void *bridge_scratch(size_t size);
+
+/* cache.c */
+int cache_init(Session *s, size_t bound);
+void cache_free(Session *s);
+int cache_read(Session *s, fuse_req_t req, fuse_ino_t ino, size_t size, off_t off);
+
+#endif

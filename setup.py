@@ -1,0 +1,49 @@
+"""Builds atlasfs's native data plane, ``atlasfs.fuse._native`` (C, on libfuse 3's low-level API;
+docs/native.md). Everything else is in pyproject.toml.
+
+The extension is optional: without libfuse3's headers, pkg-config or a C compiler the package
+installs without it, and ``ATLASFS_ENGINE=native atlasfs mount`` says what to install.
+``ATLASFS_SANITIZE=1`` at build time builds it with AddressSanitizer and UBSan (docs/native.md
+says how to run the FUSE tests under it).
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+import sys
+
+from setuptools import Extension, setup
+
+SOURCES = ["atlasfs/fuse/native/module.c", "atlasfs/fuse/native/ops.c", "atlasfs/fuse/native/bridge.c",
+           "atlasfs/fuse/native/tables.c", "atlasfs/fuse/native/cache.c"]
+SANITIZE = ["-fsanitize=address,undefined", "-fno-omit-frame-pointer", "-fno-sanitize-recover=undefined"]
+
+
+def pkg_config(*args: str) -> list[str] | None:
+    """pkg-config's answer for fuse3, split; None without pkg-config or libfuse3-dev."""
+    try:
+        out = subprocess.run(["pkg-config", *args, "fuse3"], capture_output=True, text=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return shlex.split(out)
+
+
+def native_extension() -> list[Extension]:
+    cflags, libs = pkg_config("--cflags"), pkg_config("--libs")
+    if cflags is None or libs is None:
+        print("atlasfs: pkg-config finds no fuse3: building without the native engine "
+              "(Debian/Ubuntu: apt-get install libfuse3-dev pkg-config gcc python3-dev)", file=sys.stderr)
+        return []
+    compile_args = cflags + ["-std=gnu11", "-O2", "-Wall", "-Wextra", "-Wno-unused-parameter",
+                             "-Wno-missing-field-initializers"]
+    link_args = list(libs)
+    if os.environ.get("ATLASFS_SANITIZE") == "1":
+        compile_args += SANITIZE + ["-O1", "-g"]
+        link_args += SANITIZE
+    return [Extension("atlasfs.fuse._native", SOURCES, depends=["atlasfs/fuse/native/engine.h"],
+                      extra_compile_args=compile_args, extra_link_args=link_args, optional=True)]
+
+
+setup(ext_modules=native_extension())
