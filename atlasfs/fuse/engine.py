@@ -41,9 +41,10 @@ INSTALL_HINT = ("the native engine (atlasfs.fuse._native) is not built: install 
                 "python3-dev (Debian/Ubuntu: apt-get install libfuse3-dev pkg-config gcc python3-dev), then "
                 "reinstall atlasfs (make install, or pip install -e .)")
 ROOT = 1
-#: The bound of the engine's byte cache (the encoded files of blocks of attached tables; on
-#: top of the tree's own block cache for now: docs/native.md).
-READ_CACHE_BYTES = 64 << 20
+#: The share of a mount's ``--cache-size`` that goes to the engine's byte cache (encoded files of
+#: blocks, read in C); the tree's block cache (decoded blocks, what fills the byte cache and
+#: serves the rest) keeps the other half: together they stay within the one bound.
+NATIVE_CACHE_SHARE = 0.5
 #: Blocks remembered as read once without being decoded (then forgotten all at once).
 LOCATED_BLOCKS_KEPT = 1 << 16
 #: Node ids from here on are shard folders and table rows (their inode numbers); below, ours.
@@ -56,8 +57,6 @@ CONN_OPTIONS = ("max_read", "max_readahead", "max_background", "congestion_thres
 #: High-level options that mean nothing here: the kernel keeps pages across opens already
 #: (OPEN answers ENOSYS), node ids live as long as the kernel holds them.
 IGNORED_OPTIONS = frozenset({"kernel_cache", "auto_cache", "noforget", "remember", "use_ino"})
-#: Folders remembered as listed with attributes (then forgotten all at once).
-LISTED_FOLDERS_KEPT = 100_000
 #: Listings under way kept between their requests, the least recently used dropped first
 #: (one that is dropped is made again from its next request: the tree's names are cheap).
 LISTINGS_KEPT = 256
@@ -113,7 +112,6 @@ class NativeBridge:
         self._nodes: dict[int, list[Any]] = {ROOT: ["/", 1]}
         self._ids: dict[str, int] = {"/": ROOT}
         self._next_id = ROOT + 1
-        self._listed_with_attributes: set[str] = set()
         self._listings: OrderedDict[int, _Listing] = OrderedDict()
         #: A tree whose inode numbers from TABLE_NODES on name shard folders and table rows
         #: (BlockTree) resolves them; the engine answers those rows from attached tables.
@@ -203,8 +201,7 @@ class NativeBridge:
         (name, is_dir, st_ino, node id or 0, size, mtime, next offset). Offsets: 0 ".",
         1 "..", then child i at i + 2; the kernel asks again from where a reply filled up.
         With ``plus``, the children the tree knows cheaply carry their attributes (and a
-        node id: looked up), the first time the folder is listed so (the kernel keeps them
-        after); the engine forgets those it could not fit."""
+        node id: looked up); the engine forgets those it could not fit."""
         try:
             path = self._path(node)
             listing = self._listing(node, path, offset, plus)
@@ -249,19 +246,12 @@ class NativeBridge:
         return listing
 
     def _hand_out_attributes(self, listing: _Listing) -> bool:
-        """Whether to hand out the known entries of a folder: the first time it is listed with
-        some (later listings find them in the kernel's caches; handing them out again cost a
-        third of a warm tar of small files in the adapter). A folder whose first window knows
-        none is taken to know none yet (a first mount: sizes come with lookups)."""
-        if listing.path in self._listed_with_attributes:
-            return False
+        """Whether to hand out the known entries of a folder when the kernel asks for them
+        (READDIRPLUS_AUTO: a folder's first reply, and later ones after lookups). A folder
+        whose first window knows none is taken to know none yet (a first mount: sizes come
+        with lookups)."""
         listing.known(self.tree, 0)  # its first window
-        if not any(entry is not None for entry in listing.window):
-            return False
-        if len(self._listed_with_attributes) >= LISTED_FOLDERS_KEPT:
-            self._listed_with_attributes.clear()
-        self._listed_with_attributes.add(listing.path)
-        return True
+        return any(entry is not None for entry in listing.window)
 
     def read(self, node: int, offset: int, size: int) -> bytes | int:
         """Up to ``size`` bytes of the file ``node`` from ``offset``."""
@@ -391,7 +381,7 @@ class NativeSession:
     """A mount served by the native engine until unmounted or signalled."""
 
     def __init__(self, bridge: NativeBridge, mountpoint: str, options: dict[str, str | bool | int],
-                 threads: bool = True, debug: bool = False) -> None:
+                 threads: bool = True, debug: bool = False, cache_bytes: int = 0) -> None:
         native = native_module()
         self.bridge = bridge
         self.mountpoint = mountpoint
@@ -399,7 +389,7 @@ class NativeSession:
         self.args = ["atlasfs"] + (["-d"] if debug else []) + (["-o", ",".join(passed)] if passed else [])
         tables = bridge._tables
         self.session = native.Session(bridge, threads=threads, shards=len(tables.shards) if tables else 0,
-                                      cache_bytes=READ_CACHE_BYTES, **settings)
+                                      cache_bytes=cache_bytes, **settings)
         bridge.session = self.session
         if tables is not None:
             tables.on_release = bridge.release
@@ -452,7 +442,8 @@ class NativeSession:
 
 
 def native_main(tree: Tree, mountpoint: str, options: dict[str, str | bool | int], on_init: Callable[[], None],
-                threads: bool = True, debug: bool = False) -> None:
+                threads: bool = True, debug: bool = False, cache_bytes: int = 0) -> None:
     """Serve ``tree`` at ``mountpoint`` through the native engine (what
-    :func:`atlasfs.fuse.adapter.fuse_main` does through the ctypes adapter)."""
-    NativeSession(NativeBridge(tree, on_init), mountpoint, options, threads, debug).run()
+    :func:`atlasfs.fuse.adapter.fuse_main` does through the ctypes adapter), its byte cache
+    bounded at ``cache_bytes``."""
+    NativeSession(NativeBridge(tree, on_init), mountpoint, options, threads, debug, cache_bytes).run()

@@ -27,7 +27,7 @@ from atlasfs.errors import AtlasFormatError
 from atlasfs.formats.factory import open_source
 from atlasfs.fuse.adapter import FuseAdapter, fuse_main, libfuse3
 from atlasfs.fuse.daemonlog import PROBLEM_PREFIX, StartupReport, file_handler, log_in_background
-from atlasfs.fuse.engine import engine_name, native_main, native_module
+from atlasfs.fuse.engine import NATIVE_CACHE_SHARE, engine_name, native_main, native_module
 from atlasfs.fuse.sdnotify import notify
 from atlasfs.options import MountOptions
 from atlasfs.storage import is_url, redact, set_default_options
@@ -200,7 +200,7 @@ def serve(tree: Tree, mountpoint: str, options: MountOptions, fsname: str,
 
     if engine_name() == "native":
         native_main(tree, mountpoint, fuse_options(options, fsname), on_init, threads=options.threads,
-                    debug=options.debug)
+                    debug=options.debug, cache_bytes=native_cache_bytes(options))
         return
     fuse_main(FuseAdapter(tree, on_init), mountpoint, fuse_options(options, fsname), threads=options.threads,
               debug=options.debug)
@@ -225,6 +225,11 @@ def fuse_options(options: MountOptions, fsname: str) -> dict[str, str | bool | i
     return fuse_kwargs
 
 
+def native_cache_bytes(options: MountOptions) -> int:
+    """The part of ``--cache-size`` the native engine's byte cache takes (none under the adapter)."""
+    return int(options.cache_bytes * NATIVE_CACHE_SHARE) if engine_name() == "native" else 0
+
+
 def open_tree(dataset_path: str, options: MountOptions) -> Tree:
     """Open the dataset for mounting; :class:`MountError` if it is invalid."""
     try:
@@ -232,7 +237,7 @@ def open_tree(dataset_path: str, options: MountOptions) -> Tree:
     except AtlasFormatError as exc:
         raise MountError(str(exc)) from None
     store = TableStore(source.root, index_dir=options.index_dir, storage=source.storage)
-    tree = BlockTree(source, cache_bytes=options.cache_bytes, store=store)
+    tree = BlockTree(source, cache_bytes=options.cache_bytes - native_cache_bytes(options), store=store)
     if options.view == "files":
         return tree
     return TarView(tree, folders=options.view == "both")

@@ -67,10 +67,12 @@ static void op_init(void *userdata, struct fuse_conn_info *conn)
 {
     Session *s = userdata;
     PyGILState_STATE gil;
-    /* READDIRPLUS_AUTO would ask for attributes only in a folder's first reply, and look the
-     * rest up one by one: the control plane hands out what it knows cheaply, so always ask. */
+    /* READDIRPLUS_AUTO: attributes with a folder's first reply, and with later ones only if
+     * its files were looked up meanwhile (ls -l). Asked for with every name, they cost the
+     * kernel an inode for every file `find` lists, and took it 3x as long (the adapter's
+     * measurement, docs/performance.md "Listings"). */
     if (conn->capable & FUSE_CAP_READDIRPLUS)
-        conn->want = (conn->want | FUSE_CAP_READDIRPLUS) & ~FUSE_CAP_READDIRPLUS_AUTO;
+        conn->want |= FUSE_CAP_READDIRPLUS | FUSE_CAP_READDIRPLUS_AUTO;
     if (s->max_read)  /* libfuse refuses the connection unless this matches the mount option */
         conn->max_read = s->max_read;
     if (s->max_readahead)
