@@ -4,7 +4,7 @@ VENV ?= .venv
 PYTHON ?= python3
 BIN := $(VENV)/bin
 
-.PHONY: install demo test bench clean
+.PHONY: install demo test test-sanitized bench clean
 
 install: $(VENV)/.installed
 
@@ -20,10 +20,16 @@ demo: install
 
 # systemd provides systemd-analyze, which the unit tests use (systemd itself is not started).
 # pytest exits 5 when it collected no tests: that is a failure here, not a pass.
+# Then the native engine's FUSE tests again, its C code built with ASan and UBSan (test-sanitized).
 test: install
 	./scripts/install-system-packages.sh systemd
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS); rc=$$?; \
-	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests" >&2; exit 1; fi; exit $$rc
+	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests" >&2; exit 1; fi; \
+	if [ $$rc -ne 0 ]; then exit $$rc; fi
+	./scripts/test-sanitized.sh $(VENV)
+
+test-sanitized: install
+	./scripts/test-sanitized.sh $(VENV)
 
 # The benchmark suite (docs/performance.md), then the FUSE floor and the tar view in the same run:
 # about a quarter of an hour on 2 cores; installs ratarmount, the peer it compares with, into

@@ -8,6 +8,12 @@ import os
 import shutil
 import tempfile
 
+# Under scripts/test-sanitized.sh pytest runs with the sanitizer runtimes preloaded: the
+# programs the tests run must not inherit them (dd aborts under ASan); the mount daemons get
+# them back from tests/fusemount.py.
+if os.environ.get("ATLASFS_TEST_SANITIZED") and "LD_PRELOAD" in os.environ:
+    os.environ["ATLASFS_TEST_DAEMON_PRELOAD"] = os.environ.pop("LD_PRELOAD")
+
 # Mounts store shard file tables under the user's cache folder when the dataset is
 # read-only (the shared fixtures): keep those out of the real home directory.
 if "XDG_CACHE_HOME" not in os.environ:

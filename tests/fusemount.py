@@ -38,7 +38,11 @@ def require_fuse() -> None:
 
 
 def atlasfs(*args: str, **kwargs) -> subprocess.CompletedProcess[str]:
-    """Run the ``atlasfs`` command line in a subprocess."""
+    """Run the ``atlasfs`` command line in a subprocess (under scripts/test-sanitized.sh, with
+    the sanitizer runtimes preloaded: its mount daemons are the code under test)."""
+    preload = os.environ.get("ATLASFS_TEST_DAEMON_PRELOAD")
+    if preload:
+        kwargs["env"] = {**(kwargs.get("env") or os.environ), "LD_PRELOAD": preload}
     return subprocess.run([sys.executable, "-m", "atlasfs", *args], capture_output=True, text=True,
                           timeout=kwargs.pop("timeout", 120), **kwargs)
 

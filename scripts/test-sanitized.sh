@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# The native engine's C code under AddressSanitizer and UBSan (`make test` runs this after the
+# suite): the extension built with them into a copy of the package, and the FUSE tests run
+# against it with ATLASFS_ENGINE=native. pytest starts with the sanitizer runtimes preloaded
+# (the extension it imports needs them first); tests/conftest.py then takes LD_PRELOAD out of
+# the environment of the programs the tests run (coreutils' dd aborts under a preloaded ASan)
+# and tests/fusemount.py gives it back to the `atlasfs` commands, the mount daemons. A report
+# from any daemon is a file in the log folder: any such file fails this stage.
+# Usage: scripts/test-sanitized.sh VENV
+set -euo pipefail
+venv=$(cd "$1" && pwd)
+repo=$(cd "$(dirname "$0")/.." && pwd)
+work=$(mktemp -d /tmp/atlasfs-sanitized-XXXXXX)
+trap 'rm -rf "$work"' EXIT
+cp -r "$repo/atlasfs" "$repo/setup.py" "$repo/pyproject.toml" "$work/"
+find "$work/atlasfs" -name "*.so" -delete
+(cd "$work" && ATLASFS_SANITIZE=1 "$venv/bin/python" setup.py -q build_ext --inplace 2>&1 | grep -v -i "warn" || true)
+if ! ldd "$work"/atlasfs/fuse/_native*.so 2>/dev/null | grep -q libasan; then
+    echo "test-sanitized: the native extension did not build with sanitizers" >&2
+    exit 1
+fi
+mkdir "$work/reports"
+cd "$repo"
+LD_PRELOAD="$(gcc -print-file-name=libasan.so):$(gcc -print-file-name=libubsan.so)" \
+PYTHONPATH="$work" ATLASFS_ENGINE=native ATLASFS_TEST_SANITIZED=1 \
+ASAN_OPTIONS="detect_leaks=0:abort_on_error=1:verify_asan_link_order=0:log_path=$work/reports/asan" \
+UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1:log_path=$work/reports/ubsan" \
+    "$venv/bin/python" -m pytest -q -p no:cacheprovider tests/test_native.py tests/test_mount.py \
+    tests/test_hardening_mount.py tests/test_safety.py tests/test_faults.py tests/test_tarview.py \
+    tests/test_located_reads.py tests/test_order.py
+if [ -n "$(ls -A "$work/reports")" ]; then
+    echo "test-sanitized: sanitizer reports:" >&2
+    cat "$work"/reports/* >&2
+    exit 1
+fi
+echo "test-sanitized: no sanitizer report"
