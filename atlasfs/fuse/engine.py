@@ -39,7 +39,8 @@ ENGINES = ("adapter", "native")
 #: What to install when the extension is missing (one line, for ``atlasfs mount``).
 INSTALL_HINT = ("the native engine (atlasfs.fuse._native) is not built: install libfuse3-dev, pkg-config, gcc and "
                 "python3-dev (Debian/Ubuntu: apt-get install libfuse3-dev pkg-config gcc python3-dev), then "
-                "reinstall atlasfs (make install, or pip install -e .)")
+                "reinstall atlasfs (make install, or pip install -e .); or mount with the older ctypes "
+                "engine: ATLASFS_ENGINE=adapter")
 ROOT = 1
 #: The share of a mount's ``--cache-size`` that goes to the engine's byte cache (encoded files of
 #: blocks, read in C); the tree's block cache (decoded blocks, what fills the byte cache and
@@ -64,7 +65,7 @@ LISTINGS_KEPT = 256
 
 def engine_name() -> str:
     """The engine ``ATLASFS_ENGINE`` asks for; ValueError for an unknown one."""
-    name = os.environ.get(ENGINE_ENV, "adapter") or "adapter"
+    name = os.environ.get(ENGINE_ENV, "native") or "native"
     if name not in ENGINES:
         raise ValueError(f"{ENGINE_ENV}={name}: unknown engine (one of {', '.join(ENGINES)})")
     return name
