@@ -32,6 +32,7 @@ from collections.abc import Sequence
 from types import ModuleType
 from typing import Any, Callable
 
+from atlasfs.fuse.signals import stopped_by_signals
 from atlasfs.tree.base import Entry, Tree
 
 log = logging.getLogger("atlasfs")
@@ -61,8 +62,6 @@ FUSE_CAP_READDIRPLUS_AUTO = 1 << 14
 #: A listing with attributes asks the tree for this many children's entries at a time
 #: (about 240 bytes each while the folder is open).
 KNOWN_WINDOW = 1024
-#: The signals that unmount and end the daemon.
-STOP_SIGNALS = (signal.SIGHUP, signal.SIGINT, signal.SIGTERM)
 #: libfuse 2 mount options that libfuse 3 no longer takes on its command line
 #: but as fields of ``fuse_conn_info`` in ``init``: :func:`fuse_main` moves them there.
 CONN_OPTIONS = ("max_readahead", "max_background", "congestion_threshold", "async_read", "sync_read")
@@ -383,21 +382,6 @@ def _read_only(*_: Any) -> int:
     return -errno.EROFS
 
 
-def _noted(signum: int, frame: Any) -> None:
-    """The Python-level handler of :data:`STOP_SIGNALS` while serving: the wake-up
-    pipe has told :func:`_stop_on_signals` already."""
-
-
-def _stop_on_signals(read_end: int, adapter: FuseAdapter) -> None:
-    """Stop ``adapter`` on the first stop signal written to the wake-up pipe; return on 0."""
-    while True:
-        for signum in os.read(read_end, 64):
-            if signum == 0:
-                return
-            if signum in STOP_SIGNALS:
-                adapter.stop(signum)
-
-
 def fuse_main(adapter: FuseAdapter, mountpoint: str, options: dict[str, str | bool | int],
               threads: bool = True, debug: bool = False) -> None:
     """Mount and serve in the foreground until unmounted or signalled (SIGINT, SIGTERM
@@ -415,27 +399,10 @@ def fuse_main(adapter: FuseAdapter, mountpoint: str, options: dict[str, str | bo
     args = ["atlasfs", "-f"] + ([] if threads else ["-s"]) + (["-d"] if debug else []) + ["-o", opts, mountpoint]
     argv = (ctypes.c_char_p * len(args))(*[a.encode("utf-8", "surrogateescape") for a in args])
     ops = adapter.operations()
-    # Python's handlers, not libfuse's (it installs its own only over default ones):
-    # they only note the signal for a thread that reads the wake-up pipe and stops
-    # the adapter, while this thread is in libfuse.
+    # Python's handlers, not libfuse's (atlasfs.fuse.signals), while this thread is in libfuse.
     adapter._loop_thread = threading.get_ident()
-    read_end, write_end = os.pipe()
-    os.set_blocking(write_end, False)
-    old_handlers = {sig: signal.signal(sig, _noted) for sig in STOP_SIGNALS}
-    old_wakeup = signal.set_wakeup_fd(write_end, warn_on_full_buffer=False)
-    watcher = threading.Thread(target=_stop_on_signals, args=(read_end, adapter), name="atlasfs-signals",
-                               daemon=True)
-    watcher.start()
-    try:
+    with stopped_by_signals(adapter):
         err = fuse.fuse_main_real(len(args), argv, ctypes.pointer(ops), ctypes.sizeof(ops), None)
-    finally:
-        signal.set_wakeup_fd(old_wakeup)
-        for sig, handler in old_handlers.items():
-            signal.signal(sig, handler)
-        os.write(write_end, b"\0")  # no signal is 0: the watcher's cue to end
-        watcher.join()
-        os.close(read_end)
-        os.close(write_end)
     if adapter._critical is not None:
         raise adapter._critical
     if err:

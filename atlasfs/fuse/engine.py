@@ -28,7 +28,8 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any, Callable
 
-from atlasfs.fuse.adapter import KNOWN_WINDOW, STOP_SIGNALS, _noted, _stop_on_signals
+from atlasfs.fuse.adapter import KNOWN_WINDOW
+from atlasfs.fuse.signals import stopped_by_signals
 from atlasfs.tree.base import Entry, Tree
 
 log = logging.getLogger("atlasfs")
@@ -415,23 +416,10 @@ class NativeSession:
         libfuse could not mount (it says why on stderr)."""
         self.session.mount(self.args, self.mountpoint)
         self._loop_thread = threading.get_ident()
-        read_end, write_end = os.pipe()
-        os.set_blocking(write_end, False)
-        old_handlers = {sig: signal.signal(sig, _noted) for sig in STOP_SIGNALS}
-        old_wakeup = signal.set_wakeup_fd(write_end, warn_on_full_buffer=False)
-        watcher = threading.Thread(target=_stop_on_signals, args=(read_end, self), name="atlasfs-signals",
-                                   daemon=True)
-        watcher.start()
         try:
-            err = self.session.loop()
+            with stopped_by_signals(self):
+                err = self.session.loop()
         finally:
-            signal.set_wakeup_fd(old_wakeup)
-            for sig, handler in old_handlers.items():
-                signal.signal(sig, handler)
-            os.write(write_end, b"\0")  # no signal is 0: the watcher's cue to end
-            watcher.join()
-            os.close(read_end)
-            os.close(write_end)
             self.session.unmount()
         stats = self.session.stats()
         log.info("%s: native engine answered %s", self.mountpoint,
