@@ -7,6 +7,7 @@ readers, what it says when it is not built, and wrong answers from its control p
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import os
@@ -94,6 +95,18 @@ def test_parallel_readers_read_what_one_reader_reads() -> None:
         assert output == b"".join(expected[path] for path in files[start:] + files[:start])
 
 
+@contextlib.contextmanager
+def _daemon(mnt: Path, env: dict[str, str], dataset: Path = DATASET) -> Iterator[subprocess.Popen[str]]:
+    """:func:`_serve_foreground` for the duration; killed after if it is still running."""
+    process = _serve_foreground(mnt, env, dataset)
+    try:
+        yield process
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+
+
 def _serve_foreground(mnt: Path, env: dict[str, str], dataset: Path = DATASET) -> subprocess.Popen[str]:
     process = subprocess.Popen([sys.executable, "-m", "atlasfs", "mount", "-f", str(dataset), str(mnt)],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, **env})
@@ -118,18 +131,13 @@ def mountpoint() -> Iterator[Path]:
 
 @pytest.mark.parametrize("how", ["SIGTERM", "SIGINT", "fusermount3 -u"])
 def test_the_daemon_unmounts_and_exits_cleanly(mountpoint: Path, how: str) -> None:
-    process = _serve_foreground(mountpoint, NATIVE)
-    try:
+    with _daemon(mountpoint, NATIVE) as process:
         assert len(list(mountpoint.rglob("*"))) > 10  # worker threads made and kept their Python states
         if how == "fusermount3 -u":
             subprocess.run(["fusermount3", "-u", str(mountpoint)], check=True)
         else:
             process.send_signal(getattr(signal, how))
         _, err = process.communicate(timeout=30)
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
     assert process.returncode == 0, err
     assert not is_mounted(mountpoint)
     assert "Fatal" not in err and "Traceback" not in err
@@ -150,8 +158,7 @@ def test_rows_of_an_attached_table_are_answered_in_c(tmp_path: Path, mountpoint:
     with mounted(dataset, env=ADAPTER) as mnt:
         expected = tree_of(mnt)
         names = sorted(os.listdir(mnt / "0"))
-    process = _serve_foreground(mountpoint, NATIVE, dataset)
-    try:
+    with _daemon(mountpoint, NATIVE, dataset) as process:
         first, *rest = names
         assert os.stat(mountpoint / "0" / first).st_size > 0  # the control plane maps the table
         for name in rest:  # by name, without a listing: LOOKUPs
@@ -160,10 +167,6 @@ def test_rows_of_an_attached_table_are_answered_in_c(tmp_path: Path, mountpoint:
         assert tree_of(mountpoint) == expected
         subprocess.run(["fusermount3", "-u", str(mountpoint)], check=True)
         _, err = process.communicate(timeout=30)
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
     assert process.returncode == 0, err
     (line,) = [line for line in err.splitlines() if "native engine answered" in line]
     answered = {kind: (int(c), int(python)) for kind, c, python in
