@@ -242,11 +242,11 @@ def parse(data: Any, key: dict[str, Any], limits: "Limits | LimitsOf",
 _validating = threading.Lock()
 
 
-def _drop_pages(data: mmap.mmap, table: "FileTable") -> None:
-    """Take the pages of ``table``'s maps out of this process's resident memory (they stay in
-    the page cache: a lookup faults the few it needs back in)."""
-    for part in (data, table._names, table.locators.inline if table.locators is not None else None):
-        if isinstance(part, mmap.mmap) and hasattr(mmap, "MADV_DONTNEED"):
+def _drop_pages(maps: list[mmap.mmap]) -> None:
+    """Take the pages of ``maps`` out of this process's resident memory (they stay in the page
+    cache: a lookup faults the few it needs back in)."""
+    if hasattr(mmap, "MADV_DONTNEED"):
+        for part in maps:
             part.madvise(mmap.MADV_DONTNEED)
 
 
@@ -272,8 +272,11 @@ def open_mapped(path: str, key: dict[str, Any], limits: "Limits | LimitsOf") -> 
             raise TableError(f"is corrupt (only {st.st_size} bytes)")
         data = mmap.mmap(fd, st.st_size, access=mmap.ACCESS_READ)
 
+        maps = [data]
+
         def blob(offset: int, count: int) -> mmap.mmap:
-            return mmap.mmap(fd, count, access=mmap.ACCESS_READ, offset=offset)
+            maps.append(mmap.mmap(fd, count, access=mmap.ACCESS_READ, offset=offset))
+            return maps[-1]
 
         identity = _identity(st)
         known = _VALIDATED.get(identity)
@@ -288,7 +291,7 @@ def open_mapped(path: str, key: dict[str, Any], limits: "Limits | LimitsOf") -> 
                 # held 16 tables of 13 MiB at once.
                 with _validating:
                     table = parse(data, key, limits, blob, validated=False)
-                    _drop_pages(data, table)
+                    _drop_pages(maps)
         except (ValueError, KeyError, TypeError, UnicodeDecodeError, IndexError) as exc:
             if isinstance(exc, TableError):
                 raise
