@@ -9,7 +9,6 @@ Everything is deterministic: the same sizes give byte-identical files on every r
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import subprocess
@@ -23,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from atlasfs import AtlasWriter
+from bench import harness
 
 #: Bump when the generators change, so that cached data sets are rebuilt.
 GENERATOR_VERSION = 1
@@ -192,11 +192,9 @@ def prepare(spec: DatasetSpec, workdir: str, log: Callable[[str], None]) -> Prep
     tars = os.path.join(root, "tars")
     stamp_path = os.path.join(root, "done.json")
     stamp = {"generator": GENERATOR_VERSION, "spec": asdict(spec)}
-    if os.path.exists(stamp_path):
-        with open(stamp_path) as f:
-            done = json.load(f)
-        if done.get("key") == stamp:
-            return Prepared(spec, atlas, tars, done["files"], done["file_bytes"], done["shards"],
+    done = harness.kept(stamp_path, stamp)
+    if done is not None:
+        return Prepared(spec, atlas, tars, done["files"], done["file_bytes"], done["shards"],
                             done["atlas_bytes"], done["tar_bytes"], done["generate_seconds"], True)
     shutil.rmtree(root, ignore_errors=True)
     os.makedirs(root)
@@ -221,10 +219,9 @@ def prepare(spec: DatasetSpec, workdir: str, log: Callable[[str], None]) -> Prep
                     file_bytes += member.size
     prepared = Prepared(spec, atlas, tars, files, file_bytes, shards, _dir_bytes(atlas), _dir_bytes(tars),
                         time.perf_counter() - start, False)
-    with open(stamp_path, "w") as f:
-        json.dump({"key": stamp, "files": files, "file_bytes": file_bytes, "shards": shards,
-                   "atlas_bytes": prepared.atlas_bytes, "tar_bytes": prepared.tar_bytes,
-                   "generate_seconds": prepared.generate_seconds}, f)
+    harness.keep(stamp_path, stamp, files=files, file_bytes=file_bytes, shards=shards,
+                 atlas_bytes=prepared.atlas_bytes, tar_bytes=prepared.tar_bytes,
+                 generate_seconds=prepared.generate_seconds)
     return prepared
 
 

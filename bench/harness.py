@@ -149,6 +149,23 @@ def workspace(name: str, args: argparse.Namespace) -> Iterator[Workspace]:
             shutil.rmtree(workdir, ignore_errors=True)
 
 
+def kept(stamp_path: str, key: dict[str, Any]) -> dict[str, Any] | None:
+    """What :func:`keep` recorded in ``stamp_path`` with the data it stamps, if it was made from
+    ``key`` (the generator's version and its settings); None if not, or if there is no stamp."""
+    try:
+        with open(stamp_path) as f:
+            done = json.load(f)
+    except FileNotFoundError:
+        return None
+    return done if isinstance(done, dict) and done.get("key") == key else None
+
+
+def keep(stamp_path: str, key: dict[str, Any], **facts: Any) -> None:
+    """Stamp kept data as made from ``key``, with ``facts`` about it (JSON) for :func:`kept`."""
+    with open(stamp_path, "w") as f:
+        json.dump({"key": key, **facts}, f)
+
+
 def fstype(path: str) -> str:
     """The type of the file system holding ``path`` (``tmpfs``, ``ext4``...)."""
     result = subprocess.run(["stat", "-f", "-c", "%T", path], capture_output=True, check=False, text=True)

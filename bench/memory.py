@@ -24,7 +24,6 @@ written either way). See docs/performance.md, "Memory".
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import random
 import shlex
@@ -127,18 +126,15 @@ def generate(workdir: str, name: str, kind: str, examples: int, shards: int, blo
     path = os.path.join(workdir, name, "atlas")
     stamp_path = os.path.join(workdir, name, "done.json")
     key = {"generator": GENERATOR_VERSION, "kind": kind, "examples": examples, "shards": shards, "block": block_size}
-    if os.path.exists(stamp_path):
-        with open(stamp_path) as f:
-            if json.load(f) == key:
-                return _described(name, path, examples, shards)
+    if harness.kept(stamp_path, key) is not None:
+        return _described(name, path, examples, shards)
     shutil.rmtree(os.path.join(workdir, name), ignore_errors=True)
     os.makedirs(os.path.join(workdir, name))
     log(f"{name}: writing {examples:,} examples in {shards} shards")
     source = large_examples if kind == "large" else small_examples
     with AtlasWriter(path, shard_size=-(-examples // shards), block_size=block_size, compression_strategy=2) as writer:
         writer.add_examples(source(examples, seed=7))
-    with open(stamp_path, "w") as f:
-        json.dump(key, f)
+    harness.keep(stamp_path, key)
     return _described(name, path, examples, shards)
 
 

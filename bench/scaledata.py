@@ -14,7 +14,6 @@ mount is checked by its byte count alone; the count is checked against each expo
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import subprocess
@@ -27,6 +26,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from atlasfs import AtlasDataset, CompressionStrategy
+from bench import harness
 from bench._atlasfs import FORMAT_VERSION, RootMeta, ShardWriter, index_key, index_key_width, shard_name_width
 from bench.datagen import TextSource
 
@@ -137,11 +137,9 @@ def prepare(spec: Spec, workdir: str, jobs: int, log: Callable[[str], None]) -> 
     atlas, tars = os.path.join(workdir, "atlas"), os.path.join(workdir, "tars")
     stamp_path = os.path.join(workdir, "done.json")
     key = {"generator": GENERATOR_VERSION, "spec": asdict(spec)}
-    if os.path.exists(stamp_path):
-        with open(stamp_path) as f:
-            done = json.load(f)
-        if done.get("key") == key:
-            return Data(spec, atlas, tars, [ShardFacts(**s) for s in done["shards"]], done["seconds"], True)
+    done = harness.kept(stamp_path, key)
+    if done is not None:
+        return Data(spec, atlas, tars, [ShardFacts(**s) for s in done["shards"]], done["seconds"], True)
     for stale in (stamp_path, atlas, tars, atlas + ".partial"):
         if os.path.isdir(stale):
             shutil.rmtree(stale)
@@ -177,8 +175,7 @@ def prepare(spec: Spec, workdir: str, jobs: int, log: Callable[[str], None]) -> 
             raise RuntimeError(f"{tars}/{shard.name}.tar: {size} bytes, {shard.export_bytes()} expected from "
                                "the files written")
     log(f"tars written in {seconds['tars']:.0f} s")
-    with open(stamp_path, "w") as f:
-        json.dump({"key": key, "shards": [asdict(s) for s in shards], "seconds": seconds}, f)
+    harness.keep(stamp_path, key, shards=[asdict(s) for s in shards], seconds=seconds)
     return Data(spec, atlas, tars, shards, seconds, False)
 
 

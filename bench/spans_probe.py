@@ -27,7 +27,6 @@ give instead of CRC-32 (it must be importable; atlasfs does not depend on it).
 
 from __future__ import annotations
 
-import json
 import os
 import random
 import shutil
@@ -88,18 +87,15 @@ def _dataset(spec: datagen.DatasetSpec, strategy: int, workdir: str) -> str:
     stamp = {"probe": PROBE_DATA_VERSION, "generator": datagen.GENERATOR_VERSION, "spec": asdict(spec),
              "strategy": strategy}
     stamp_path = root + ".json"
-    if os.path.isdir(root) and os.path.exists(stamp_path):
-        with open(stamp_path) as f:
-            if json.load(f) == stamp:
-                return root
+    if os.path.isdir(root) and harness.kept(stamp_path, stamp) is not None:
+        return root
     shutil.rmtree(root, ignore_errors=True)
     harness.log(f"{spec.name}: writing {spec.examples} examples (shards of {spec.shard_size}, blocks of "
         f"{spec.block_size}, strategy {strategy})")
     with AtlasWriter(root, shard_size=spec.shard_size, block_size=spec.block_size,
                      compression_strategy=strategy) as writer:
         writer.add_examples(datagen.GENERATORS[spec.name](spec))
-    with open(stamp_path, "w") as f:
-        json.dump(stamp, f)
+    harness.keep(stamp_path, stamp)
     return root
 
 
