@@ -230,24 +230,19 @@ def write_tar(tree: Tree, folder: str, out: "object", on_sample: Callable[[], No
         header = _header(name, size, mtime)
         parts.append(header)
         held += len(header)
-        if data is not None:  # the source had the bytes at hand
-            if len(data) != size:
-                raise OSError(errno.EIO, f"{where}/{name}: short read")
-            parts.append(data)
-            held += size
-        for at in range(0, size if data is None else 0, chunk):
-            piece = tree.read(entry, at, min(chunk, size - at))
-            if len(piece) != min(chunk, size - at):
-                raise OSError(errno.EIO, f"{where}/{name}: short read")
+        pieces = [data] if data is not None else (  # the source had the bytes at hand, or read them
+            tree.read(entry, at, min(chunk, size - at)) for at in range(0, size, chunk))
+        got = 0
+        for piece in pieces:
             parts.append(piece)
+            got += len(piece)
             held += len(piece)
-            if held >= chunk:
+            if held >= chunk:  # a large file goes out a piece at a time
                 write(b"".join(parts))
                 parts, held = [], 0
+        if got != size:
+            raise OSError(errno.EIO, f"{where}/{name}: short read")
         parts.append(bytes(-size % BLOCK))
-        if held >= chunk:
-            write(b"".join(parts))
-            parts, held = [], 0
         at_end += len(header) + _padded(size)
         count += 1
         sub, _, base = name.rpartition("/")
