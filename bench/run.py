@@ -30,6 +30,8 @@ from bench.report import Results
 from bench.systems import System, View
 
 MB = 1e6
+#: Reader processes of the parallel random reads (issue #27).
+READERS = (1, 4)
 log = harness.log
 
 
@@ -42,6 +44,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                        help=f"examples in the {name}-like dataset (default {spec.examples:,}; "
                             f"--smoke: {datagen.SMOKE_EXAMPLES[name]})")
     p.add_argument("--reads", type=int, help="random reads a pass (default 1000, --smoke 200)")
+    p.add_argument("--parallel-reads", type=int, metavar="N",
+                   help="files read by the parallel readers together (default 3000, --smoke 300)")
     harness.add_ratarmount_args(p)
     args = harness.parse(p, argv)
     args.datasets = [d.strip() for d in args.datasets.split(",") if d.strip()]
@@ -49,8 +53,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if unknown or not args.datasets:
         p.error(f"--datasets: unknown {unknown} (choose from {', '.join(datagen.DEFAULTS)})")
     args.reads = args.reads or (200 if args.smoke else 1000)
-    if args.reads < 1:
-        p.error("--reads must be >= 1")
+    args.parallel_reads = args.parallel_reads or (300 if args.smoke else 3000)
+    if args.reads < 1 or args.parallel_reads < 1:
+        p.error("--reads and --parallel-reads must be >= 1")
     return args
 
 
@@ -61,10 +66,11 @@ class Bench:
     """Runs every workload of one dataset on every system, ``repeat`` times."""
 
     def __init__(self, prepared: datagen.Prepared, systems_: list[System], unavailable: dict[str, str],
-                 reads: list[str], scratch: str) -> None:
+                 reads: list[str], parallel: list[str], scratch: str) -> None:
         self.p = prepared
         self.systems = systems_
         self.reads = reads
+        self.parallel = parallel
         self.scratch = scratch
         self.results = Results()
         for name, reason in unavailable.items():
@@ -152,6 +158,14 @@ class Bench:
             if view:
                 self.cats(view, "cold")
                 self.cats(view, "warm")
+        for readers in READERS:
+            log(f"  {name}: {len(self.parallel)} random reads by {readers} reader(s) at once, cold")
+            figure = f"par{readers}_fps"
+            with self.session(system, [figure], False, rss) as view:
+                if view:
+                    timed = workloads.parallel_reads(view, self.parallel, readers)
+                    self.results.add(figure, name, len(self.parallel) / timed.seconds)
+                    self.results.answer(f"parallel reads by {readers} (cksum of each)", name, timed.answer)
         for prefix, run, what in (("find", workloads.find_files, "find -type f | wc -l"),
                                   ("lsR", workloads.ls_recursive, "ls -lR | wc -l"),
                                   ("du", workloads.du_bytes, "")):
@@ -223,6 +237,7 @@ def run_dataset(name: str, args: argparse.Namespace, workdir: str, shm: str, rat
         if len(files) != prepared.files:
             raise RuntimeError(f"{name}: {len(files)} files extracted, {prepared.files} expected")
         reads = workloads.pick_files(files, args.reads, seed=spec.seed)
+        parallel = workloads.pick_files(files, args.parallel_reads, seed=spec.seed + 1)
         state = os.path.join(workdir, name, "state")
         shutil.rmtree(state, ignore_errors=True)
         os.makedirs(state)
@@ -230,7 +245,7 @@ def run_dataset(name: str, args: argparse.Namespace, workdir: str, shm: str, rat
                                   systems.Atlasfs(prepared.atlas, prepared.shards, state)]
         if ratarmount:
             systems_.append(systems.Ratarmount(ratarmount, prepared.tars, prepared.shards, state))
-        bench = Bench(prepared, systems_, unavailable, reads, shm)
+        bench = Bench(prepared, systems_, unavailable, reads, parallel, shm)
         r = bench.results
         r.answer("find -type f | wc -l", "expected", prepared.files)
         with systems_[0].session() as extracted:  # the files as extracted from the tars
@@ -249,7 +264,7 @@ def run_dataset(name: str, args: argparse.Namespace, workdir: str, shm: str, rat
     info = {"description": spec.description, "examples": spec.examples, "files": prepared.files,
             "file_bytes": prepared.file_bytes, "atlas_bytes": prepared.atlas_bytes, "tar_bytes": prepared.tar_bytes,
             "shards": len(prepared.shards), "shard_size": spec.shard_size, "block_size": spec.block_size,
-            "seed": spec.seed, "random_reads": len(reads)}
+            "seed": spec.seed, "random_reads": len(reads), "parallel_reads": len(parallel)}
     return info, r
 
 

@@ -117,24 +117,31 @@ def random_reads(view: View, relative_paths: list[str]) -> Reads:
 
 def parallel_reads(view: View, relative_paths: list[str], readers: int) -> Timed:
     """``readers`` processes at once (``xargs cat``), each reading its share of the files (every
-    ``readers``-th, in the order given) to the end; answers the number of files read."""
+    ``readers``-th, in the order given) to the end; answers each reader's ``cksum`` of what it
+    read (the same files in the same order must give the same answer on every system)."""
     with tempfile.TemporaryDirectory(prefix="atlasfs-bench-readers-") as lists:
         commands = []
         for i in range(readers):
             listing = os.path.join(lists, f"{i}.list")
             with open(listing, "wb") as f:
                 f.write(b"\0".join(os.fsencode(view.path(p)) for p in relative_paths[i::readers]))
-            commands.append(["xargs", "-0", "-a", listing, "cat"])
+            commands.append(["bash", "-c", 'set -o pipefail; xargs -0 -a "$1" cat | cksum', "reader", listing])
 
-        def run() -> list[int]:
-            processes = [subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        def run() -> list[subprocess.CompletedProcess[bytes]]:
+            processes = [subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
                          for command in commands]
-            return [process.wait() for process in processes]
+            done = []
+            for process in processes:
+                out, err = process.communicate()
+                done.append(subprocess.CompletedProcess(process.args, process.returncode, out, err))
+            return done
 
         result = timed(run)
-    if any(result.answer):
-        raise WorkloadError(f"parallel reads: a reader exited {result.answer}")
-    return Timed(result.seconds, len(relative_paths))
+    failed = [r for r in result.answer if r.returncode]
+    if failed:
+        raise WorkloadError(f"parallel reads: a reader exited {failed[0].returncode}: "
+                            f"{failed[0].stderr.decode(errors='replace').strip()[-300:]}")
+    return Timed(result.seconds, [r.stdout.decode().strip() for r in result.answer])
 
 
 def pick_files(files: list[str], count: int, seed: int) -> list[str]:
