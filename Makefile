@@ -8,9 +8,9 @@ BIN := $(VENV)/bin
 
 install: $(VENV)/.installed
 
-# libfuse3-dev, pkg-config, gcc and python3-dev build the native engine (setup.py, docs/native.md).
+# libfuse3-dev, libzstd-dev, zlib1g-dev, pkg-config, gcc and python3-dev build the native engine (setup.py, docs/native.md).
 $(VENV)/.installed: pyproject.toml setup.py $(wildcard atlasfs/fuse/native/*.[ch])
-	./scripts/install-system-packages.sh fuse3 libfuse3-3 libfuse3-dev pkg-config gcc python3-dev
+	./scripts/install-system-packages.sh fuse3 libfuse3-3 libfuse3-dev libzstd-dev zlib1g-dev pkg-config gcc python3-dev
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[test]'
 	touch $@

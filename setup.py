@@ -17,14 +17,21 @@ import sys
 from setuptools import Extension, setup
 
 SOURCES = ["atlasfs/fuse/native/module.c", "atlasfs/fuse/native/ops.c", "atlasfs/fuse/native/bridge.c",
-           "atlasfs/fuse/native/tables.c", "atlasfs/fuse/native/cache.c"]
+           "atlasfs/fuse/native/tables.c", "atlasfs/fuse/native/cache.c", "atlasfs/fuse/native/located.c"]
 SANITIZE = ["-fsanitize=address,undefined", "-fno-omit-frame-pointer", "-fno-sanitize-recover=undefined"]
 
 
+#: The libraries the extension links, by their pkg-config names: libfuse 3 (the session), zstd
+#: (decompressing a block for a located read in C) and zlib (its CRC-32 checks).
+PACKAGES = ["fuse3", "libzstd", "zlib"]
+#: Debian's packages of their headers, and what else the build needs.
+BUILD_PACKAGES = "libfuse3-dev libzstd-dev zlib1g-dev pkg-config gcc python3-dev"
+
+
 def pkg_config(*args: str) -> list[str] | None:
-    """pkg-config's answer for fuse3, split; None without pkg-config or libfuse3-dev."""
+    """pkg-config's answer for PACKAGES, split; None without pkg-config or any of their -dev packages."""
     try:
-        out = subprocess.run(["pkg-config", *args, "fuse3"], capture_output=True, text=True, check=True).stdout
+        out = subprocess.run(["pkg-config", *args, *PACKAGES], capture_output=True, text=True, check=True).stdout
     except (OSError, subprocess.CalledProcessError):
         return None
     return shlex.split(out)
@@ -33,8 +40,8 @@ def pkg_config(*args: str) -> list[str] | None:
 def native_extension() -> list[Extension]:
     cflags, libs = pkg_config("--cflags"), pkg_config("--libs")
     if cflags is None or libs is None:
-        print("atlasfs: pkg-config finds no fuse3: building without the native engine "
-              "(Debian/Ubuntu: apt-get install libfuse3-dev pkg-config gcc python3-dev)", file=sys.stderr)
+        print(f"atlasfs: pkg-config finds no {' or '.join(PACKAGES)}: building without the native engine "
+              f"(Debian/Ubuntu: apt-get install {BUILD_PACKAGES})", file=sys.stderr)
         return []
     compile_args = cflags + ["-std=gnu11", "-O2", "-Wall", "-Wextra", "-Wno-unused-parameter",
                              "-Wno-missing-field-initializers"]

@@ -9,8 +9,10 @@ from __future__ import annotations
 import logging
 import os
 import random
+import re
 import shutil
 import tarfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -391,3 +393,77 @@ def test_files_read_a_piece_at_a_time_come_out_whole(tmp_path: Path, monkeypatch
             entry = tree.lookup(f"/0/{name}")
             assert b"".join(tree.read(entry, offset, 700) for offset in range(0, entry.size, 700)) == data
         assert tree.located.reads > 0
+
+
+# ---------------------------------------------------------------- located reads in C, through a mount
+
+
+def _engine_answered(log: Path) -> dict[str, tuple[int, int]]:
+    """What the native engine says it answered, in C and in Python, per kind (logged as the
+    daemon ends: waited for)."""
+    deadline = time.monotonic() + 20
+    while True:
+        lines = [line for line in log.read_text().splitlines() if "native engine answered" in line] \
+            if log.exists() else []
+        if lines or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    assert lines, f"the daemon did not say what it answered: {log.read_text() if log.exists() else 'no log'}"
+    return {kind: (int(c), int(python))
+            for kind, c, python in re.findall(r"(\w+) (\d+) in C, (\d+) in Python", lines[-1])}
+
+
+def _read_through(mnt: Path, exported: Exported, readers: int = 4) -> list[str]:
+    """Every exported file read through ``mnt`` by ``readers`` threads, each in its own random
+    order; the files whose bytes differ."""
+    files = [(shard, name) for shard, names in exported.items() for name in names]
+    errors: list[str] = []
+
+    def reader(seed: int) -> None:
+        order = files[:]
+        random.Random(seed).shuffle(order)
+        for shard, name in order:
+            with open(mnt / shard / name, "rb", buffering=0) as f:
+                if f.read() != exported[shard][name]:
+                    errors.append(f"{shard}/{name}")
+
+    in_threads(reader, readers)
+    return errors
+
+
+@pytest.mark.parametrize("strategy", [0, 1, 2, 3])
+def test_the_engine_reads_located_files_in_c_with_the_exported_bytes(tmp_path: Path, strategy: int) -> None:
+    """Every kind of locator (runs with and without a prefix, inline files) of every
+    compression strategy, read by parallel readers: C answers them where their bytes lie."""
+    dataset = _write(tmp_path / "ds", _examples(7, 48), strategy, block_size=4, shard_size=24)
+    exported = _export(dataset, tmp_path / "export")
+    _index(dataset, tmp_path / "tables")
+    log = tmp_path / "daemon.log"
+    with mounted(dataset, "-o", f"log_file={log}", "-o", f"index_dir={tmp_path / 'tables'}") as mnt:
+        assert _read_through(mnt, exported) == []
+    answered = _engine_answered(log)
+    files = sum(len(names) for names in exported.values())  # every one located: its json is small, inline
+    assert answered["located"][0] >= files and answered["located"][1] == 0, answered
+    assert answered["read"][1] == 0, answered  # not one read asked Python
+
+
+def test_locators_that_lie_are_left_to_the_control_plane_which_serves_the_right_bytes(tmp_path: Path) -> None:
+    """A stored table whose runs point one byte off, with checks that do not match: C serves
+    none of them (its CRC-32 check), the control plane reads each through its block."""
+    path, key, _, table = _stored_table(tmp_path)
+    assert table.locators is not None
+    runs = (table.locators.offset != NO_LOCATOR) & (table.locators.prefix != INLINE)
+
+    def shift(offsets: np.ndarray) -> None:
+        offsets[runs] = offsets[runs] + 1
+
+    _forged(table, offset=shift).save(str(path), key)  # the checks are the true runs': they fail one byte off
+    dataset = tmp_path / "ds"
+    exported = _export(dataset, tmp_path / "export")
+    log = tmp_path / "daemon.log"
+    with mounted(dataset, "-o", f"log_file={log}", "-o", f"index_dir={tmp_path / 'tables'}") as mnt:
+        assert _read_through(mnt, {"0": exported["0"]}, readers=2) == []
+    located_in_c, left_to_python = _engine_answered(log)["located"]
+    assert left_to_python > 0
+    inline = int(((table.locators.offset != NO_LOCATOR) & (table.locators.prefix == INLINE)).sum())
+    assert located_in_c <= 2 * inline  # only the inline files, untouched, may still be read in C

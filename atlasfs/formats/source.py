@@ -76,6 +76,26 @@ class Locator(NamedTuple):
         return len(self.prefix) + self.length
 
 
+class NativeSpans(NamedTuple):
+    """Where a local shard's blocks lie and how they are stored, for a reader outside Python
+    (the native engine's located reads, atlasfs/fuse/native/located.c) to serve the shard's
+    locators itself, with the checks of the Atlas spans (atlasfs/formats/atlas/spans/read.py):
+    a run is ``prefix`` + ``length`` bytes at ``offset`` of the block's decompressed bytes
+    (its stored bytes, or its one zstd frame decompressed within ``max_block_bytes``), whose
+    CRC-32 is the check; an inline file is tied to its block by the frame's content checksum
+    (or the CRC-32 of a small block). Block ``b`` is ``starts[b]:starts[b + 1]`` of
+    ``data_path``; ``signatures`` are (size, mtime_ns) of ``data_path`` and ``index_path`` when
+    the shard was opened, which every read checks."""
+
+    data_path: str
+    index_path: str
+    signatures: tuple[int, int, int, int]
+    starts: Any  # numpy uint64, one more than the blocks
+    compressed: bool
+    dictionary: bytes | None
+    max_block_bytes: int
+
+
 def file_signature(path: str, storage: Storage = LOCAL) -> list[Any] | None:
     """``[size, mtime_ns]`` of a file, or None if it is missing: what a stored table depends on.
     In a store, its ETag too (an object rewritten within the same second keeps its mtime)."""
@@ -246,6 +266,11 @@ class SourceShard(ABC):
         :class:`AtlasFormatError` if it cannot be read; the tree then reads the file
         through its block."""
         raise SpanMismatch(f"{self.block_where(block)}: this source reads no file without its block")
+
+    def native_spans(self) -> NativeSpans | None:
+        """What a reader outside Python needs to serve this shard's locators itself, or None
+        (then every located read is :meth:`read_span`'s)."""
+        return None
 
     # -- what its stored file table depends on
 

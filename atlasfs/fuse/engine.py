@@ -28,6 +28,8 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any, Callable
 
+import numpy as np
+
 from atlasfs.fuse.adapter import KNOWN_WINDOW
 from atlasfs.fuse.signals import stopped_by_signals
 from atlasfs.tree.base import Entry, Tree
@@ -281,6 +283,23 @@ class NativeBridge:
             log.debug("shard %d: table not attached to the engine: %s", s, exc)
             return
         self._attached[s] = table.size
+        self._locate(s)
+
+    def _locate(self, s: int) -> None:
+        """Give the engine the locators of shard position ``s``'s attached table and where its
+        blocks lie, if the tree has them: it then reads located files itself (located.c)."""
+        found = getattr(self.tree, "native_spans", lambda _: None)(s)
+        if found is None:
+            return
+        locators, spans = found
+        ends = np.cumsum([len(p) for p in locators.prefixes], dtype=np.uint64)
+        try:
+            self.session.locate(s, locators.offset, locators.length, locators.check, locators.prefix, ends,
+                                b"".join(locators.prefixes), locators.inline, os.fsencode(spans.data_path),
+                                os.fsencode(spans.index_path), spans.signatures, spans.starts, spans.compressed,
+                                spans.dictionary, spans.max_block_bytes)
+        except (ValueError, TypeError, BufferError, OSError, IndexError) as exc:  # Python reads them
+            log.debug("shard %d: located reads stay in Python: %s", s, exc)
 
     def release(self, s: int) -> None:
         """The tree let go of shard position ``s``'s table: the engine lets go of its columns."""

@@ -33,10 +33,10 @@ from collections.abc import Iterator, Sequence
 
 import numpy as np
 
-from atlasfs.formats.source import Source, SourceShard
+from atlasfs.formats.source import NativeSpans, Source, SourceShard
 from atlasfs.tree.base import Entry, Tree, not_found
 from atlasfs.tree.blocks import Blocks, eio
-from atlasfs.tree.filetable import FILE, UNKNOWN_SIZE, UNREADABLE, FileTable
+from atlasfs.tree.filetable import FILE, UNKNOWN_SIZE, UNREADABLE, FileTable, Locators
 from atlasfs.tree.listing import FolderCache, Listing, row_entries, row_entry
 from atlasfs.tree.located import LocatedReads
 from atlasfs.tree.placement import ShardPlacement
@@ -119,16 +119,28 @@ class BlockTree(Tree):
         rows = np.flatnonzero(table.block == block)
         if not len(rows) or int(rows[-1]) - int(rows[0]) + 1 != len(rows) or (table.kind[rows] != FILE).any():
             return None
+        blocks = self.blocks
+        blocks.reading(s, block)
+        decoded = blocks.decoded(s, block)  # once, not once a row: the cache's lock is not free
         parts = []
-        for i in rows.tolist():
-            files = self.blocks.encoded_example(s, block, table.pos.item(i))
-            file = table.file.item(i)
+        for pos, file in zip(table.pos[rows].tolist(), table.file[rows].tolist()):
+            files = blocks.example_of(decoded, s, block, pos)
             if file >= len(files):  # only if the dataset changed under us, or a stored table lies
-                raise self.blocks.mismatch(s, block)
+                raise blocks.mismatch(s, block)
             parts.append(files[file])
         offsets = np.zeros(len(parts) + 1, np.uint64)
         np.cumsum([len(part) for part in parts], out=offsets[1:])
         return int(rows[0]), offsets, b"".join(parts)
+
+    def native_spans(self, s: int) -> tuple[Locators, NativeSpans] | None:
+        """The locators of shard position ``s``'s table (held) and where its blocks lie, for
+        the native engine to read its located files itself; None when located reads are off,
+        the table has no locators or the source gives no :class:`NativeSpans`."""
+        table = self.tables.tables.get(s)
+        if not self.located.enabled or table is None or table.locators is None:
+            return None
+        spans = self.blocks.shards[s].native_spans()
+        return (table.locators, spans) if spans is not None else None
 
     # -- the Tree interface
 

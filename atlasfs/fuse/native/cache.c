@@ -1,14 +1,15 @@
-/* The byte cache: the encoded files of a block of a shard whose table is attached, so that
- * reads of its rows are answered in C without the GIL.
+/* The byte cache: what reads of a shard whose table is attached are answered from in C,
+ * without the GIL. An entry is a block's encoded files (KIND_FILES, filled by the control
+ * plane) or a block's decompressed bytes (KIND_PAYLOAD, filled in C by located.c).
  *
- * Keyed by (shard, block), bounded in bytes (least recently used blocks go first, never one
- * a reader is copying from). On a miss one worker asks the control plane, `fill(shard, row,
- * offset, size)`: it answers the block's files, (first row, offsets, bytes) of a run of
- * consecutive rows, which are kept, or only this read's bytes (its own policy: a random
- * read of a block it has not decoded is served from where the file's bytes lie, without
- * decoding the block), which are not. Meanwhile the other workers missing the same block
- * wait for it: a block is decoded once. Everything fill answers is checked (rows, offsets,
- * lengths against the table's sizes) before it is kept.
+ * Keyed by (shard, kind, block) in a hash table, bounded in bytes (least recently used
+ * entries go first, never one a reader is copying from). An entry is filled by the one
+ * worker that missed it first (cache_acquire says so); the other workers missing it wait:
+ * a block is decoded, or decompressed, once. On a miss of a block's files that located.c
+ * could not answer, `fill(shard, row, offset, size)` asks the control plane: it answers the
+ * block's files, (first row, offsets, bytes) of a run of consecutive rows, which are kept,
+ * or only this read's bytes (its own policy), which are not. Everything fill answers is
+ * checked (rows, offsets, lengths against the table's sizes) before it is kept.
  */
 #include "engine.h"
 
@@ -16,22 +17,17 @@
 #include <stdlib.h>
 #include <string.h>
 
-enum { FILLING, READY };
-
-struct CachedBlock {
-    uint64_t shard, block, first_row, count;
-    uint64_t *offsets;  /* count + 1, ascending, the last the data's length */
-    char *data;
-    size_t bytes;
-    int state, readers;
-    CachedBlock *next, *prev;  /* the LRU list, most recently used first */
-};
+/* Hash buckets (a power of two): chains stay short up to tens of thousands of entries. */
+#define BUCKETS 8192
 
 int cache_init(Session *s, size_t bound)
 {
     s->cache_bound = bound;
     s->cache_bytes = 0;
-    s->cache_head = NULL;
+    s->cache_head = s->cache_tail = NULL;
+    s->cache_buckets = calloc(BUCKETS, sizeof *s->cache_buckets);
+    if (s->cache_buckets == NULL)
+        return -1;
     if (pthread_mutex_init(&s->cache_lock, NULL) != 0 || pthread_cond_init(&s->cache_filled, NULL) != 0)
         return -1;
     return 0;
@@ -44,7 +40,23 @@ static void block_free(CachedBlock *b)
     free(b);
 }
 
-static void unlink_block(Session *s, CachedBlock *b)
+static size_t bucket_of(uint64_t shard, int kind, uint64_t block)
+{
+    uint64_t h = (shard + 1) * UINT64_C(0x9E3779B97F4A7C15) ^ (block * 2 + (uint64_t)kind) * UINT64_C(0xC2B2AE3D27D4EB4F);
+    return (size_t)(h >> 40) & (BUCKETS - 1);
+}
+
+/* Lock held, for all below. */
+static CachedBlock *find(Session *s, uint64_t shard, int kind, uint64_t block)
+{
+    CachedBlock *b;
+    for (b = s->cache_buckets[bucket_of(shard, kind, block)]; b != NULL; b = b->hnext)
+        if (b->shard == shard && b->block == block && b->kind == kind)
+            return b;
+    return NULL;
+}
+
+static void lru_unlink(Session *s, CachedBlock *b)
 {
     if (b->prev != NULL)
         b->prev->next = b->next;
@@ -52,76 +64,141 @@ static void unlink_block(Session *s, CachedBlock *b)
         s->cache_head = b->next;
     if (b->next != NULL)
         b->next->prev = b->prev;
+    else
+        s->cache_tail = b->prev;
     b->next = b->prev = NULL;
 }
 
-static void push_front(Session *s, CachedBlock *b)
+static void lru_push_front(Session *s, CachedBlock *b)
 {
     b->prev = NULL;
     b->next = s->cache_head;
     if (s->cache_head != NULL)
         s->cache_head->prev = b;
+    else
+        s->cache_tail = b;
     s->cache_head = b;
+}
+
+static void insert(Session *s, CachedBlock *b)
+{
+    CachedBlock **head = &s->cache_buckets[bucket_of(b->shard, b->kind, b->block)];
+    b->hnext = *head;
+    *head = b;
+    lru_push_front(s, b);
+}
+
+/* Out of the cache and freed; the bytes it was charged given back. */
+static void drop(Session *s, CachedBlock *b)
+{
+    CachedBlock **at = &s->cache_buckets[bucket_of(b->shard, b->kind, b->block)];
+    while (*at != NULL && *at != b)
+        at = &(*at)->hnext;
+    if (*at == b)
+        *at = b->hnext;
+    lru_unlink(s, b);
+    if (b->state == READY)
+        s->cache_bytes -= b->bytes;
+    block_free(b);
 }
 
 void cache_free(Session *s)
 {
-    while (s->cache_head != NULL) {
-        CachedBlock *b = s->cache_head;
-        unlink_block(s, b);
-        block_free(b);
-    }
+    while (s->cache_head != NULL)
+        drop(s, s->cache_head);
+    free(s->cache_buckets);
+    s->cache_buckets = NULL;
     pthread_mutex_destroy(&s->cache_lock);
     pthread_cond_destroy(&s->cache_filled);
 }
 
-/* A linear search: the cache holds tens to hundreds of blocks (a block's files are tens of
- * KiB to MiBs); a hash table is for when it holds more. Lock held. */
-static CachedBlock *find(Session *s, uint64_t shard, uint64_t block)
-{
-    CachedBlock *b;
-    for (b = s->cache_head; b != NULL; b = b->next)
-        if (b->shard == shard && b->block == block)
-            return b;
-    return NULL;
-}
-
-/* Evict ready blocks no one reads, least recently used first, to stay within the bound. */
+/* Evict ready entries no one reads, least recently used first, to stay within the bound. */
 static void shrink(Session *s)
 {
-    CachedBlock *b = s->cache_head, *last = NULL;
-    while (b != NULL) {
-        last = b;
-        b = b->next;
-    }
-    while (s->cache_bytes > s->cache_bound && last != NULL) {
-        CachedBlock *prev = last->prev;
-        if (last->state == READY && last->readers == 0) {
-            unlink_block(s, last);
-            s->cache_bytes -= last->bytes;
-            block_free(last);
-        }
-        last = prev;
+    CachedBlock *b = s->cache_tail;
+    while (s->cache_bytes > s->cache_bound && b != NULL) {
+        CachedBlock *prev = b->prev;
+        if (b->state == READY && b->readers == 0)
+            drop(s, b);
+        b = prev;
     }
 }
 
-/* Turn fill's answer into a block's files: 0, or -1 if it lies (checked against `row`). */
-static int take_files(PyObject *r, CachedBlock *b, uint64_t row)
+CachedBlock *cache_acquire(Session *s, uint64_t shard, int kind, uint64_t block, int *mine)
+{
+    CachedBlock *b;
+    *mine = 0;
+    pthread_mutex_lock(&s->cache_lock);
+    for (;;) {
+        b = find(s, shard, kind, block);
+        if (b == NULL || b->state == READY)
+            break;
+        pthread_cond_wait(&s->cache_filled, &s->cache_lock);  /* another worker fills it */
+    }
+    if (b != NULL) {
+        b->readers++;
+        lru_unlink(s, b);
+        lru_push_front(s, b);
+    } else if ((b = calloc(1, sizeof *b)) != NULL) {
+        b->shard = shard;
+        b->block = block;
+        b->kind = kind;
+        b->state = FILLING;
+        b->readers = 1;
+        insert(s, b);
+        *mine = 1;
+    }
+    pthread_mutex_unlock(&s->cache_lock);
+    return b;
+}
+
+void cache_complete(Session *s, CachedBlock *b, char *data, size_t length)
+{
+    pthread_mutex_lock(&s->cache_lock);
+    b->data = data;
+    b->length = length;
+    b->bytes = length + (b->count + 1) * sizeof(uint64_t) * (b->offsets != NULL) + sizeof *b;
+    b->state = READY;
+    s->cache_bytes += b->bytes;
+    pthread_cond_broadcast(&s->cache_filled);
+    shrink(s);
+    pthread_mutex_unlock(&s->cache_lock);
+}
+
+void cache_abandon(Session *s, CachedBlock *b)
+{
+    pthread_mutex_lock(&s->cache_lock);
+    drop(s, b);
+    pthread_cond_broadcast(&s->cache_filled);
+    pthread_mutex_unlock(&s->cache_lock);
+}
+
+void cache_release(Session *s, CachedBlock *b)
+{
+    pthread_mutex_lock(&s->cache_lock);
+    b->readers--;
+    shrink(s);
+    pthread_mutex_unlock(&s->cache_lock);
+}
+
+/* fill's answer as a block's files (checked against `row`): its bytes to keep, or NULL if it lies. */
+static char *take_files(PyObject *r, CachedBlock *b, uint64_t row, size_t *length)
 {
     Py_buffer offsets, data;
     uint64_t first, count, i;
     const uint64_t *o;
+    char *kept = NULL;
     int ok = 0;
     if (!PyTuple_Check(r) || PyTuple_GET_SIZE(r) != 3 || bridge_u64(PyTuple_GET_ITEM(r, 0), &first) != 0)
-        return -1;
+        return NULL;
     if (PyObject_GetBuffer(PyTuple_GET_ITEM(r, 1), &offsets, PyBUF_C_CONTIGUOUS) != 0) {
         PyErr_Clear();
-        return -1;
+        return NULL;
     }
     if (PyObject_GetBuffer(PyTuple_GET_ITEM(r, 2), &data, PyBUF_C_CONTIGUOUS) != 0) {
         PyErr_Clear();
         PyBuffer_Release(&offsets);
-        return -1;
+        return NULL;
     }
     count = offsets.len / 8;
     o = offsets.buf;
@@ -133,28 +210,98 @@ static int take_files(PyObject *r, CachedBlock *b, uint64_t row)
     }
     if (ok) {
         b->offsets = malloc((size_t)offsets.len);
-        b->data = malloc(data.len ? (size_t)data.len : 1);
-        ok = b->offsets != NULL && b->data != NULL;
+        kept = malloc(data.len ? (size_t)data.len : 1);
+        if (b->offsets == NULL || kept == NULL) {
+            free(kept);
+            kept = NULL;
+        }
     }
-    if (ok) {
+    if (kept != NULL) {
         memcpy(b->offsets, o, (size_t)offsets.len);
-        memcpy(b->data, data.buf, (size_t)data.len);
+        memcpy(kept, data.buf, (size_t)data.len);
         b->first_row = first;
         b->count = count - 1;
-        b->bytes = (size_t)data.len + (size_t)offsets.len + sizeof *b;
+        *length = (size_t)data.len;
     }
     PyBuffer_Release(&offsets);
     PyBuffer_Release(&data);
-    return ok ? 0 : -1;
+    return kept;
+}
+
+/* Row `row` (of `fsize` bytes) from a ready entry of its block's files, which is released:
+ * 1 answered, 0 not this row's (the control plane answers), -EIO if the entry lies. */
+static int serve_files(Session *s, fuse_req_t req, CachedBlock *b, uint64_t row, uint64_t fsize, size_t size,
+                       off_t off)
+{
+    uint64_t i, start, end;
+    if (row < b->first_row || row - b->first_row >= b->count) {
+        cache_release(s, b);  /* filled for other rows: not this one's block after all */
+        return 0;
+    }
+    i = row - b->first_row;
+    start = b->offsets[i];
+    end = b->offsets[i + 1];
+    if (end - start != fsize) {
+        cache_release(s, b);
+        COUNT(s, ST_READ, 1);
+        return -EIO;
+    }
+    {
+        uint64_t from = (uint64_t)off < fsize ? (uint64_t)off : fsize;
+        uint64_t n = fsize - from < size ? fsize - from : size;
+        fuse_reply_buf(req, b->data + start + from, (size_t)n);  /* ours until readers drops */
+    }
+    cache_release(s, b);
+    COUNT(s, ST_READ, 1);
+    return 1;
+}
+
+/* A miss of the block's files: fill them from the control plane (b is ours, FILLING). */
+static int fill(Session *s, fuse_req_t req, CachedBlock *b, uint64_t shard, uint64_t row, uint64_t fsize,
+                size_t size, off_t off)
+{
+    PyGILState_STATE gil = bridge_enter();
+    PyObject *r = bridge_call(s, CB_FILL, Py_BuildValue("(nKLn)", (Py_ssize_t)shard, (unsigned long long)row,
+                                                        (long long)off, (Py_ssize_t)size));
+    char *kept = NULL;
+    size_t length = 0;
+    int err = 0;
+    if (r != NULL && PyBytes_Check(r)) {
+        /* Only this read's bytes: answered now, nothing kept. */
+        size_t got = (size_t)PyBytes_GET_SIZE(r);
+        char *buf = got <= size ? bridge_scratch(got ? got : 1) : NULL;
+        if (buf == NULL) {
+            err = got <= size ? ENOMEM : EIO;
+        } else {
+            memcpy(buf, PyBytes_AS_STRING(r), got);
+            Py_DECREF(r);
+            bridge_leave(gil);
+            cache_abandon(s, b);
+            COUNT(s, ST_READ, 0);
+            fuse_reply_buf(req, buf, got);
+            return 1;
+        }
+    } else if (r == NULL || (kept = take_files(r, b, row, &length)) == NULL) {
+        err = r != NULL && PyLong_Check(r) ? bridge_errno(r, "fill") : EIO;
+    }
+    Py_XDECREF(r);
+    bridge_leave(gil);
+    if (err) {
+        cache_abandon(s, b);
+        COUNT(s, ST_READ, 0);
+        return -err;
+    }
+    cache_complete(s, b, kept, length);
+    return serve_files(s, req, b, row, fsize, size, off);
 }
 
 int cache_read(Session *s, fuse_req_t req, fuse_ino_t ino, size_t size, off_t off)
 {
     int64_t row;
-    uint64_t shard, block, fsize;
+    uint64_t shard, block = 0, fsize = 0;
     ShardTable *t = table_of(s, ino, &row);
     CachedBlock *b;
-    int known = 0;
+    int known = 0, mine, answered;
     if (t == NULL || row < 0 || off < 0)
         return 0;
     shard = (ino >> 32) - 1;
@@ -168,98 +315,29 @@ int cache_read(Session *s, fuse_req_t req, fuse_ino_t ino, size_t size, off_t of
     pthread_rwlock_unlock(&t->lock);
     if (!known)
         return 0;
+    /* The block's files, if they are here; else where the file's bytes lie (located.c). */
     pthread_mutex_lock(&s->cache_lock);
     for (;;) {
-        b = find(s, shard, block);
+        b = find(s, shard, KIND_FILES, block);
         if (b == NULL || b->state == READY)
             break;
-        pthread_cond_wait(&s->cache_filled, &s->cache_lock);  /* another worker fills it */
+        pthread_cond_wait(&s->cache_filled, &s->cache_lock);
     }
-    if (b == NULL) {
-        /* A miss: this worker fills it, the others wait (a block is decoded once). */
-        PyGILState_STATE gil;
-        PyObject *r;
-        int err = 0;
-        b = calloc(1, sizeof *b);
-        if (b == NULL) {
-            pthread_mutex_unlock(&s->cache_lock);
-            return -ENOMEM;
-        }
-        b->shard = shard;
-        b->block = block;
-        b->state = FILLING;
-        push_front(s, b);
-        pthread_mutex_unlock(&s->cache_lock);
-        gil = bridge_enter();
-        r = bridge_call(s, CB_FILL, Py_BuildValue("(nKLn)", (Py_ssize_t)shard, (unsigned long long)row,
-                                                   (long long)off, (Py_ssize_t)size));
-        if (r != NULL && PyBytes_Check(r)) {
-            /* Only this read's bytes: answered now, nothing kept. */
-            if ((size_t)PyBytes_GET_SIZE(r) > size) {
-                err = EIO;
-            } else {
-                char *buf = bridge_scratch(PyBytes_GET_SIZE(r) ? (size_t)PyBytes_GET_SIZE(r) : 1);
-                size_t got = (size_t)PyBytes_GET_SIZE(r);
-                if (buf == NULL) {
-                    err = ENOMEM;
-                } else {
-                    memcpy(buf, PyBytes_AS_STRING(r), got);
-                    Py_DECREF(r);
-                    bridge_leave(gil);
-                    pthread_mutex_lock(&s->cache_lock);
-                    unlink_block(s, b);
-                    block_free(b);
-                    pthread_cond_broadcast(&s->cache_filled);
-                    pthread_mutex_unlock(&s->cache_lock);
-                    COUNT(s, ST_READ, 0);
-                    fuse_reply_buf(req, buf, got);
-                    return 1;
-                }
-            }
-        } else if (r == NULL || take_files(r, b, (uint64_t)row) != 0) {
-            err = r != NULL && PyLong_Check(r) ? bridge_errno(r, "fill") : EIO;
-        }
-        Py_XDECREF(r);
-        bridge_leave(gil);
-        pthread_mutex_lock(&s->cache_lock);
-        if (err) {
-            unlink_block(s, b);
-            block_free(b);
-            pthread_cond_broadcast(&s->cache_filled);
-            pthread_mutex_unlock(&s->cache_lock);
-            COUNT(s, ST_READ, 0);
-            return -err;
-        }
-        b->state = READY;
-        s->cache_bytes += b->bytes;
-        pthread_cond_broadcast(&s->cache_filled);
-    } else {
-        unlink_block(s, b);
-        push_front(s, b);
+    if (b != NULL) {
+        b->readers++;
+        lru_unlink(s, b);
+        lru_push_front(s, b);
     }
-    if ((uint64_t)row < b->first_row || (uint64_t)row - b->first_row >= b->count) {
-        /* Filled for other rows (not this one's block after all): the control plane answers. */
-        pthread_mutex_unlock(&s->cache_lock);
-        return 0;
-    }
-    b->readers++;
-    shrink(s);
     pthread_mutex_unlock(&s->cache_lock);
-    {
-        uint64_t i = (uint64_t)row - b->first_row, start = b->offsets[i], end = b->offsets[i + 1];
-        int lies = end - start != fsize;
-        if (!lies) {
-            uint64_t from = (uint64_t)off < fsize ? (uint64_t)off : fsize;
-            uint64_t n = fsize - from < size ? fsize - from : size;
-            fuse_reply_buf(req, b->data + start + from, (size_t)n);  /* ours until readers drops */
-        }
-        pthread_mutex_lock(&s->cache_lock);
-        b->readers--;
-        shrink(s);
-        pthread_mutex_unlock(&s->cache_lock);
-        COUNT(s, ST_READ, 1);
-        if (lies)
-            return -EIO;
-    }
-    return 1;
+    if (b != NULL)
+        return serve_files(s, req, b, (uint64_t)row, fsize, size, off);
+    answered = located_read(s, t, req, shard, (uint64_t)row, block, fsize, size, off);
+    if (answered != 0)
+        return answered;
+    b = cache_acquire(s, shard, KIND_FILES, block, &mine);
+    if (b == NULL)
+        return -ENOMEM;
+    if (!mine)
+        return serve_files(s, req, b, (uint64_t)row, fsize, size, off);
+    return fill(s, req, b, shard, (uint64_t)row, fsize, size, off);
 }

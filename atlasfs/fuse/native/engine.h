@@ -3,6 +3,9 @@
  * module.c  the Python type `Session` (configuration, mount, loop, exit, unmount)
  * ops.c     libfuse 3's low-level operations
  * bridge.c  calls into Python: thread states, the GIL, replies parsed from Python values
+ * tables.c  shard tables attached by the control plane, and the node ids of their rows
+ * cache.c   the byte cache: a block's encoded files, or its decompressed bytes
+ * located.c files read where their bytes lie (the table's locators), without Python
  *
  * Everything a Python callback returns is checked here as untrusted: a wrong type or
  * value becomes EIO with one log line, never a crash.
@@ -25,22 +28,44 @@ enum {
     CB_LOOKUP, CB_GETATTR, CB_READDIR, CB_READ, CB_FORGET, CB_STATFS, CB_INIT, CB_FILL, CB_COUNT
 };
 
-/* Requests answered in C and by the control plane, per kind (Session.stats()). */
-enum { ST_LOOKUP, ST_GETATTR, ST_READDIR, ST_READ, ST_COUNT };
+/* Requests answered in C and by the control plane, per kind (Session.stats()); "located": reads
+ * answered in C where the file's bytes lie, and those located.c left to the control plane. */
+enum { ST_LOOKUP, ST_GETATTR, ST_READDIR, ST_READ, ST_LOCATED, ST_COUNT };
 #define COUNT(s, kind, by_c) __atomic_fetch_add(&(s)->stats[kind][by_c], 1, __ATOMIC_RELAXED)
 
 /* Node ids from here on name shard folders and table rows (tables.c); below, the control plane's. */
 #define TABLE_NODES (UINT64_C(1) << 32)
 
-/* A shard's attached table columns (tables.c). The columns follow the lock, in this order. */
+typedef struct Located Located;
+
+/* A shard's attached table columns (tables.c). The columns follow the lock, in this order;
+ * `located` (located.c) is the shard's located reads, if the control plane gave them. */
 typedef struct {
     pthread_rwlock_t lock;
     Py_buffer names, offsets, kind, size, by_path, block;
     uint64_t n;
     double mtime;
+    Located *located;
 } ShardTable;
 
+/* What a byte cache entry holds (cache.c): a block's encoded files (rows first_row ..
+ * first_row + count - 1), or a block's decompressed bytes (its payload, located.c). */
+enum { KIND_FILES, KIND_PAYLOAD };
+enum { FILLING, READY };
+
 typedef struct CachedBlock CachedBlock;
+struct CachedBlock {
+    uint64_t shard, block, first_row, count;
+    int kind;
+    uint64_t *offsets;  /* KIND_FILES: count + 1, ascending, the last the data's length */
+    char *data;
+    size_t length;      /* bytes in data */
+    size_t bytes;       /* what the entry costs the bound */
+    uint64_t verified;  /* KIND_PAYLOAD: 1 + the row whose run was last checked in it */
+    int state, readers;
+    CachedBlock *next, *prev;  /* the LRU list, most recently used first */
+    CachedBlock *hnext;        /* the hash chain */
+};
 
 typedef struct {
     PyObject_HEAD
@@ -66,7 +91,7 @@ typedef struct {
     /* The byte cache (cache.c). */
     pthread_mutex_t cache_lock;
     pthread_cond_t cache_filled;
-    CachedBlock *cache_head;
+    CachedBlock *cache_head, *cache_tail, **cache_buckets;
     size_t cache_bytes, cache_bound;
 } Session;
 
@@ -99,5 +124,15 @@ void *bridge_scratch(size_t size);
 int cache_init(Session *s, size_t bound);
 void cache_free(Session *s);
 int cache_read(Session *s, fuse_req_t req, fuse_ino_t ino, size_t size, off_t off);
+CachedBlock *cache_acquire(Session *s, uint64_t shard, int kind, uint64_t block, int *mine);
+void cache_complete(Session *s, CachedBlock *b, char *data, size_t length);
+void cache_abandon(Session *s, CachedBlock *b);
+void cache_release(Session *s, CachedBlock *b);
+
+/* located.c */
+PyObject *located_attach(Session *self, PyObject *args);
+void located_free(Located *l);
+int located_read(Session *s, ShardTable *t, fuse_req_t req, uint64_t shard, uint64_t row, uint64_t block,
+                 uint64_t fsize, size_t size, off_t off);
 
 #endif

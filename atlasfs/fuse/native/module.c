@@ -170,7 +170,7 @@ static PyObject *Session_fd(Session *self, PyObject *unused)
 
 static PyObject *Session_stats(Session *self, PyObject *unused)
 {
-    static const char *const kinds[ST_COUNT] = {"lookup", "getattr", "readdir", "read"};
+    static const char *const kinds[ST_COUNT] = {"lookup", "getattr", "readdir", "read", "located"};
     PyObject *out = PyDict_New();
     int k;
     (void)unused;
@@ -191,7 +191,7 @@ static void Session_dealloc(Session *self)
     int i;
     session_close(self);
     tables_free(self);
-    if (self->cache_bound != 0 || self->cache_head != NULL)
+    if (self->cache_buckets != NULL)
         cache_free(self);
     for (i = 0; i < CB_COUNT; i++)
         Py_CLEAR(self->callbacks[i]);
@@ -210,6 +210,10 @@ static PyMethodDef Session_methods[] = {
      "attach(shard, mtime, names, offsets, kind, size, by_path, block): a flat shard table's columns (buffers), "
      "answered in C from then on."},
     {"detach", (PyCFunction)tables_detach, METH_VARARGS, "detach(shard): let go of its columns."},
+    {"locate", (PyCFunction)located_attach, METH_VARARGS,
+     "locate(shard, offset, length, check, prefix, prefix_ends, prefixes, inline, data_path, index_path, "
+     "(data_size, data_mtime_ns, index_size, index_mtime_ns), starts, compressed, dictionary, max_block_bytes): "
+     "the attached table's locators and where its blocks lie, for reads of its files in C (located.c)."},
     {"stats", (PyCFunction)Session_stats, METH_NOARGS,
      "Requests answered so far, per kind: {'lookup': {'c': n, 'python': n}, ...}."},
     {"fd", (PyCFunction)Session_fd, METH_NOARGS, "The session's /dev/fuse descriptor, -1 when closed."},

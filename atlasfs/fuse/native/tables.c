@@ -28,6 +28,8 @@ static void release_columns(ShardTable *t)
     for (i = 0; i < sizeof columns / sizeof *columns; i++)
         if (columns[i]->obj != NULL)
             PyBuffer_Release(columns[i]);
+    located_free(t->located);
+    t->located = NULL;
     t->n = 0;
 }
 

@@ -16,7 +16,7 @@ from atlasfs.formats.atlas.meta import CompressionStrategy
 from atlasfs.formats.atlas.spans.find import FINGERPRINT_READ_MAX, block_fingerprint, file_locators, stored_crc
 from atlasfs.formats.atlas.spans.payloads import JUST_DECODED, PAYLOADS
 from atlasfs.formats.atlas.spans.read import BlockReader, read_span, run_in
-from atlasfs.formats.source import Locator, SpanMismatch
+from atlasfs.formats.source import Locator, NativeSpans, SpanMismatch
 
 
 @runtime_checkable
@@ -100,6 +100,25 @@ class LocatedReads:
         else:
             fingerprint = None
         return file_locators(payload, fields, fingerprint)
+
+    def native_spans(self) -> NativeSpans | None:
+        """A local shard's blocks for the native engine's located reads (its checks are
+        :func:`read_span`'s); None from a store, or when a file or the dictionary cannot be had
+        (every located read is then :meth:`read_span`'s, which says why)."""
+        shard = cast(Any, self)
+        if shard.storage.remote:
+            return None
+        data, index = shard._signature
+        if data is None or index is None:
+            return None
+        codec = shard.codec
+        try:
+            dictionary = codec.dictionary.get().as_bytes() if codec.dictionary is not None else None
+        except Exception:  # noqa: BLE001 (read_span meets the same error and says it)
+            return None
+        return NativeSpans(shard.data_path, shard.index_path, (data[0], data[1], index[0], index[1]),
+                           np.ascontiguousarray(shard.index, dtype=np.uint64),
+                           codec.strategy != CompressionStrategy.NO_COMPRESSION, dictionary, codec.max_block_bytes)
 
     def read_span(self, block: int, locator: Locator, size: int, scratch: Any = None) -> bytes | None:
         """A pread of the run (strategy 0, or raw zstd blocks), the frame decompressed up to

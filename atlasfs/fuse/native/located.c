@@ -1,0 +1,459 @@
+/* Located reads in C: a file whose block's files are not in the byte cache is served from
+ * where its bytes lie in the block (the table's locators), without Python and without
+ * unpickling, as atlasfs/formats/atlas/spans/read.py does in Python (read_span), with the
+ * same checks:
+ *
+ * - a run: the block's decompressed bytes (its payload: the stored bytes of a block with no
+ *   compression, else its one zstd frame decompressed, within max_block_bytes) are kept in
+ *   the byte cache (KIND_PAYLOAD) for the block's other files; the file is the locator's
+ *   prefix followed by the run at (offset, length) of the payload, and the CRC-32 of both
+ *   must be the locator's check;
+ * - an inline file (small, kept in the table): the block's fingerprint (its frame's content
+ *   checksum, the last 4 stored bytes; else the CRC-32 of a small block's stored bytes) must
+ *   tie it to the block it came from.
+ *
+ * data.bin and index.npy are checked unchanged (size, mtime) since the dataset was opened
+ * before every read. Anything that does not check out is left to the control plane, which
+ * reads the same file its own way, says why where it fails, and serves or fails it (EIO):
+ * located_read then answers 0, and the block is not tried here again.
+ *
+ * Everything the control plane attached is untrusted (a stored table may be another
+ * user's): every locator, prefix number, offset and length is checked before it is used.
+ */
+#include "engine.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/uio.h>
+#include <unistd.h>
+#include <zlib.h>
+#include <zstd.h>
+
+#define NO_LOCATOR UINT32_MAX
+#define INLINE_PREFIX 0xFFFF
+/* Blocks this small with no frame checksum are fingerprinted by the CRC-32 of their stored
+ * bytes (spans/find.py FINGERPRINT_READ_MAX). */
+#define FINGERPRINT_READ_MAX (256 << 10)
+
+struct Located {
+    Py_buffer offset, length, check, prefix, prefix_ends, prefixes, inline_bytes;
+    uint64_t rows, nprefixes;
+    int fd;
+    char *data_path, *index_path;
+    int64_t data_size, data_mtime_ns, index_size, index_mtime_ns;
+    uint64_t *starts;  /* nblocks + 1, ascending: block b is starts[b] .. starts[b + 1] of data.bin */
+    uint64_t nblocks, max_block_bytes;
+    int compressed;
+    ZSTD_DDict *ddict;
+    uint8_t *unlocated;  /* one byte a block: a located read of it failed here */
+};
+
+/* One row's locator, resolved and checked against the buffers. */
+typedef struct {
+    const char *prefix, *inline_bytes;
+    size_t prefix_len;
+    uint64_t offset, length;
+    uint32_t check;
+    int is_inline;
+} Span;
+
+void located_free(Located *l)
+{
+    Py_buffer *columns[] = {&l->offset, &l->length, &l->check, &l->prefix, &l->prefix_ends, &l->prefixes,
+                            &l->inline_bytes};
+    size_t i;
+    if (l == NULL)
+        return;
+    for (i = 0; i < sizeof columns / sizeof *columns; i++)
+        if (columns[i]->obj != NULL)
+            PyBuffer_Release(columns[i]);
+    if (l->fd >= 0)
+        close(l->fd);
+    ZSTD_freeDDict(l->ddict);
+    free(l->data_path);
+    free(l->index_path);
+    free(l->starts);
+    free(l->unlocated);
+    free(l);
+}
+
+static int column(PyObject *obj, Py_buffer *view, Py_ssize_t expected, const char *what)
+{
+    if (PyObject_GetBuffer(obj, view, PyBUF_C_CONTIGUOUS) != 0)
+        return -1;
+    if (expected >= 0 && view->len != expected) {
+        PyErr_Format(PyExc_ValueError, "locate: %s has %zd bytes, not %zd", what, view->len, expected);
+        return -1;
+    }
+    return 0;
+}
+
+/* locate(shard, offset, length, check, prefix, prefix_ends, prefixes, inline, data_path,
+ *        index_path, (data_size, data_mtime_ns, index_size, index_mtime_ns), starts,
+ *        compressed, dictionary or None, max_block_bytes) */
+PyObject *located_attach(Session *self, PyObject *args)
+{
+    Py_ssize_t shard, nstarts, i;
+    PyObject *offset, *length, *check, *prefix, *prefix_ends, *prefixes, *inline_bytes, *starts, *dictionary;
+    const char *data_path, *index_path;
+    long long sig[4];
+    unsigned long long max_block_bytes;
+    int compressed;
+    Py_buffer view;
+    Located *l;
+    ShardTable *t;
+    if (!PyArg_ParseTuple(args, "nOOOOOOOyy(LLLL)OpOK", &shard, &offset, &length, &check, &prefix, &prefix_ends,
+                          &prefixes, &inline_bytes, &data_path, &index_path, &sig[0], &sig[1], &sig[2], &sig[3],
+                          &starts, &compressed, &dictionary, &max_block_bytes))
+        return NULL;
+    if (shard < 0 || shard >= self->ntables) {
+        PyErr_SetString(PyExc_IndexError, "locate: no such shard");
+        return NULL;
+    }
+    t = &self->tables[shard];
+    l = calloc(1, sizeof *l);
+    if (l == NULL)
+        return PyErr_NoMemory();
+    l->fd = -1;
+    l->rows = t->n;  /* attach() came first, holding the GIL as this does: no other writer */
+    if (t->kind.obj == NULL) {
+        PyErr_SetString(PyExc_ValueError, "locate: no table attached");
+        goto fail;
+    }
+    if (column(offset, &l->offset, (Py_ssize_t)(l->rows * 4), "offset")
+        || column(length, &l->length, (Py_ssize_t)(l->rows * 4), "length")
+        || column(check, &l->check, (Py_ssize_t)(l->rows * 4), "check")
+        || column(prefix, &l->prefix, (Py_ssize_t)(l->rows * 2), "prefix")
+        || column(prefix_ends, &l->prefix_ends, -1, "prefix_ends") || column(prefixes, &l->prefixes, -1, "prefixes")
+        || column(inline_bytes, &l->inline_bytes, -1, "inline"))
+        goto fail;
+    l->nprefixes = (uint64_t)l->prefix_ends.len / 8;
+    for (i = 0; i < (Py_ssize_t)l->nprefixes; i++) {
+        uint64_t end = ((const uint64_t *)l->prefix_ends.buf)[i];
+        if (l->prefix_ends.len % 8 || end > (uint64_t)l->prefixes.len || (i && end < ((const uint64_t *)l->prefix_ends.buf)[i - 1])) {
+            PyErr_SetString(PyExc_ValueError, "locate: prefix ends out of order");
+            goto fail;
+        }
+    }
+    if (PyObject_GetBuffer(starts, &view, PyBUF_C_CONTIGUOUS) != 0)
+        goto fail;
+    nstarts = view.len / 8;
+    if (view.len % 8 || nstarts < 2 || (l->starts = malloc((size_t)view.len)) == NULL) {
+        PyBuffer_Release(&view);
+        PyErr_SetString(PyExc_ValueError, "locate: no blocks");
+        goto fail;
+    }
+    memcpy(l->starts, view.buf, (size_t)view.len);
+    PyBuffer_Release(&view);
+    l->nblocks = (uint64_t)nstarts - 1;
+    for (i = 1; i < nstarts; i++)
+        if (l->starts[i] < l->starts[i - 1]) {
+            PyErr_SetString(PyExc_ValueError, "locate: block starts out of order");
+            goto fail;
+        }
+    l->unlocated = calloc((size_t)l->nblocks, 1);
+    l->data_path = strdup(data_path);
+    l->index_path = strdup(index_path);
+    if (l->unlocated == NULL || l->data_path == NULL || l->index_path == NULL) {
+        PyErr_NoMemory();
+        goto fail;
+    }
+    l->data_size = sig[0];
+    l->data_mtime_ns = sig[1];
+    l->index_size = sig[2];
+    l->index_mtime_ns = sig[3];
+    l->compressed = compressed;
+    l->max_block_bytes = max_block_bytes;
+    if (dictionary != Py_None) {
+        if (PyObject_GetBuffer(dictionary, &view, PyBUF_C_CONTIGUOUS) != 0)
+            goto fail;
+        l->ddict = ZSTD_createDDict(view.buf, (size_t)view.len);
+        PyBuffer_Release(&view);
+        if (l->ddict == NULL) {
+            PyErr_SetString(PyExc_ValueError, "locate: not a zstd dictionary");
+            goto fail;
+        }
+    }
+    l->fd = open(data_path, O_RDONLY | O_CLOEXEC);
+    if (l->fd < 0) {
+        PyErr_SetFromErrnoWithFilename(PyExc_OSError, data_path);
+        goto fail;
+    }
+    {
+        Located *old;
+        Py_BEGIN_ALLOW_THREADS
+        pthread_rwlock_wrlock(&t->lock);
+        Py_END_ALLOW_THREADS
+        if (t->n != l->rows) {  /* attached again meanwhile (cannot happen under the GIL): refuse */
+            pthread_rwlock_unlock(&t->lock);
+            PyErr_SetString(PyExc_ValueError, "locate: the table changed");
+            goto fail;
+        }
+        old = t->located;
+        t->located = l;
+        pthread_rwlock_unlock(&t->lock);
+        located_free(old);
+    }
+    Py_RETURN_NONE;
+fail:
+    located_free(l);
+    return NULL;
+}
+
+/* Row `row`'s locator: 1 and `span` filled, or 0 (none, or one that lies). */
+static int span_of(const Located *l, uint64_t row, Span *span)
+{
+    uint32_t offset, length;
+    uint16_t number;
+    if (row >= l->rows)
+        return 0;
+    offset = ((const uint32_t *)l->offset.buf)[row];
+    if (offset == NO_LOCATOR)
+        return 0;
+    length = ((const uint32_t *)l->length.buf)[row];
+    number = ((const uint16_t *)l->prefix.buf)[row];
+    memset(span, 0, sizeof *span);
+    span->check = ((const uint32_t *)l->check.buf)[row];
+    if (number == INLINE_PREFIX) {
+        if ((uint64_t)offset + length > (uint64_t)l->inline_bytes.len)
+            return 0;
+        span->inline_bytes = (const char *)l->inline_bytes.buf + offset;
+        span->is_inline = 1;
+        span->length = length;
+        return 1;
+    }
+    if (number > l->nprefixes)
+        return 0;
+    if (number) {
+        const uint64_t *ends = l->prefix_ends.buf;
+        uint64_t start = number > 1 ? ends[number - 2] : 0;
+        span->prefix = (const char *)l->prefixes.buf + start;
+        span->prefix_len = (size_t)(ends[number - 1] - start);
+    }
+    span->offset = offset;
+    span->length = length;
+    return 1;
+}
+
+static int same_file(const char *path, int64_t size, int64_t mtime_ns)
+{
+    struct stat st;
+    return stat(path, &st) == 0 && (int64_t)st.st_size == size
+           && (int64_t)st.st_mtim.tv_sec * 1000000000 + st.st_mtim.tv_nsec == mtime_ns;
+}
+
+static int read_full(int fd, char *buf, size_t size, uint64_t at)
+{
+    while (size > 0) {
+        ssize_t got = pread(fd, buf, size, (off_t)at);
+        if (got < 0 && errno == EINTR)
+            continue;
+        if (got <= 0)
+            return -1;
+        buf += got;
+        size -= (size_t)got;
+        at += (uint64_t)got;
+    }
+    return 0;
+}
+
+static uint32_t crc(uint32_t seed, const char *data, size_t size)
+{
+    return (uint32_t)crc32_z(seed, (const Bytef *)data, size);
+}
+
+static pthread_key_t dctx_key;
+static pthread_once_t dctx_once = PTHREAD_ONCE_INIT;
+
+static void free_dctx(void *dctx)
+{
+    ZSTD_freeDCtx(dctx);
+}
+
+static void make_dctx_key(void)
+{
+    pthread_key_create(&dctx_key, free_dctx);
+}
+
+/* This thread's decompression context (freed when the thread ends). */
+static ZSTD_DCtx *thread_dctx(void)
+{
+    ZSTD_DCtx *dctx;
+    pthread_once(&dctx_once, make_dctx_key);
+    dctx = pthread_getspecific(dctx_key);
+    if (dctx == NULL && (dctx = ZSTD_createDCtx()) != NULL)
+        pthread_setspecific(dctx_key, dctx);
+    return dctx;
+}
+
+/* Block `block`'s decompressed bytes, malloc'd: 0, or -1 (unreadable, or not one frame within bounds). */
+static int load_payload(const Located *l, uint64_t block, char **out, size_t *out_len)
+{
+    uint64_t start = l->starts[block], stored = l->starts[block + 1] - start;
+    unsigned long long content;
+    size_t frame, got;
+    char *raw, *payload;
+    ZSTD_DCtx *dctx;
+    if (!l->compressed) {
+        if (stored > l->max_block_bytes || (raw = malloc(stored ? (size_t)stored : 1)) == NULL)
+            return -1;
+        if (read_full(l->fd, raw, (size_t)stored, start) != 0) {
+            free(raw);
+            return -1;
+        }
+        *out = raw;
+        *out_len = (size_t)stored;
+        return 0;
+    }
+    if (stored > ZSTD_compressBound((size_t)l->max_block_bytes) || (raw = malloc(stored ? (size_t)stored : 1)) == NULL)
+        return -1;
+    if (read_full(l->fd, raw, (size_t)stored, start) != 0)
+        goto bad_raw;
+    content = ZSTD_getFrameContentSize(raw, (size_t)stored);
+    /* One frame that says its size, within the bound; nothing after it (as codec.decompress). */
+    if (content == ZSTD_CONTENTSIZE_ERROR || content == ZSTD_CONTENTSIZE_UNKNOWN || content > l->max_block_bytes)
+        goto bad_raw;
+    frame = ZSTD_findFrameCompressedSize(raw, (size_t)stored);
+    if (ZSTD_isError(frame) || frame != stored || (dctx = thread_dctx()) == NULL)
+        goto bad_raw;
+    payload = malloc(content ? (size_t)content : 1);
+    if (payload == NULL)
+        goto bad_raw;
+    got = l->ddict != NULL ? ZSTD_decompress_usingDDict(dctx, payload, (size_t)content, raw, (size_t)stored, l->ddict)
+                           : ZSTD_decompressDCtx(dctx, payload, (size_t)content, raw, (size_t)stored);
+    free(raw);
+    if (ZSTD_isError(got) || got != content) {
+        free(payload);
+        return -1;
+    }
+    *out = payload;
+    *out_len = (size_t)content;
+    return 0;
+bad_raw:
+    free(raw);
+    return -1;
+}
+
+/* Bytes [off, off + size) of the file `first` + `second` (its prefix and run), as one reply. */
+static void reply_parts(fuse_req_t req, const char *first, size_t first_len, const char *second, size_t second_len,
+                        size_t size, off_t off)
+{
+    struct iovec iov[2];
+    int n = 0;
+    size_t total = first_len + second_len, from = (uint64_t)off < total ? (size_t)off : total;
+    size_t want = total - from < size ? total - from : size;
+    if (from < first_len && want > 0) {
+        size_t part = first_len - from < want ? first_len - from : want;
+        iov[n].iov_base = (void *)(first + from);
+        iov[n++].iov_len = part;
+        want -= part;
+        from += part;
+    }
+    if (want > 0) {
+        iov[n].iov_base = (void *)(second + (from - first_len));
+        iov[n++].iov_len = want;
+    }
+    if (n == 0)
+        fuse_reply_buf(req, NULL, 0);
+    else
+        fuse_reply_iov(req, iov, n);
+}
+
+/* An inline file, once its block's fingerprint ties it to the block: 1, or 0. */
+static int serve_inline(const Located *l, fuse_req_t req, uint64_t block, const Span *span, size_t size, off_t off)
+{
+    uint64_t start = l->starts[block], stored = l->starts[block + 1] - start;
+    int ok = 0;
+    if (l->compressed && stored >= 4) {
+        unsigned char tail[4];
+        if (read_full(l->fd, (char *)tail, 4, start + stored - 4) == 0) {
+            uint32_t fingerprint = tail[0] | tail[1] << 8 | tail[2] << 16 | (uint32_t)tail[3] << 24;
+            ok = crc(fingerprint, span->inline_bytes, (size_t)span->length) == span->check;
+        }
+    }
+    if (!ok && stored <= FINGERPRINT_READ_MAX) {
+        char *raw = malloc(stored ? (size_t)stored : 1);
+        if (raw != NULL && read_full(l->fd, raw, (size_t)stored, start) == 0)
+            ok = crc(crc(0, raw, (size_t)stored), span->inline_bytes, (size_t)span->length) == span->check;
+        free(raw);
+    }
+    if (ok)
+        reply_parts(req, span->inline_bytes, (size_t)span->length, NULL, 0, size, off);
+    return ok;
+}
+
+/* A run of the block's payload (decompressed once, kept in the byte cache): 1, or 0. */
+static int serve_run(Session *s, const Located *l, fuse_req_t req, uint64_t shard, uint64_t row, uint64_t block,
+                     const Span *span, size_t size, off_t off)
+{
+    CachedBlock *b;
+    const char *run;
+    int mine;
+    if (span->length == 0) {
+        if (crc(0, span->prefix, span->prefix_len) != span->check)
+            return 0;
+        reply_parts(req, span->prefix, span->prefix_len, NULL, 0, size, off);
+        return 1;
+    }
+    if (span->offset + span->length > l->max_block_bytes)
+        return 0;
+    b = cache_acquire(s, shard, KIND_PAYLOAD, block, &mine);
+    if (b == NULL)
+        return 0;
+    if (mine) {
+        char *payload;
+        size_t length;
+        if (load_payload(l, block, &payload, &length) != 0) {
+            cache_abandon(s, b);
+            return 0;
+        }
+        cache_complete(s, b, payload, length);
+    }
+    if (span->offset + span->length > b->length) {
+        cache_release(s, b);
+        return 0;
+    }
+    run = b->data + span->offset;
+    /* A file read in several requests is checked once, at its first. */
+    if (__atomic_load_n(&b->verified, __ATOMIC_ACQUIRE) != row + 1) {
+        if (crc(crc(0, span->prefix, span->prefix_len), run, (size_t)span->length) != span->check) {
+            cache_release(s, b);
+            return 0;
+        }
+        __atomic_store_n(&b->verified, row + 1, __ATOMIC_RELEASE);
+    }
+    reply_parts(req, span->prefix, span->prefix_len, run, (size_t)span->length, size, off);
+    cache_release(s, b);
+    return 1;
+}
+
+int located_read(Session *s, ShardTable *t, fuse_req_t req, uint64_t shard, uint64_t row, uint64_t block,
+                 uint64_t fsize, size_t size, off_t off)
+{
+    Located *l;
+    Span span;
+    int answered = 0;
+    pthread_rwlock_rdlock(&t->lock);  /* held while the locator's buffers are read */
+    l = t->located;
+    if (l == NULL || block >= l->nblocks || __atomic_load_n(&l->unlocated[block], __ATOMIC_RELAXED)
+        || !span_of(l, row, &span) || span.prefix_len + span.length != fsize)
+        goto out;
+    /* As every read that needs the disk: a data.bin or index.npy changed since the dataset
+     * was opened is the control plane's to fail (it says so), not mixed in here. */
+    if (!same_file(l->data_path, l->data_size, l->data_mtime_ns)
+        || !same_file(l->index_path, l->index_size, l->index_mtime_ns))
+        goto out;
+    answered = span.is_inline ? serve_inline(l, req, block, &span, size, off)
+                                         : serve_run(s, l, req, shard, row, block, &span, size, off);
+    if (!answered)
+        __atomic_store_n(&l->unlocated[block], 1, __ATOMIC_RELAXED);
+    else
+        COUNT(s, ST_READ, 1);
+    COUNT(s, ST_LOCATED, answered);
+out:
+    pthread_rwlock_unlock(&t->lock);
+    return answered;
+}
