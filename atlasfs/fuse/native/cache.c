@@ -152,6 +152,22 @@ CachedBlock *cache_acquire(Session *s, uint64_t shard, int kind, uint64_t block,
     return b;
 }
 
+CachedBlock *cache_peek(Session *s, uint64_t shard, int kind, uint64_t block)
+{
+    CachedBlock *b;
+    pthread_mutex_lock(&s->cache_lock);
+    b = find(s, shard, kind, block);
+    if (b != NULL && b->state == READY) {
+        b->readers++;
+        lru_unlink(s, b);
+        lru_push_front(s, b);
+    } else {
+        b = NULL;
+    }
+    pthread_mutex_unlock(&s->cache_lock);
+    return b;
+}
+
 void cache_complete(Session *s, CachedBlock *b, char *data, size_t length)
 {
     pthread_mutex_lock(&s->cache_lock);

@@ -29,8 +29,10 @@ enum {
 };
 
 /* Requests answered in C and by the control plane, per kind (Session.stats()); "located": reads
- * answered in C where the file's bytes lie, and those located.c left to the control plane. */
-enum { ST_LOOKUP, ST_GETATTR, ST_READDIR, ST_READ, ST_LOCATED, ST_COUNT };
+ * answered in C where the file's bytes lie, and those located.c left to the control plane;
+ * "stored": of those, whole-file reads of the run alone as stored, and those that took the
+ * block's payload instead (located.c). */
+enum { ST_LOOKUP, ST_GETATTR, ST_READDIR, ST_READ, ST_LOCATED, ST_STORED, ST_COUNT };
 #define COUNT(s, kind, by_c) __atomic_fetch_add(&(s)->stats[kind][by_c], 1, __ATOMIC_RELAXED)
 
 /* Node ids from here on name shard folders and table rows (tables.c); below, the control plane's. */
@@ -125,6 +127,7 @@ int cache_init(Session *s, size_t bound);
 void cache_free(Session *s);
 int cache_read(Session *s, fuse_req_t req, fuse_ino_t ino, size_t size, off_t off);
 CachedBlock *cache_acquire(Session *s, uint64_t shard, int kind, uint64_t block, int *mine);
+CachedBlock *cache_peek(Session *s, uint64_t shard, int kind, uint64_t block);
 void cache_complete(Session *s, CachedBlock *b, char *data, size_t length);
 void cache_abandon(Session *s, CachedBlock *b);
 void cache_release(Session *s, CachedBlock *b);

@@ -62,11 +62,17 @@ typedef struct {
 
 void located_free(Located *l)
 {
-    Py_buffer *columns[] = {&l->offset, &l->length, &l->check, &l->prefix, &l->prefix_ends, &l->prefixes,
-                            &l->inline_bytes};
+    Py_buffer *columns[7];
     size_t i;
     if (l == NULL)
         return;
+    columns[0] = &l->offset;
+    columns[1] = &l->length;
+    columns[2] = &l->check;
+    columns[3] = &l->prefix;
+    columns[4] = &l->prefix_ends;
+    columns[5] = &l->prefixes;
+    columns[6] = &l->inline_bytes;
     for (i = 0; i < sizeof columns / sizeof *columns; i++)
         if (columns[i]->obj != NULL)
             PyBuffer_Release(columns[i]);
@@ -385,13 +391,74 @@ static int serve_inline(const Located *l, fuse_req_t req, uint64_t block, const 
     return ok;
 }
 
-/* A run of the block's payload (decompressed once, kept in the byte cache): 1, or 0. */
+/* Most zstd block headers a run is looked for through (a frame's blocks hold up to 128 KiB
+ * each: 64 reach 8 MiB into a block), as spans/read.py STORED_RUN_HEADERS. */
+#define STORED_RUN_HEADERS 64
+#define ZSTD_MAGIC 0xFD2FB528u
+
+/* The run at `span`, read from where it lies in data.bin without decompressing (into `out`,
+ * span->length bytes): the stored bytes of a block with no compression, or, in a zstd frame,
+ * when every zstd block over it is stored raw (incompressible data: JPEG bytes) or as one
+ * repeated byte. Only the frame's header, block headers (3 bytes every up to 128 KiB) and
+ * the run are read. 0, or -1 (a compressed block over it, or a frame that is not one). */
+static int read_stored_run(const Located *l, uint64_t block, const Span *span, char *out)
+{
+    uint64_t start = l->starts[block], stored = l->starts[block + 1] - start;
+    uint64_t run_start = span->offset, run_end = span->offset + span->length, decoded = 0, pos;
+    unsigned char head[18];
+    int i;
+    if (!l->compressed)
+        return run_end <= stored ? read_full(l->fd, out, (size_t)span->length, start + run_start) : -1;
+    if (stored < 6 || read_full(l->fd, (char *)head, stored < 18 ? (size_t)stored : 18, start) != 0
+        || (head[0] | head[1] << 8 | head[2] << 16 | (uint32_t)head[3] << 24) != ZSTD_MAGIC)
+        return -1;
+    {
+        static const int dict_id_bytes[4] = {0, 1, 2, 4};
+        int single_segment = head[4] >> 5 & 1;
+        int fcs_bytes = (head[4] >> 6) == 0 ? single_segment : 1 << (head[4] >> 6);
+        pos = 5 + (single_segment ? 0 : 1) + (uint64_t)dict_id_bytes[head[4] & 3] + (uint64_t)fcs_bytes;
+    }
+    for (i = 0; i < STORED_RUN_HEADERS && decoded < run_end; i++) {
+        unsigned char h[3];
+        uint32_t value, kind, size;
+        uint64_t lo, hi;
+        if (pos + 3 > stored || read_full(l->fd, (char *)h, 3, start + pos) != 0)
+            return -1;
+        value = h[0] | h[1] << 8 | (uint32_t)h[2] << 16;
+        kind = value >> 1 & 3;
+        size = value >> 3;
+        if (kind > 1)  /* compressed (or reserved): how much it decompresses to is not told */
+            return -1;
+        lo = run_start > decoded ? run_start : decoded;
+        hi = run_end < decoded + size ? run_end : decoded + size;
+        if (lo < hi) {
+            if (kind == 0) {  /* raw: its bytes follow the header */
+                if (pos + 3 + (hi - decoded) > stored
+                    || read_full(l->fd, out + (lo - run_start), (size_t)(hi - lo), start + pos + 3 + (lo - decoded)) != 0)
+                    return -1;
+            } else {  /* RLE: one byte, `size` times */
+                unsigned char byte;
+                if (pos + 4 > stored || read_full(l->fd, (char *)&byte, 1, start + pos + 3) != 0)
+                    return -1;
+                memset(out + (lo - run_start), byte, (size_t)(hi - lo));
+            }
+        }
+        pos += 3 + (kind == 0 ? size : 1);
+        decoded += size;
+        if ((value & 1) && decoded < run_end)  /* the last block ends before the run does */
+            return -1;
+    }
+    return decoded >= run_end ? 0 : -1;
+}
+
+/* A run of the block's payload (decompressed once, kept in the byte cache): 1, or 0. A read
+ * of the whole file takes the run alone where it is stored as is (read_stored_run). */
 static int serve_run(Session *s, const Located *l, fuse_req_t req, uint64_t shard, uint64_t row, uint64_t block,
                      const Span *span, size_t size, off_t off)
 {
-    CachedBlock *b;
+    CachedBlock *b = NULL;
     const char *run;
-    int mine;
+    int mine = 0;
     if (span->length == 0) {
         if (crc(0, span->prefix, span->prefix_len) != span->check)
             return 0;
@@ -400,7 +467,19 @@ static int serve_run(Session *s, const Located *l, fuse_req_t req, uint64_t shar
     }
     if (span->offset + span->length > l->max_block_bytes)
         return 0;
-    b = cache_acquire(s, shard, KIND_PAYLOAD, block, &mine);
+    if (off == 0 && size >= span->prefix_len + span->length && (b = cache_peek(s, shard, KIND_PAYLOAD, block)) == NULL) {
+        char *alone = malloc((size_t)span->length);
+        int ok = alone != NULL && read_stored_run(l, block, span, alone) == 0
+                 && crc(crc(0, span->prefix, span->prefix_len), alone, (size_t)span->length) == span->check;
+        if (ok)
+            reply_parts(req, span->prefix, span->prefix_len, alone, (size_t)span->length, size, off);
+        free(alone);
+        COUNT(s, ST_STORED, ok);
+        if (ok)
+            return 1;
+        /* else the payload: a compressed zstd block over the run, or a check that failed there too */
+    }
+    b = b != NULL ? b : cache_acquire(s, shard, KIND_PAYLOAD, block, &mine);
     if (b == NULL)
         return 0;
     if (mine) {

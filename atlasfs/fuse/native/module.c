@@ -170,7 +170,7 @@ static PyObject *Session_fd(Session *self, PyObject *unused)
 
 static PyObject *Session_stats(Session *self, PyObject *unused)
 {
-    static const char *const kinds[ST_COUNT] = {"lookup", "getattr", "readdir", "read", "located"};
+    static const char *const kinds[ST_COUNT] = {"lookup", "getattr", "readdir", "read", "located", "stored"};
     PyObject *out = PyDict_New();
     int k;
     (void)unused;
