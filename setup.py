@@ -2,7 +2,7 @@
 docs/native.md). Everything else is in pyproject.toml.
 
 The extension is optional: without libfuse3's headers, pkg-config or a C compiler the package
-installs without it, and ``ATLASFS_ENGINE=native atlasfs mount`` says what to install.
+installs without it, and ``atlasfs mount`` says what to install.
 ``ATLASFS_SANITIZE=1`` at build time builds it with AddressSanitizer and UBSan (docs/native.md
 says how to run the FUSE tests under it).
 """

@@ -32,8 +32,8 @@ MOUNT_ONLY = frozenset({
     "diratime", "lazytime", "nolazytime",
 })
 MOUNT_ONLY_PREFIXES = ("x-", "comment=", "_")
-#: libfuse options handed through (libfuse 2's names: the few that libfuse 3 takes
-#: in ``init`` instead are moved there by :func:`~atlasfs.fuse.adapter.fuse_main`).
+#: libfuse options handed through (libfuse 2's names: the native engine gives libfuse's session
+#: the mount's own and answers the others itself, :data:`atlasfs.fuse.engine.SESSION_OPTIONS`).
 FUSE_OPTIONS = frozenset({
     "allow_root", "default_permissions", "nosuid", "suid", "nodev", "dev", "noexec", "exec",
     "max_read", "max_readahead", "uid", "gid", "umask", "attr_timeout", "entry_timeout",

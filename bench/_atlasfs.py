@@ -38,7 +38,7 @@ def default_cache_bytes() -> int:
 
 def serve_tree(factory: str, args: list[int], mountpoint: str, on_ready: Callable[[], None]) -> None:
     """Serve the tree ``module:callable(*args)`` at ``mountpoint`` in the foreground, through
-    atlasfs's own adapter and mount options (what ``atlasfs mount`` does, minus a dataset)."""
+    atlasfs's own engine and mount options (what ``atlasfs mount`` does, minus a dataset)."""
     module, _, name = factory.partition(":")
     tree = getattr(importlib.import_module(module), name)(*args)
     serve(tree, mountpoint, MountOptions(foreground=True), name, on_ready)

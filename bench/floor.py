@@ -1,18 +1,18 @@
 #!/usr/bin/env python3
-"""The floor under atlasfs: how fast can *any* tree served by our FUSE engines be?
+"""The floor under atlasfs: how fast can *any* tree served by atlasfs's FUSE engine be?
 
 Mounts a trivial in-memory tree (N files of SIZE bytes, every lookup a dict hit, every read
-a slice of one constant) with atlasfs's own ``serve`` (engine, mount options, read-ahead),
-through the ctypes adapter and through the native engine (``ATLASFS_ENGINE=native``,
-docs/native.md), and the same files materialized on tmpfs, then times
+a slice of one constant) with atlasfs's own ``serve`` (the native engine, docs/native.md;
+mount options, read-ahead), and the same files materialized on tmpfs, then times
 ``tar cf - -C <folder> . | wc -c`` on each (cold: a fresh mount; then warm: a second pass),
 and reads every file in a random order with 1 and with 4 reader processes at once, each on a
-fresh mount (``xargs cat``; files/s of all readers together). What the engine, libfuse 3 and
-the kernel cost per file, with no decoding at all, bounds what atlasfs can reach on small files.
-(The native engine serves this tree through its generic path: every request calls Python.)
+fresh mount (``xargs cat``; files/s of all readers together). The engine serves this tree
+through its generic path, where every request calls the Python control plane (the
+"floor (Python control plane)" lines): what the engine, libfuse 3 and the kernel cost per
+file, with no decoding at all, bounds what a tree answered in Python can reach on small files.
 The same files as an indexed Atlas dataset (blocks of 100, random bytes, ``atlasfs mount``)
-are measured the same way through each engine: the path a real mount takes, where the native
-engine answers flat shards' rows from their tables and reads from its byte cache in C.
+are measured the same way (the "atlas" lines): the path a real mount takes, where the engine
+answers flat shards' rows from their tables and reads from its byte cache in C.
 
     python bench/floor.py                            # 24,000 files of 1 KiB, then 4,500 of 100 KiB; 3 repeats
     python bench/floor.py --files 4500 --size 102400 # one case
@@ -40,9 +40,10 @@ from bench.workloads import parallel_reads, tar_all
 #: The default cases, (files, size): small files, and files of the image set's size.
 CASES = [(24_000, 1024), (4_500, 102_400)]
 SMOKE_CASE = (300, 1024)
-#: The engines measured (ATLASFS_ENGINE), and the reader counts of the parallel reads.
-ENGINES = ("adapter", "native")
+#: The reader counts of the parallel reads.
 READERS = (1, 4)
+#: The report's name of the do-nothing tree's lines (every request answered in Python).
+FLOOR = "floor (Python control plane)"
 
 
 class ConstantTree(Tree):
@@ -71,9 +72,15 @@ class ConstantTree(Tree):
         return self.data[offset:offset + size]
 
 
+def readers_name(readers: int) -> str:
+    """"1 reader", "4 readers"."""
+    return f"{readers} reader{'s' * (readers > 1)}"
+
+
 def measure(files: int, size: int, repeat: int, workdir: str) -> dict[str, list[float]]:
-    """Seconds of every run: tar on tmpfs and through each engine cold (fresh mount) and warm
-    (same mount), then each engine's parallel random reads with 1 and 4 readers (fresh mounts)."""
+    """Seconds of every run: tar on tmpfs, and of the do-nothing tree cold (fresh mount) and warm
+    (same mount), then its parallel random reads with 1 and 4 readers (fresh mounts); the same
+    files as an Atlas dataset: tar cold, and the parallel reads."""
     folder = os.path.join(workdir, f"plain-{files}x{size}")
     os.makedirs(os.path.join(folder, "d"), exist_ok=True)
     data = b"x" * size
@@ -81,54 +88,42 @@ def measure(files: int, size: int, repeat: int, workdir: str) -> dict[str, list[
         with open(os.path.join(folder, "d", f"{i:06d}.bin"), "wb") as f:
             f.write(data)
     tmpfs = Tmpfs(folder, ["d"])
-    floors = {engine: ServedTree(f"floor-{engine}", "bench.floor:ConstantTree", [files, size], ["d"], workdir, engine)
-              for engine in ENGINES}
+    floor = ServedTree("floor", "bench.floor:ConstantTree", [files, size], ["d"], workdir)
     order = [f"d/{i:06d}.bin" for i in range(files)]
     random.Random(0).shuffle(order)
-    results: dict[str, list[float]] = {"tmpfs": []}
-    for engine in ENGINES:
-        results |= {f"{engine} cold": [], f"{engine} warm": []}
-    for engine in ENGINES:
-        results |= {f"{engine} {readers} reader{'s' * (readers > 1)}": [] for readers in READERS}
+    results: dict[str, list[float]] = {"tmpfs": [], f"{FLOOR} cold": [], f"{FLOOR} warm": []}
+    results |= {f"{FLOOR} {readers_name(readers)}": [] for readers in READERS}
     atlas = atlas_dataset(workdir, files, size)
     shards = sorted(name for name in os.listdir(atlas) if name.isdigit())
-    mounts = {engine: Atlasfs(atlas, shards, os.path.join(workdir, f"atlas-{engine}")) for engine in ENGINES}
-    for engine, system in mounts.items():
-        system.env["ATLASFS_ENGINE"] = engine
-        system.prepare_metadata()
-    with mounts["adapter"].session() as view:
+    mount = Atlasfs(atlas, shards, os.path.join(workdir, "atlas"))
+    mount.prepare_metadata()
+    with mount.session() as view:
         atlas_order = [f"{s}/{name}" for s in shards for name in sorted(os.listdir(view.shard_dirs[s]))]
     random.Random(0).shuffle(atlas_order)
-    for engine in ENGINES:
-        results[f"atlas {engine} cold"] = []
-        results |= {f"atlas {engine} {readers} reader{'s' * (readers > 1)}": [] for readers in READERS}
+    results["atlas cold"] = []
+    results |= {f"atlas {readers_name(readers)}": [] for readers in READERS}
     for _ in range(repeat):
-        for engine, system in mounts.items():
-            with system.session() as view:
-                results[f"atlas {engine} cold"].append(tar_all(view, shards).seconds)
-            for readers in READERS:
-                with system.session() as view:
-                    seconds = parallel_reads(view, atlas_order, readers).seconds
-                results[f"atlas {engine} {readers} reader{'s' * (readers > 1)}"].append(seconds)
+        with mount.session() as view:
+            results["atlas cold"].append(tar_all(view, shards).seconds)
+        for readers in READERS:
+            with mount.session() as view:
+                results[f"atlas {readers_name(readers)}"].append(parallel_reads(view, atlas_order, readers).seconds)
     for _ in range(repeat):
         with tmpfs.session() as view:
             results["tmpfs"].append(tar_all(view, ["d"]).seconds)
-        for engine, floor in floors.items():
+        with floor.session() as view:
+            results[f"{FLOOR} cold"].append(tar_all(view, ["d"]).seconds)
+            results[f"{FLOOR} warm"].append(tar_all(view, ["d"]).seconds)
+        for readers in READERS:
             with floor.session() as view:
-                results[f"{engine} cold"].append(tar_all(view, ["d"]).seconds)
-                results[f"{engine} warm"].append(tar_all(view, ["d"]).seconds)
-        for engine, floor in floors.items():
-            for readers in READERS:
-                with floor.session() as view:
-                    seconds = parallel_reads(view, order, readers).seconds
-                results[f"{engine} {readers} reader{'s' * (readers > 1)}"].append(seconds)
+                results[f"{FLOOR} {readers_name(readers)}"].append(parallel_reads(view, order, readers).seconds)
     return results
 
 
 def atlas_dataset(workdir: str, files: int, size: int) -> str:
     """An Atlas dataset of ``files`` files of ``size`` random bytes (one field an example), in
-    four shards of blocks of 100 examples, its tables stored by ``atlasfs index`` (run by each
-    engine's ``prepare_metadata``)."""
+    four shards of blocks of 100 examples, its tables stored by ``atlasfs index`` (run by the
+    mount's ``prepare_metadata``)."""
     path = os.path.join(workdir, f"atlas-{files}x{size}")
     if not os.path.exists(os.path.join(path, "meta.json")):
         from atlasfs import AtlasWriter
@@ -165,7 +160,8 @@ def main(argv: list[str] | None = None) -> int:
             body += [f"tar (tmpfs, cold, warm) and random reads by 1 or 4 processes at once (readers) of {files:,} "
                      f"files of {size:,} bytes, median of {args.repeat}; of tmpfs: against tmpfs's tar:", ""]
             body += harness.table(["tree", "files/s", "MB/s", "range (s)", "of tmpfs"], rows) + [""]
-    harness.write_report("floor", args, "the FUSE floor: a do-nothing tree through atlasfs's engines (adapter, native), against tmpfs",
+    harness.write_report("floor", args, "the FUSE floor: a do-nothing tree answered by the Python control plane, and an Atlas "
+                         "dataset whose rows C answers, through atlasfs's native engine, against tmpfs",
                          body, harness.meta("floor.py", args), {"cases": data})
     return 0
 

@@ -76,16 +76,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--seconds", type=float, help="the random readers' phase (default 30, --smoke 2)")
     p.add_argument("--sample", type=int, help="examples whose files the readers read (default 20,000, --smoke 500)")
     p.add_argument("--export-shards", type=int, default=2, help="shards of the export figure (default 2)")
-    p.add_argument("--engine", choices=("adapter", "native"),
-                   help="the mounts' engine (ATLASFS_ENGINE, docs/native.md; default: as the environment says)")
     args = harness.parse(p, argv)
     args.files = args.files or (SMOKE_FILES if args.smoke else DEFAULT_FILES)
     args.shard_examples = args.shard_examples or (SMOKE_SHARD if args.smoke else DEFAULT_SHARD)
     args.seconds = args.seconds if args.seconds is not None else (2.0 if args.smoke else 30.0)
     args.sample = args.sample or (500 if args.smoke else 20_000)
     args.cache_bytes = parse_size(args.cache_size)
-    if args.engine:
-        os.environ["ATLASFS_ENGINE"] = args.engine  # every atlasfs daemon started below takes it
     if args.files < 2 or args.shard_examples < 1 or args.export_shards < 1:
         p.error("--files must be >= 2, --shard-examples and --export-shards >= 1")
     if args.workdir is None and not args.smoke:
@@ -369,7 +365,6 @@ def main(argv: list[str] | None = None) -> int:
         log(f"{data.files:,} files in {len(data.shards)} shards"
             + (" (reused)" if data.reused else f" (written in {sum(data.seconds.values()):.0f} s)"))
         notes.append(f"data in {ws.workdir} ({harness.fstype(ws.workdir)}), mounts' state in {ws.scratch}")
-        notes.append(f"atlasfs engine: {os.environ.get('ATLASFS_ENGINE') or 'native (the default)'} (ATLASFS_ENGINE)")
         atlas = systems.Atlasfs(data.atlas, data.names, os.path.join(ws.scratch, "atlasfs"),
                                 extra_args=["--cache-size", args.cache_size])
         ratar = (systems.Ratarmount(executable, data.tars, data.names, os.path.join(ws.scratch, "ratarmount"))

@@ -1,7 +1,7 @@
 """The systems the benchmarks compare: atlasfs (``atlasfs mount -f`` of a dataset, local or in a
 bucket), tmpfs (the same files materialized in /dev/shm: the physical limit), ratarmount (a FUSE
 mount of the exported WebDataset tars: the peer) and a served tree (any :class:`Tree` through
-atlasfs's own adapter: the floor's do-nothing tree).
+atlasfs's own engine: the floor's do-nothing tree).
 
 Each system gives :class:`View` objects through :meth:`System.session`, a context manager that
 mounts freshly (a new daemon, so nothing of an earlier mount is in memory) and always unmounts
@@ -308,19 +308,16 @@ class Ratarmount(System):
 
 class ServedTree(System):
     """A :class:`Tree` (``module:callable(*args)``) served in a fresh process through atlasfs's own
-    engine (the ctypes adapter or the native one, ``engine``) and mount options (:func:`bench._atlasfs.serve_tree`): the floor's do-nothing tree.
-    The mount is ready once the adapter's ``on_ready`` ran (the mount answers and its read-ahead
+    engine and mount options (:func:`bench._atlasfs.serve_tree`): the floor's do-nothing tree.
+    The mount is ready once ``serve``'s ``on_ready`` ran (the mount answers and its read-ahead
     is set, as ``atlasfs mount`` waits for)."""
 
-    def __init__(self, name: str, factory: str, args: list[int], shards: list[str], workdir: str,
-                 engine: str = "adapter") -> None:
+    def __init__(self, name: str, factory: str, args: list[int], shards: list[str], workdir: str) -> None:
         self.name = name
         self.factory = factory
         self.args = args
         self.shards = shards
         self.workdir = workdir
-        #: ``ATLASFS_ENGINE`` of the serving process: the ctypes adapter or the native engine.
-        self.engine = engine
 
     @contextlib.contextmanager
     def session(self, fresh_metadata: bool = False) -> Iterator[View]:
@@ -336,7 +333,7 @@ class ServedTree(System):
             with open(log_path, "ab") as log:
                 start = time.perf_counter()
                 process = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.DEVNULL, stdout=log,
-                                           stderr=log, env={**os.environ, "ATLASFS_ENGINE": self.engine})
+                                           stderr=log)
                 _wait(process, lambda: os.path.exists(ready) and is_mounted(mountpoint), self.name, log_path)
                 seconds = time.perf_counter() - start
             yield View(self.name, mountpoint, {s: os.path.join(mountpoint, s) for s in self.shards},

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The native engine's C code under AddressSanitizer and UBSan (`make test` runs this after the
 # suite): the extension built with them into a copy of the package, and the FUSE tests run
-# against it with ATLASFS_ENGINE=native. pytest starts with the sanitizer runtimes preloaded
+# against it. pytest starts with the sanitizer runtimes preloaded
 # (the extension it imports needs them first); tests/conftest.py then takes LD_PRELOAD out of
 # the environment of the programs the tests run (coreutils' dd aborts under a preloaded ASan)
 # and tests/fusemount.py gives it back to the `atlasfs` commands, the mount daemons. A report
@@ -22,7 +22,7 @@ fi
 mkdir "$work/reports"
 cd "$repo"
 LD_PRELOAD="$(gcc -print-file-name=libasan.so):$(gcc -print-file-name=libubsan.so)" \
-PYTHONPATH="$work" ATLASFS_ENGINE=native ATLASFS_TEST_SANITIZED=1 \
+PYTHONPATH="$work" ATLASFS_TEST_SANITIZED=1 \
 ASAN_OPTIONS="detect_leaks=0:abort_on_error=1:verify_asan_link_order=0:log_path=$work/reports/asan" \
 UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1:log_path=$work/reports/ubsan" \
     "$venv/bin/python" -m pytest -q -p no:cacheprovider tests/test_native.py tests/test_mount.py \

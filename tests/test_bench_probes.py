@@ -16,17 +16,20 @@ from s3server import unavailable
 
 
 @pytest.mark.fuse
-def test_floor_serves_its_tree_through_both_engines_and_reports_every_line(tmp_path: Path) -> None:
-    """bench/floor.py mounts its own trivial Tree through the adapter and the native engine (it
-    broke once when the Tree interface grew a method its tree shadowed), tar and parallel readers."""
+def test_floor_serves_its_tree_and_an_atlas_dataset_and_reports_every_line(tmp_path: Path) -> None:
+    """bench/floor.py mounts its own trivial Tree through the native engine's Python control plane
+    (it broke once when the Tree interface grew a method its tree shadowed) and an indexed Atlas
+    dataset, tar and parallel readers."""
     require_fuse()
     run = run_probe("floor.py", "floor", tmp_path, "--smoke")
     assert run.returncode == 0, run.stderr[-3000:]
     (case,) = run.data["cases"].values()
     tmpfs = statistics.median(case["tmpfs"])
-    for name in ("tmpfs", "adapter cold", "adapter warm", "native cold", "native warm", "adapter 1 reader",
-                 "adapter 4 readers", "native 1 reader", "native 4 readers", "atlas adapter cold",
-                 "atlas native cold", "atlas adapter 4 readers", "atlas native 4 readers"):
+    floor = "floor (Python control plane)"
+    names = ("tmpfs", f"{floor} cold", f"{floor} warm", f"{floor} 1 reader", f"{floor} 4 readers", "atlas cold",
+             "atlas 1 reader", "atlas 4 readers")
+    assert set(case) == set(names), sorted(case)
+    for name in names:
         (row,) = table_rows(run.markdown, name)
         assert float(row[1].replace(",", "")) > 0, row  # files/s
         assert row[4] == f"{tmpfs / statistics.median(case[name]):.3f}", row  # of tmpfs, in the same run

@@ -1,15 +1,14 @@
-"""libfuse 3 under the adapter, for real: the library the daemon maps, the requests a listing
-costs (READDIRPLUS), the size of the reads a big file arrives in.
+"""libfuse 3 under the native engine, for real: the library the daemon maps, the requests a
+listing costs (READDIRPLUS), the size of the reads a big file arrives in, what INIT settles.
 
 The request-counting tests serve an in-memory tree with atlasfs's own ``serve`` in a child
-process (this file run as a script) that logs every call the adapter makes into the tree.
+process (this file run as a script) that logs every call the engine makes into the tree.
 """
 
 from __future__ import annotations
 
 import collections
 import contextlib
-import ctypes
 import json
 import os
 import subprocess
@@ -27,7 +26,7 @@ import pytest
 from atlasfs.tree.base import Entry, Tree, not_found
 
 #: Files in the listed folder: more than one READDIRPLUS reply holds, and more than one
-#: window of known entries (fuse_adapter.KNOWN_WINDOW).
+#: window of known entries (engine.KNOWN_WINDOW).
 FILES = 2500
 FILE_SIZE = 100
 #: The big file: its bytes are a pattern that does not repeat at any power of two.
@@ -35,6 +34,8 @@ BIG_SIZE = 8 << 20
 BIG_DATA = (bytes(range(251)) * (BIG_SIZE // 251 + 1))[:BIG_SIZE]
 #: The largest read libfuse 2 and the kernel's default read-ahead allow.
 OLD_MAX_READ = 128 * 1024
+#: The kernel's INIT flag for asynchronous reads (linux/fuse.h).
+FUSE_ASYNC_READ = 1 << 0
 
 
 class LoggingTree(Tree):
@@ -183,17 +184,15 @@ def test_find_asks_for_no_attributes_and_looks_up_no_file() -> None:
 
 def test_ls_l_gets_every_attribute_with_the_listing() -> None:
     """ls -l stats each file as it reads the folder, so the kernel asks for attributes with
-    every reply: the daemon is asked about no file, the second time neither."""
+    every reply: the daemon is asked about no file, the second time not even for the listing."""
     with served(known=True) as tree:
         first = _listing(tree.mountpoint, ["ls", "-ln", "d"])
         assert _listing(tree.mountpoint, ["ls", "-ln", "d"]) == first
     assert first.count(f" {FILE_SIZE} ") == FILES
     # The native engine answers OPENDIR with ENOSYS, so the kernel keeps the listing itself
     # (FOPEN_CACHE_DIR) and the second ls does not reach the daemon at all.
-    from atlasfs.fuse.engine import engine_name
-    listings = 1 if engine_name() == "native" else 2
     assert tree.file_lookups() == 0
-    assert tree.log["calls"]["names /d"] == listings
+    assert tree.log["calls"]["names /d"] == 1
 
 
 @pytest.mark.parametrize("command", [["find", "d", "-type", "f", "-printf", "%s %i\n"], ["du", "-ab", "d"]])
@@ -233,6 +232,31 @@ def test_a_big_sequential_read_comes_in_reads_of_a_mebibyte() -> None:
     assert sum(size > OLD_MAX_READ for size in sizes) * 1024 * 1024 >= BIG_SIZE * 3 // 4, collections.Counter(sizes)
 
 
+@contextlib.contextmanager
+def debug_mount(dataset: Path, mnt: Path, log_path: Path, options: str = "") -> Iterator[tuple[Path, Path]]:
+    """``atlasfs mount -f -o debug[,options]`` of ``dataset`` for the duration, libfuse's debug
+    log (every request and reply) in ``log_path``; unmounted with ``atlasfs umount`` after."""
+    require_fuse()
+    mnt.mkdir()
+    with open(log_path, "w") as log:
+        daemon = subprocess.Popen([sys.executable, "-m", "atlasfs", "mount", "-f", "-o",
+                                   ",".join(filter(None, ["debug", options])), str(dataset), str(mnt)],
+                                  stderr=log, stdout=log)
+    try:
+        deadline = time.monotonic() + 30
+        while not is_mounted(mnt) and daemon.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert is_mounted(mnt), log_path.read_text()[-2000:]
+        yield mnt, log_path
+        assert atlasfs("umount", str(mnt)).returncode == 0
+        daemon.wait(timeout=30)
+    finally:
+        force_unmount(mnt)
+        if daemon.poll() is None:
+            daemon.kill()
+            daemon.wait()
+
+
 def test_atlas_mount_of_known_sizes_lists_with_attributes(tmp_path: Path) -> None:
     """End to end on an Atlas dataset whose files are all ``bytes`` fields (sizes known from
     the first listing): libfuse's own debug log shows READDIRPLUS, and a folder small
@@ -243,54 +267,48 @@ def test_atlas_mount_of_known_sizes_lists_with_attributes(tmp_path: Path) -> Non
     with AtlasWriter(tmp_path / "ds", shard_size=files // 2, block_size=10) as writer:
         for i in range(files // 2):
             writer.add_example({"jpg": bytes([i % 256]) * (i + 1), "bin": b"y" * 7})
-    require_fuse()
-    mnt = tmp_path / "mnt"
-    mnt.mkdir()
-    log_path = tmp_path / "debug.log"
-    with open(log_path, "w") as log:
-        daemon = subprocess.Popen([sys.executable, "-m", "atlasfs", "mount", "-f", "-o", "debug",
-                                   str(tmp_path / "ds"), str(mnt)], stderr=log, stdout=log)
-    try:
-        deadline = time.monotonic() + 30
-        while not is_mounted(mnt) and daemon.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.02)
-        assert is_mounted(mnt), log_path.read_text()[-2000:]
+    with debug_mount(tmp_path / "ds", tmp_path / "mnt", tmp_path / "debug.log") as (mnt, log_path):
         shard = sorted(os.listdir(mnt))[0]
         out = _listing(mnt / shard, ["ls", "-ln"])
         assert len([line for line in out.splitlines() if line.startswith("-r--r--r--")]) == files
-        assert atlasfs("umount", str(mnt)).returncode == 0
-        daemon.wait(timeout=30)
-    finally:
-        force_unmount(mnt)
-        if daemon.poll() is None:
-            daemon.kill()
-            daemon.wait()
     debug = log_path.read_text()
     assert "opcode: READDIRPLUS" in debug
     assert debug.count("opcode: LOOKUP") <= 2, debug.count("opcode: LOOKUP")  # the shard folder, at most twice
 
 
-def test_init_settles_the_connection_and_moves_libfuse2_options_there() -> None:
-    """What init writes into libfuse's structures, checked on structures of our own."""
-    from atlasfs.fuse.adapter import (
-        FUSE_CAP_ASYNC_READ,
-        FUSE_CAP_READDIRPLUS,
-        FUSE_CAP_READDIRPLUS_AUTO,
-        FuseAdapter,
-        libfuse3,
-    )
+def test_init_settles_the_connection_with_the_libfuse2_options(tmp_path: Path) -> None:
+    """libfuse 3 takes these in INIT, not on its command line: the engine's INIT reply (libfuse's
+    debug log) carries them, and sync_read turns asynchronous reads off (they are on otherwise)."""
+    from atlasfs import AtlasWriter
 
-    fuse = libfuse3()
-    started: list[bool] = []
-    adapter = FuseAdapter(LoggingTree(1, 1), lambda: started.append(True))
-    adapter.conn_options = {"max_read": "65536", "max_readahead": "32768", "sync_read": True, "max_background": "20"}
-    every = FUSE_CAP_ASYNC_READ | FUSE_CAP_READDIRPLUS | FUSE_CAP_READDIRPLUS_AUTO
-    conn, config = fuse.fuse_conn_info(capable=every, want=every, max_readahead=131072), fuse.fuse_config()
-    adapter._init(ctypes.pointer(conn), ctypes.pointer(config))
-    assert started == [True]
-    assert config.use_ino == 1
-    assert conn.want == FUSE_CAP_READDIRPLUS | FUSE_CAP_READDIRPLUS_AUTO  # sync_read: no async reads
-    assert (conn.max_read, conn.max_readahead, conn.max_background) == (65536, 32768, 20)
+    with AtlasWriter(tmp_path / "ds", shard_size=4, block_size=2) as writer:
+        for i in range(4):
+            writer.add_example({"bin": bytes([i]) * 1000})
+    options = "max_read=65536,max_readahead=32768,sync_read,max_background=20,congestion_threshold=10"
+    replies = {}
+    for name, given in (("set", options), ("default", "")):
+        with debug_mount(tmp_path / "ds", tmp_path / f"mnt-{name}", tmp_path / f"{name}.log", given) as (mnt, _):
+            shard = mnt / sorted(os.listdir(mnt))[0]
+            assert [(shard / n).read_bytes() for n in sorted(os.listdir(shard))] == [bytes([i]) * 1000 for i in range(4)]
+        replies[name] = _init_reply((tmp_path / f"{name}.log").read_text())
+    got = replies["set"]
+    assert (got["max_readahead"], got["max_background"], got["congestion_threshold"]) == ("0x00008000", "20", "10"), got
+    assert int(got["flags"], 16) & FUSE_ASYNC_READ == 0, got
+    assert int(replies["default"]["flags"], 16) & FUSE_ASYNC_READ, replies["default"]
+    assert replies["default"]["max_readahead"] != "0x00008000", replies["default"]
+
+
+def _init_reply(debug: str) -> dict[str, str]:
+    """The fields of the INIT reply in libfuse's debug log (its indented ``name=value`` lines)."""
+    lines = debug.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("   INIT: "))
+    fields = {}
+    for line in lines[start + 1:]:
+        name, equals, value = line.strip().partition("=")
+        if not line.startswith("   ") or not equals:
+            break
+        fields[name] = value
+    return fields
 
 
 def test_libfuse2_options_still_mount(tmp_path: Path) -> None:

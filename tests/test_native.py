@@ -1,8 +1,9 @@
-"""The native engine (``ATLASFS_ENGINE=native``, atlasfs.fuse._native), mounted for real.
+"""The native engine (atlasfs.fuse._native), mounted for real.
 
-The FUSE suite runs against it too (``ATLASFS_ENGINE=native pytest tests/test_mount.py ...``,
-docs/native.md); these are its own: the same tree as the adapter's, life cycle, parallel
-readers, what it says when it is not built, and wrong answers from its control plane.
+Every FUSE test mounts through it (it is atlasfs's one engine, docs/native.md); these are its
+own: the mount shows the tree the control plane reads, life cycle, parallel readers, rows
+answered in C, what ``atlasfs mount`` says when it is not built, and wrong answers from its
+control plane.
 """
 
 from __future__ import annotations
@@ -10,11 +11,13 @@ from __future__ import annotations
 import contextlib
 import errno
 import hashlib
+import io
 import os
 import re
 import signal
 import subprocess
 import sys
+import tarfile
 import tempfile
 import time
 from pathlib import Path
@@ -27,8 +30,6 @@ from helpers import REFERENCE
 
 pytestmark = pytest.mark.fuse
 
-NATIVE = {"ATLASFS_ENGINE": "native"}
-ADAPTER = {"ATLASFS_ENGINE": "adapter"}
 DATASET = REFERENCE / "s1_tricky_keys_and_fields" / "dataset"
 HERE = Path(__file__).resolve().parent
 
@@ -55,23 +56,53 @@ def tree_of(mnt: Path) -> list[str]:
     return out
 
 
-def tar_of(mnt: Path, folder: str) -> bytes:
-    return subprocess.run(["tar", "cf", "-", "--sort=none", "-C", str(mnt / folder), "."], capture_output=True,
-                          check=True).stdout
+def tree_read_in_python(dataset: Path) -> list[str]:
+    """What :func:`tree_of` should see: the lines of the dataset's tree, as the control plane's
+    own :class:`BlockTree` answers them in this process (no FUSE, no table store)."""
+    from atlasfs.formats.factory import open_source
+    from atlasfs.tree.blocktree import BlockTree
+
+    tree = BlockTree(open_source(str(dataset)))
+    out = []
+
+    def walk(path: str, shown: str) -> None:
+        entry = tree.lookup(path)
+        digest = "" if entry.is_dir else hashlib.md5(tree.read(entry, 0, entry.size)).hexdigest()
+        out.append("\t".join([shown, "d" if entry.is_dir else "f", str(entry.size), str(entry.ino),
+                              "555" if entry.is_dir else "444", digest]))
+        if entry.is_dir:
+            for name, _ in tree.listdir(path):
+                walk(f"{path.rstrip('/')}/{name}", f"{shown}/{name}".lstrip("/"))
+
+    walk("/", "")
+    return sorted(out)
 
 
-def test_native_mount_shows_the_adapters_tree(tmp_path: Path) -> None:
-    with mounted(DATASET, env=ADAPTER) as mnt:
-        expected = tree_of(mnt)
-        expected_tar = tar_of(mnt, "0")
-    with mounted(DATASET, env=NATIVE) as mnt:
+def tar_members(mnt: Path, folder: str) -> list[tuple[str, bool, bytes]]:
+    """(name, is_dir, bytes) of each member of ``tar cf`` of ``mnt/folder``, in the tar's order."""
+    tar = subprocess.run(["tar", "cf", "-", "--sort=none", "-C", str(mnt / folder), "."], capture_output=True,
+                         check=True).stdout
+    with tarfile.open(fileobj=io.BytesIO(tar)) as archive:
+        return [(member.name, member.isdir(), archive.extractfile(member).read() if member.isfile() else b"")
+                for member in archive.getmembers()]
+
+
+def test_the_mount_shows_the_tree_the_control_plane_reads() -> None:
+    expected = tree_read_in_python(DATASET)
+    with mounted(DATASET) as mnt:
         assert tree_of(mnt) == expected
         listed = subprocess.run(["ls", "-la", str(mnt / "0")], capture_output=True, text=True, check=True).stdout
         assert "dr-xr-xr-x" in listed and "-r--r--r--" in listed
-        assert tar_of(mnt, "0") == expected_tar
+        in_tar = sorted((name[2:], is_dir, "" if is_dir else hashlib.md5(data).hexdigest())
+                        for name, is_dir, data in tar_members(mnt, "0") if name != ".")
+        fields = [line.split("\t") for line in expected if line.startswith("0/")]
+        assert in_tar == sorted((path[2:], kind == "d", digest) for path, kind, *_, digest in fields)
         assert os.statvfs(mnt).f_bsize == 4096
         with pytest.raises(FileNotFoundError):
             os.stat(mnt / "0" / "no-such-file")
+        for folder in (mnt, mnt / "0"):  # tree names are UTF-8: a name that is not cannot be found
+            with pytest.raises(FileNotFoundError):
+                os.stat(os.fsencode(folder) + b"/\xff.txt")
         with pytest.raises(NotADirectoryError):
             os.listdir(next(p for p in (mnt / "0").rglob("*") if p.is_file()))
         with pytest.raises(OSError) as refused:
@@ -80,12 +111,12 @@ def test_native_mount_shows_the_adapters_tree(tmp_path: Path) -> None:
 
 
 def test_parallel_readers_read_what_one_reader_reads() -> None:
-    with mounted(DATASET, "-o", "cache_size=64K", env=NATIVE) as mnt:
+    with mounted(DATASET, "-o", "cache_size=64K") as mnt:
         files = sorted(str(p.relative_to(mnt)) for p in mnt.rglob("*") if p.is_file())
         expected = {path: (mnt / path).read_bytes() for path in files}
     # A fresh mount (cold cache, a cache of 64 KiB: blocks decoded and evicted while others
     # read them), four processes, each through every file from another start.
-    with mounted(DATASET, "-o", "cache_size=64K", env=NATIVE) as mnt:
+    with mounted(DATASET, "-o", "cache_size=64K") as mnt:
         starts = [0, len(files) // 4, len(files) // 2, 3 * len(files) // 4]
         readers = [subprocess.Popen(["cat", *files[s:], *files[:s]], cwd=mnt, stdout=subprocess.PIPE)
                    for s in starts]
@@ -96,9 +127,9 @@ def test_parallel_readers_read_what_one_reader_reads() -> None:
 
 
 @contextlib.contextmanager
-def _daemon(mnt: Path, env: dict[str, str], dataset: Path = DATASET) -> Iterator[subprocess.Popen[str]]:
+def _daemon(mnt: Path, dataset: Path = DATASET) -> Iterator[subprocess.Popen[str]]:
     """:func:`_serve_foreground` for the duration; killed after if it is still running."""
-    process = _serve_foreground(mnt, env, dataset)
+    process = _serve_foreground(mnt, dataset)
     try:
         yield process
     finally:
@@ -107,9 +138,9 @@ def _daemon(mnt: Path, env: dict[str, str], dataset: Path = DATASET) -> Iterator
             process.wait()
 
 
-def _serve_foreground(mnt: Path, env: dict[str, str], dataset: Path = DATASET) -> subprocess.Popen[str]:
+def _serve_foreground(mnt: Path, dataset: Path = DATASET) -> subprocess.Popen[str]:
     process = subprocess.Popen([sys.executable, "-m", "atlasfs", "mount", "-f", str(dataset), str(mnt)],
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, **env})
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 30
     while not is_mounted(mnt):
         assert process.poll() is None, f"the daemon exited: {process.communicate()[1]}"
@@ -131,7 +162,7 @@ def mountpoint() -> Iterator[Path]:
 
 @pytest.mark.parametrize("how", ["SIGTERM", "SIGINT", "fusermount3 -u"])
 def test_the_daemon_unmounts_and_exits_cleanly(mountpoint: Path, how: str) -> None:
-    with _daemon(mountpoint, NATIVE) as process:
+    with _daemon(mountpoint) as process:
         assert len(list(mountpoint.rglob("*"))) > 10  # worker threads made and kept their Python states
         if how == "fusermount3 -u":
             subprocess.run(["fusermount3", "-u", str(mountpoint)], check=True)
@@ -147,7 +178,7 @@ def test_the_daemon_unmounts_and_exits_cleanly(mountpoint: Path, how: str) -> No
 def test_rows_of_an_attached_table_are_answered_in_c(tmp_path: Path, mountpoint: Path) -> None:
     """A flat shard whose table knows every size (``atlasfs index``): once the control plane
     has the table (the first lookup in the shard), lookups, attributes and listings of its
-    rows are answered by C, with what the adapter answers."""
+    rows are answered by C, with what the control plane's tree answers."""
     from atlasfs import AtlasWriter
 
     dataset = tmp_path / "ds"
@@ -155,10 +186,9 @@ def test_rows_of_an_attached_table_are_answered_in_c(tmp_path: Path, mountpoint:
         for i in range(120):
             writer.add_example({"bin": bytes([i]) * (i + 1), "json": {"i": i}})
     assert atlasfs("index", str(dataset)).returncode == 0
-    with mounted(dataset, env=ADAPTER) as mnt:
-        expected = tree_of(mnt)
-        names = sorted(os.listdir(mnt / "0"))
-    with _daemon(mountpoint, NATIVE, dataset) as process:
+    expected = tree_read_in_python(dataset)
+    names = sorted(line.split("\t")[0][2:] for line in expected if line.startswith("0/"))
+    with _daemon(mountpoint, dataset) as process:
         first, *rest = names
         assert os.stat(mountpoint / "0" / first).st_size > 0  # the control plane maps the table
         for name in rest:  # by name, without a listing: LOOKUPs
@@ -181,19 +211,14 @@ def test_a_mount_without_the_extension_says_what_to_install(mountpoint: Path) ->
     code = ("import sys; sys.modules['atlasfs.fuse._native'] = None\n"
             "from atlasfs.commands.cli import main\n"
             f"sys.exit(main(['mount', {str(DATASET)!r}, {str(mountpoint)!r}]))\n")
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
-                            env={**os.environ, **NATIVE})
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert result.returncode == 1
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in result.stderr
-    assert "native engine" in lines[0] and "libfuse3-dev" in lines[0]
+    from atlasfs.fuse.engine import INSTALL_HINT
+    assert lines[0].startswith(f"atlasfs: {INSTALL_HINT} (")
+    assert "apt-get install libfuse3-dev libzstd-dev zlib1g-dev pkg-config gcc python3-dev" in lines[0] and "ATLASFS_ENGINE" not in lines[0]
     assert not is_mounted(mountpoint)
-
-
-def test_an_unknown_engine_is_refused_in_one_line(mountpoint: Path) -> None:
-    result = atlasfs("mount", str(DATASET), str(mountpoint), env={**os.environ, "ATLASFS_ENGINE": "fast"})
-    assert result.returncode == 1
-    assert result.stderr.strip() == "atlasfs: ATLASFS_ENGINE=fast: unknown engine (one of adapter, native)"
 
 
 def test_wrong_answers_of_the_control_plane_are_eio_never_a_crash(mountpoint: Path) -> None:

@@ -2,18 +2,17 @@
 
 The C extension runs libfuse 3's low-level session on a multi-threaded loop and calls the
 :class:`NativeBridge` here, holding the GIL only for that call, for what it does not answer
-itself. For now that is every request (the generic path, which serves any
-:class:`~atlasfs.tree.base.Tree`); shard folders' table rows are to be answered in C
-(docs/native.md, "Next").
+itself: every request of any :class:`~atlasfs.tree.base.Tree` (the generic path), but the
+rows of flat shard folders whose tables are attached and their cached blocks' reads, which C
+answers alone (docs/native.md).
 
 The low-level API names files by node id, not path: the bridge keeps, for each node the
 kernel holds, its path and how many times it was looked up, and drops it when the kernel
 forgets it (FORGET); the root is node 1 for good. Every method answers a value or a negative
 errno and never raises: an error becomes the errno the tree said (EIO is logged at debug
-level, as the adapter does), anything unexpected EIO with a log line.
+level), anything unexpected EIO with a log line.
 
-Choose the engine with ``ATLASFS_ENGINE=native`` (the default is still the ctypes adapter,
-:mod:`atlasfs.fuse.adapter`, until the native engine serves every mount).
+It is atlasfs's one FUSE engine: :func:`atlasfs.fuse.mount.serve` always mounts through it.
 """
 
 from __future__ import annotations
@@ -30,20 +29,16 @@ from typing import Any, Callable
 
 import numpy as np
 
-from atlasfs.fuse.adapter import KNOWN_WINDOW
 from atlasfs.fuse.signals import stopped_by_signals
 from atlasfs.tree.base import Entry, Tree
 
 log = logging.getLogger("atlasfs")
 
-#: The environment variable that picks the engine, and its values.
-ENGINE_ENV = "ATLASFS_ENGINE"
-ENGINES = ("adapter", "native")
 #: What to install when the extension is missing (one line, for ``atlasfs mount``).
-INSTALL_HINT = ("the native engine (atlasfs.fuse._native) is not built: install libfuse3-dev, pkg-config, gcc and "
-                "python3-dev (Debian/Ubuntu: apt-get install libfuse3-dev pkg-config gcc python3-dev), then "
-                "reinstall atlasfs (make install, or pip install -e .); or mount with the older ctypes "
-                "engine: ATLASFS_ENGINE=adapter")
+INSTALL_HINT = ("the native engine (atlasfs.fuse._native) is not built: install the headers of libfuse 3, zstd and "
+                "zlib, pkg-config, gcc and python3-dev (Debian/Ubuntu: apt-get install libfuse3-dev libzstd-dev "
+                "zlib1g-dev pkg-config gcc python3-dev), then "
+                "reinstall atlasfs (make install, or pip install -e .)")
 ROOT = 1
 #: The share of a mount's ``--cache-size`` that goes to the engine's byte cache (encoded files of
 #: blocks, read in C); the tree's block cache (decoded blocks, what fills the byte cache and
@@ -64,14 +59,9 @@ IGNORED_OPTIONS = frozenset({"kernel_cache", "auto_cache", "noforget", "remember
 #: Listings under way kept between their requests, the least recently used dropped first
 #: (one that is dropped is made again from its next request: the tree's names are cheap).
 LISTINGS_KEPT = 256
-
-
-def engine_name() -> str:
-    """The engine ``ATLASFS_ENGINE`` asks for; ValueError for an unknown one."""
-    name = os.environ.get(ENGINE_ENV, "native") or "native"
-    if name not in ENGINES:
-        raise ValueError(f"{ENGINE_ENV}={name}: unknown engine (one of {', '.join(ENGINES)})")
-    return name
+#: A listing with attributes asks the tree for this many children's entries at a time
+#: (about 240 bytes each while the folder is being listed).
+KNOWN_WINDOW = 1024
 
 
 def native_module() -> Any:
@@ -451,7 +441,6 @@ class NativeSession:
 
 def native_main(tree: Tree, mountpoint: str, options: dict[str, str | bool | int], on_init: Callable[[], None],
                 threads: bool = True, debug: bool = False, cache_bytes: int = 0) -> None:
-    """Serve ``tree`` at ``mountpoint`` through the native engine (what
-    :func:`atlasfs.fuse.adapter.fuse_main` does through the ctypes adapter), its byte cache
-    bounded at ``cache_bytes``."""
+    """Serve ``tree`` at ``mountpoint`` through the native engine until unmounted or
+    signalled, its byte cache bounded at ``cache_bytes``."""
     NativeSession(NativeBridge(tree, on_init), mountpoint, options, threads, debug, cache_bytes).run()

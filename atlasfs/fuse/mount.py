@@ -25,9 +25,8 @@ from typing import Callable
 from atlasfs import memory
 from atlasfs.errors import AtlasFormatError
 from atlasfs.formats.factory import open_source
-from atlasfs.fuse.adapter import FuseAdapter, fuse_main, libfuse3
 from atlasfs.fuse.daemonlog import PROBLEM_PREFIX, StartupReport, file_handler, log_in_background
-from atlasfs.fuse.engine import NATIVE_CACHE_SHARE, engine_name, native_main, native_module
+from atlasfs.fuse.engine import NATIVE_CACHE_SHARE, native_main, native_module
 from atlasfs.fuse.sdnotify import notify
 from atlasfs.options import MountOptions
 from atlasfs.storage import is_url, redact, set_default_options
@@ -110,14 +109,12 @@ def check_mountpoint(mountpoint: str) -> None:
 
 def check_fuse(allow_other: bool) -> None:
     """Raise :class:`MountError` if FUSE cannot be used here, saying what to install or change."""
-    if ctypes.util.find_library("fuse3") is None and not os.environ.get("FUSE_LIBRARY_PATH"):
+    # The native engine links libfuse 3: name the library before the extension that needs it.
+    if ctypes.util.find_library("fuse3") is None:
         raise MountError("libfuse 3 not found: install it (Debian/Ubuntu: apt-get install fuse3 libfuse3-3)")
     try:
-        if engine_name() == "native":  # ATLASFS_ENGINE (docs/native.md)
-            native_module()
-        else:
-            libfuse3()
-    except (OSError, ValueError) as exc:
+        native_module()
+    except OSError as exc:
         raise MountError(str(exc)) from None
     try:
         os.close(os.open(FUSE_DEVICE, os.O_RDWR))
@@ -198,12 +195,8 @@ def serve(tree: Tree, mountpoint: str, options: MountOptions, fsname: str,
                 log.error("%s: the mount did not answer within %.0f s", mountpoint, READY_TIMEOUT)
         threading.Thread(target=watch, name="atlasfs-ready", daemon=True).start()
 
-    if engine_name() == "native":
-        native_main(tree, mountpoint, fuse_options(options, fsname), on_init, threads=options.threads,
-                    debug=options.debug, cache_bytes=native_cache_bytes(options))
-        return
-    fuse_main(FuseAdapter(tree, on_init), mountpoint, fuse_options(options, fsname), threads=options.threads,
-              debug=options.debug)
+    native_main(tree, mountpoint, fuse_options(options, fsname), on_init, threads=options.threads,
+                debug=options.debug, cache_bytes=native_cache_bytes(options))
 
 
 def fuse_options(options: MountOptions, fsname: str) -> dict[str, str | bool | int]:
@@ -217,8 +210,7 @@ def fuse_options(options: MountOptions, fsname: str) -> dict[str, str | bool | i
         "entry_timeout": KERNEL_CACHE_SECONDS,
         "negative_timeout": KERNEL_CACHE_SECONDS,
         "allow_other": options.allow_other,
-        # libfuse 3.14 complains of its own default here unless given one; its
-        # fuse_main runs at most 10 workers, so this keeps every one.
+        # The loop's idle workers kept: as many as it runs (max_threads, 10 by default).
         "max_idle_threads": 10,
     }
     fuse_kwargs.update(options.fuse_options)
@@ -226,8 +218,9 @@ def fuse_options(options: MountOptions, fsname: str) -> dict[str, str | bool | i
 
 
 def native_cache_bytes(options: MountOptions) -> int:
-    """The part of ``--cache-size`` the native engine's byte cache takes (none under the adapter)."""
-    return int(options.cache_bytes * NATIVE_CACHE_SHARE) if engine_name() == "native" else 0
+    """The part of ``--cache-size`` the native engine's byte cache takes (the tree's block cache
+    keeps the rest)."""
+    return int(options.cache_bytes * NATIVE_CACHE_SHARE)
 
 
 def open_tree(dataset_path: str, options: MountOptions) -> Tree:

@@ -1,9 +1,9 @@
-"""The signals that end a mount, for either engine.
+"""The signals that end a mount.
 
 While libfuse's loop runs in the main thread, Python's handlers only note a stop signal
 (SIGHUP, SIGINT, SIGTERM) in a wake-up pipe; a thread reading the pipe calls the engine's
-``stop(signum)``, which leaves the loop from outside it (libfuse's own handler would make
-``fuse_main`` return an error code, and is installed only over default handlers).
+``stop(signum)``, which leaves the loop from outside it (libfuse's own signal handlers are
+not installed).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The tree interface every mountable source answers.
 
 A source maps slash-separated paths ("/", "/00", "/00/000001.jpg") to
-entries and reads bytes from files. The FUSE adapter and ``atlasfs export``
+entries and reads bytes from files. The FUSE engine and ``atlasfs export``
 only ever talk to this interface, so a new source (another format, several
 datasets joined) plugs in without touching either.
 
