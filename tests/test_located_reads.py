@@ -450,15 +450,15 @@ def test_the_engine_reads_located_files_in_c_with_the_exported_bytes(tmp_path: P
     with mounted(dataset, "-o", f"log_file={log}", "-o", f"index_dir={tmp_path / 'tables'}") as mnt:
         assert _read_through(mnt, exported) == []
     answered = _engine_answered(log)
-    assert answered["read"][1] == 0 and answered["located"][1] == 0, answered  # not one read asked Python
+    assert answered["located"][1] == 0, answered  # no located read failed its checks
     if images:
         # The images whole, each in one request: the run alone (stored raw by zstd, or with no
         # compression). Strategy 0's small files have no locator here (blocks of 1.2 MB have no
-        # fingerprint): their reads decode the block, whose files then come from the cache.
-        assert answered["stored"][0] >= (12 if strategy else 1), answered
+        # fingerprint): random readers have them read by the control plane, from the block.
+        assert answered["stored"][0] >= 12, answered
     else:
         files = sum(len(names) for names in exported.values())  # every one located: its json is small, inline
-        assert answered["located"][0] >= files, answered
+        assert answered["located"][0] >= files and answered["read"][1] == 0, answered  # none asked Python
 
 
 def test_locators_that_lie_are_left_to_the_control_plane_which_serves_the_right_bytes(tmp_path: Path) -> None:
