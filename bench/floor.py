@@ -120,6 +120,18 @@ def measure(files: int, size: int, repeat: int, workdir: str) -> dict[str, list[
     return results
 
 
+def targets(results: dict[str, list[float]]) -> list[str]:
+    """Issue #27's targets measured here, as ratios of medians (files/s, so inverse times)."""
+    def rate(name: str) -> float:
+        return 1 / statistics.median(results[name])
+
+    tar = rate("atlas cold") / rate(f"{FLOOR} cold")
+    readers = rate(f"atlas {readers_name(4)}") / rate(f"atlas {readers_name(1)}")
+    return [f"atlas cold tar ÷ {FLOOR} cold tar: {tar:.2f} (target >= 0.80: {'met' if tar >= 0.8 else 'NOT met'})",
+            f"atlas {readers_name(4)} ÷ atlas {readers_name(1)}: {readers:.2f} "
+            f"(target >= 1.6: {'met' if readers >= 1.6 else 'NOT met'})"]
+
+
 def atlas_dataset(workdir: str, files: int, size: int) -> str:
     """An Atlas dataset of ``files`` files of ``size`` random bytes (one field an example), in
     four shards of blocks of 100 examples, its tables stored by ``atlasfs index`` (run by the
@@ -160,6 +172,7 @@ def main(argv: list[str] | None = None) -> int:
             body += [f"tar (tmpfs, cold, warm) and random reads by 1 or 4 processes at once (readers) of {files:,} "
                      f"files of {size:,} bytes, median of {args.repeat}; of tmpfs: against tmpfs's tar:", ""]
             body += harness.table(["tree", "files/s", "MB/s", "range (s)", "of tmpfs"], rows) + [""]
+            body += [f"- {line}" for line in targets(results)] + [""]
     harness.write_report("floor", args, "the FUSE floor: a do-nothing tree answered by the Python control plane, and an Atlas "
                          "dataset whose rows C answers, through atlasfs's native engine, against tmpfs",
                          body, harness.meta("floor.py", args), {"cases": data})
