@@ -481,3 +481,32 @@ def test_locators_that_lie_are_left_to_the_control_plane_which_serves_the_right_
     assert left_to_python > 0
     inline = int(((table.locators.offset != NO_LOCATOR) & (table.locators.prefix == INLINE)).sum())
     assert located_in_c <= 2 * inline  # only the inline files, untouched, may still be read in C
+
+
+@pytest.mark.parametrize("strategy", [0, 2])
+def test_files_read_in_pieces_from_their_middle_are_read_alone_and_kept(tmp_path: Path, strategy: int) -> None:
+    """A read that is not the whole file (the kernel's read-ahead pieces) takes the file's run
+    alone, checks it whole and keeps it for the next pieces: bytes as exported, none asked
+    Python, no block decompressed for it."""
+    rng = np.random.default_rng(9)
+    examples = [{"jpg": rng.bytes(700_000 + 1000 * i), "cls": i} for i in range(8)]
+    dataset = _write(tmp_path / "ds", examples, strategy, block_size=4)
+    exported = _export(dataset, tmp_path / "export")
+    _index(dataset, tmp_path / "tables")
+    log = tmp_path / "daemon.log"
+    with mounted(dataset, "-o", f"log_file={log}", "-o", f"index_dir={tmp_path / 'tables'}") as mnt:
+        for shard, names in exported.items():
+            for name, data in names.items():
+                if not name.endswith(".jpg"):
+                    continue
+                fd = os.open(mnt / shard / name, os.O_RDONLY)
+                try:
+                    middle = len(data) // 2
+                    assert os.pread(fd, 4096, middle) == data[middle:middle + 4096], name
+                    got = b"".join(iter(lambda: os.read(fd, 65536), b""))
+                finally:
+                    os.close(fd)
+                assert got == data, name
+    answered = _engine_answered(log)
+    assert answered["read"][1] == 0 and answered["located"][1] == 0, answered
+    assert answered["stored"][0] >= 8 and answered["stored"][1] == 0, answered

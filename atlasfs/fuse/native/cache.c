@@ -42,7 +42,7 @@ static void block_free(CachedBlock *b)
 
 static size_t bucket_of(uint64_t shard, int kind, uint64_t block)
 {
-    uint64_t h = (shard + 1) * UINT64_C(0x9E3779B97F4A7C15) ^ (block * 2 + (uint64_t)kind) * UINT64_C(0xC2B2AE3D27D4EB4F);
+    uint64_t h = (shard + 1) * UINT64_C(0x9E3779B97F4A7C15) ^ (block * 8 + (uint64_t)kind) * UINT64_C(0xC2B2AE3D27D4EB4F);
     return (size_t)(h >> 40) & (BUCKETS - 1);
 }
 

@@ -391,24 +391,30 @@ static int serve_inline(const Located *l, fuse_req_t req, uint64_t block, const 
     return ok;
 }
 
-/* Most zstd block headers a run is looked for through (a frame's blocks hold up to 128 KiB
- * each: 64 reach 8 MiB into a block), as spans/read.py STORED_RUN_HEADERS. */
-#define STORED_RUN_HEADERS 64
 #define ZSTD_MAGIC 0xFD2FB528u
+/* Files up to this size read in pieces are read whole at their first piece and kept for the
+ * next (KIND_RUN); larger ones come from their block's payload. */
+#define RUN_KEEP_MAX (8u << 20)
+/* Most zstd blocks a frame's map holds (each at least a byte: a frame of tiny blocks is
+ * mapped only this far, and its runs past that come from its payload). */
+#define FRAME_BLOCKS_MAX 65536
 
-/* The run at `span`, read from where it lies in data.bin without decompressing (into `out`,
- * span->length bytes): the stored bytes of a block with no compression, or, in a zstd frame,
- * when every zstd block over it is stored raw (incompressible data: JPEG bytes) or as one
- * repeated byte. Only the frame's header, block headers (3 bytes every up to 128 KiB) and
- * the run are read. 0, or -1 (a compressed block over it, or a frame that is not one). */
-static int read_stored_run(const Located *l, uint64_t block, const Span *span, char *out)
+/* One zstd block of a frame stored as is: where its header is in the stored block, where its
+ * bytes start in the decompressed ones, how many, and how (0: raw, 1: RLE, one byte). */
+typedef struct {
+    uint64_t pos, decoded;
+    uint32_t size, kind;
+} FrameBlock;
+
+/* The map of block `block`'s frame (malloc'd, *n entries): its zstd blocks from the first, up
+ * to the first compressed one (whose size once decompressed is not told) or the frame's end.
+ * Only the frame header and the 3-byte block headers are read. 0, or -1 (no zstd frame). */
+static int map_frame(const Located *l, uint64_t block, FrameBlock **out, size_t *n)
 {
-    uint64_t start = l->starts[block], stored = l->starts[block + 1] - start;
-    uint64_t run_start = span->offset, run_end = span->offset + span->length, decoded = 0, pos;
+    uint64_t start = l->starts[block], stored = l->starts[block + 1] - start, decoded = 0, pos;
     unsigned char head[18];
-    int i;
-    if (!l->compressed)
-        return run_end <= stored ? read_full(l->fd, out, (size_t)span->length, start + run_start) : -1;
+    size_t count = 0, room = 16;
+    FrameBlock *map;
     if (stored < 6 || read_full(l->fd, (char *)head, stored < 18 ? (size_t)stored : 18, start) != 0
         || (head[0] | head[1] << 8 | head[2] << 16 | (uint32_t)head[3] << 24) != ZSTD_MAGIC)
         return -1;
@@ -418,37 +424,131 @@ static int read_stored_run(const Located *l, uint64_t block, const Span *span, c
         int fcs_bytes = (head[4] >> 6) == 0 ? single_segment : 1 << (head[4] >> 6);
         pos = 5 + (single_segment ? 0 : 1) + (uint64_t)dict_id_bytes[head[4] & 3] + (uint64_t)fcs_bytes;
     }
-    for (i = 0; i < STORED_RUN_HEADERS && decoded < run_end; i++) {
+    if ((map = malloc(room * sizeof *map)) == NULL)
+        return -1;
+    while (count < FRAME_BLOCKS_MAX && decoded <= l->max_block_bytes && pos + 3 <= stored) {
         unsigned char h[3];
         uint32_t value, kind, size;
-        uint64_t lo, hi;
-        if (pos + 3 > stored || read_full(l->fd, (char *)h, 3, start + pos) != 0)
-            return -1;
+        if (read_full(l->fd, (char *)h, 3, start + pos) != 0)
+            break;
         value = h[0] | h[1] << 8 | (uint32_t)h[2] << 16;
         kind = value >> 1 & 3;
         size = value >> 3;
-        if (kind > 1)  /* compressed (or reserved): how much it decompresses to is not told */
-            return -1;
-        lo = run_start > decoded ? run_start : decoded;
-        hi = run_end < decoded + size ? run_end : decoded + size;
-        if (lo < hi) {
-            if (kind == 0) {  /* raw: its bytes follow the header */
-                if (pos + 3 + (hi - decoded) > stored
-                    || read_full(l->fd, out + (lo - run_start), (size_t)(hi - lo), start + pos + 3 + (lo - decoded)) != 0)
-                    return -1;
-            } else {  /* RLE: one byte, `size` times */
-                unsigned char byte;
-                if (pos + 4 > stored || read_full(l->fd, (char *)&byte, 1, start + pos + 3) != 0)
-                    return -1;
-                memset(out + (lo - run_start), byte, (size_t)(hi - lo));
-            }
+        if (kind > 1 || pos + 3 + (kind == 0 ? size : 1) > stored)
+            break;  /* compressed (or reserved), or cut short: the rest is the payload's */
+        if (count == room) {
+            FrameBlock *grown = realloc(map, 2 * room * sizeof *map);
+            if (grown == NULL)
+                break;
+            map = grown;
+            room *= 2;
         }
+        map[count].pos = pos;
+        map[count].decoded = decoded;
+        map[count].size = size;
+        map[count].kind = kind;
+        count++;
         pos += 3 + (kind == 0 ? size : 1);
         decoded += size;
-        if ((value & 1) && decoded < run_end)  /* the last block ends before the run does */
-            return -1;
+        if (value & 1)
+            break;  /* the frame's last block */
     }
-    return decoded >= run_end ? 0 : -1;
+    *out = map;
+    *n = count;
+    return 0;
+}
+
+/* The run at `span`, read from where it lies in data.bin without decompressing (into `out`,
+ * span->length bytes): the stored bytes of a block with no compression, or, in a zstd frame,
+ * when every zstd block over it is stored raw (incompressible data: JPEG bytes) or as one
+ * repeated byte (in `map`, the frame's map). 0, or -1 (a compressed block over it). */
+static int read_stored_run(const Located *l, uint64_t block, const Span *span, char *out, const FrameBlock *map,
+                           size_t n)
+{
+    uint64_t start = l->starts[block], stored = l->starts[block + 1] - start;
+    uint64_t run_start = span->offset, run_end = span->offset + span->length;
+    size_t lo_i = 0, hi_i = n, i;
+    if (!l->compressed)
+        return run_end <= stored ? read_full(l->fd, out, (size_t)span->length, start + run_start) : -1;
+    while (lo_i < hi_i) {  /* the first zstd block ending past the run's start */
+        size_t mid = lo_i + (hi_i - lo_i) / 2;
+        if (map[mid].decoded + map[mid].size <= run_start)
+            lo_i = mid + 1;
+        else
+            hi_i = mid;
+    }
+    for (i = lo_i; i < n && map[i].decoded < run_end; i++) {
+        uint64_t lo = run_start > map[i].decoded ? run_start : map[i].decoded;
+        uint64_t hi = run_end < map[i].decoded + map[i].size ? run_end : map[i].decoded + map[i].size;
+        if (lo >= hi)
+            continue;
+        if (map[i].kind == 0) {  /* raw: its bytes follow the header (within the block: mapped so) */
+            if (read_full(l->fd, out + (lo - run_start), (size_t)(hi - lo), start + map[i].pos + 3 + (lo - map[i].decoded)) != 0)
+                return -1;
+        } else {  /* RLE: one byte, `size` times */
+            unsigned char byte;
+            if (read_full(l->fd, (char *)&byte, 1, start + map[i].pos + 3) != 0)
+                return -1;
+            memset(out + (lo - run_start), byte, (size_t)(hi - lo));
+        }
+        if (map[i].decoded + map[i].size >= run_end)
+            return 0;
+    }
+    return -1;  /* the run goes on past the map: into a compressed block */
+}
+
+/* The file (prefix and run) read alone, checked, without the block's payload
+ * (read_stored_run, the frame's map kept in the byte cache), and answered; with `keep`, kept
+ * in the byte cache for the file's next requests (KIND_RUN). 1 answered, 0 not possible (the
+ * payload then). */
+static int serve_stored_run(Session *s, const Located *l, fuse_req_t req, uint64_t shard, uint64_t row,
+                            uint64_t block, const Span *span, size_t size, off_t off, int keep)
+{
+    CachedBlock *m = NULL, *kept;
+    size_t length = span->prefix_len + (size_t)span->length;
+    char *file;
+    int ok, mine;
+    if (l->compressed) {
+        m = cache_acquire(s, shard, KIND_FRAME, block, &mine);
+        if (m == NULL)
+            return 0;
+        if (mine) {
+            FrameBlock *map = NULL;
+            size_t n = 0;
+            if (map_frame(l, block, &map, &n) != 0) {
+                cache_abandon(s, m);
+                return 0;
+            }
+            cache_complete(s, m, (char *)map, n * sizeof *map);
+        }
+        if (m->length == 0) {  /* its first zstd block is compressed: nothing stored as is */
+            cache_release(s, m);
+            return 0;
+        }
+    }
+    file = malloc(length ? length : 1);
+    ok = file != NULL
+         && read_stored_run(l, block, span, file + span->prefix_len, m ? (const FrameBlock *)m->data : NULL,
+                            m ? m->length / sizeof(FrameBlock) : 0) == 0
+         && crc(crc(0, span->prefix, span->prefix_len), file + span->prefix_len, (size_t)span->length) == span->check;
+    if (m != NULL)
+        cache_release(s, m);
+    COUNT(s, ST_STORED, ok);
+    if (!ok) {
+        free(file);
+        return 0;
+    }
+    memcpy(file, span->prefix, span->prefix_len);
+    reply_parts(req, file, length, NULL, 0, size, off);
+    if (keep && (kept = cache_acquire(s, shard, KIND_RUN, row, &mine)) != NULL) {
+        if (mine) {
+            cache_complete(s, kept, file, length);  /* the cache's now */
+            file = NULL;
+        }
+        cache_release(s, kept);
+    }
+    free(file);
+    return 1;
 }
 
 /* A run of the block's payload (decompressed once, kept in the byte cache): 1, or 0. A read
@@ -467,17 +567,27 @@ static int serve_run(Session *s, const Located *l, fuse_req_t req, uint64_t shar
     }
     if (span->offset + span->length > l->max_block_bytes)
         return 0;
-    if (off == 0 && size >= span->prefix_len + span->length && (b = cache_peek(s, shard, KIND_PAYLOAD, block)) == NULL) {
-        char *alone = malloc((size_t)span->length);
-        int ok = alone != NULL && read_stored_run(l, block, span, alone) == 0
-                 && crc(crc(0, span->prefix, span->prefix_len), alone, (size_t)span->length) == span->check;
-        if (ok)
-            reply_parts(req, span->prefix, span->prefix_len, alone, (size_t)span->length, size, off);
-        free(alone);
-        COUNT(s, ST_STORED, ok);
-        if (ok)
+    /* The block's payload if it is here already; else a read of the whole file takes the run
+     * alone where it is stored as is, and the first read of a file read in pieces (the
+     * kernel's read-ahead) takes it whole and keeps it for the next pieces. */
+    b = cache_peek(s, shard, KIND_PAYLOAD, block);
+    if (b == NULL) {
+        uint64_t file_length = span->prefix_len + span->length;
+        CachedBlock *kept = file_length <= RUN_KEEP_MAX ? cache_peek(s, shard, KIND_RUN, row) : NULL;
+        if (kept != NULL) {
+            int whole = kept->length == file_length;
+            if (whole)
+                reply_parts(req, kept->data, kept->length, NULL, 0, size, off);
+            cache_release(s, kept);
+            if (whole)
+                return 1;
+        }
+        if (off == 0 && size >= file_length) {
+            if (serve_stored_run(s, l, req, shard, row, block, span, size, off, 0))
+                return 1;
+        } else if (file_length <= RUN_KEEP_MAX && serve_stored_run(s, l, req, shard, row, block, span, size, off, 1)) {
             return 1;
-        /* else the payload: a compressed zstd block over the run, or a check that failed there too */
+        }
     }
     b = b != NULL ? b : cache_acquire(s, shard, KIND_PAYLOAD, block, &mine);
     if (b == NULL)
