@@ -510,22 +510,3 @@ def test_files_read_in_pieces_from_their_middle_are_read_alone_and_kept(tmp_path
     answered = _engine_answered(log)
     assert answered["read"][1] == 0 and answered["located"][1] == 0, answered
     assert answered["stored"][0] >= 8 and answered["stored"][1] == 0, answered
-
-
-def test_pages_of_attached_tables_are_dropped_past_their_budget_and_reads_stay_right(tmp_path: Path) -> None:
-    """A small cache gives the tables' pages a small budget: C drops the attached tables'
-    pages again and again (MADV_DONTNEED) while four readers go through twelve shards in
-    random orders; every byte is still the exported one, and the tables stay attached (their
-    lookups in C)."""
-    dataset = _write(tmp_path / "ds", _examples(11, 96), 2, block_size=2, shard_size=8)
-    exported = _export(dataset, tmp_path / "export")
-    _index(dataset, tmp_path / "tables")
-    log = tmp_path / "daemon.log"
-    with mounted(dataset, "-o", "cache_size=64K", "-o", f"log_file={log}",
-                 "-o", f"index_dir={tmp_path / 'tables'}") as mnt:
-        assert _read_through(mnt, exported) == []
-    answered = _engine_answered(log)
-    line = [line for line in log.read_text().splitlines() if "native engine answered" in line][-1]
-    dropped = int(re.search(r"table pages dropped (\d+) times", line).group(1))  # type: ignore[union-attr]
-    assert dropped > 0, line
-    assert answered["lookup"][1] <= 2 * len(exported) + 2, answered  # a shard's first lookups only

@@ -31,7 +31,6 @@ import numpy as np
 
 from atlasfs.fuse.signals import stopped_by_signals
 from atlasfs.tree.base import Entry, Tree
-from atlasfs.tree.tables import RESIDENT_TABLE_BYTES, Resident
 
 log = logging.getLogger("atlasfs")
 
@@ -271,7 +270,7 @@ class NativeBridge:
         mtime = self.tree.lookup(self._path(folder)).mtime
         try:
             self.session.attach(s, mtime, table._names, table._offsets, table.kind, table.size, table.by_path,
-                                table.block, table.maps if table.path is not None else None)
+                                table.block)
         except (ValueError, TypeError, BufferError) as exc:  # a column that is no plain buffer: Python answers
             log.debug("shard %d: table not attached to the engine: %s", s, exc)
             return
@@ -395,16 +394,11 @@ class NativeSession:
         passed, settings = session_settings(options)
         self.args = ["atlasfs"] + (["-d"] if debug else []) + (["-o", ",".join(passed)] if passed else [])
         tables = bridge._tables
-        # The pages C reads of mapped tables are dropped past this many bytes: the tables held
-        # then cost what they keep in memory, not their files' size (Resident.pages_bounded).
-        table_bytes = min(RESIDENT_TABLE_BYTES, cache_bytes) if cache_bytes else RESIDENT_TABLE_BYTES
         self.session = native.Session(bridge, threads=threads, shards=len(tables.shards) if tables else 0,
-                                      cache_bytes=cache_bytes, table_bytes=table_bytes, **settings)
+                                      cache_bytes=cache_bytes, **settings)
         bridge.session = self.session
         if tables is not None:
             tables.on_release = bridge.release
-            if isinstance(tables.tables, Resident):
-                tables.tables.pages_bounded = True
         self.stop_signal: int | None = None
         self._stop_lock = threading.Lock()
         self._loop_thread: int | None = None
@@ -432,9 +426,8 @@ class NativeSession:
         finally:
             self.session.unmount()
         stats = self.session.stats()
-        log.info("%s: native engine answered %s; table pages dropped %d times", self.mountpoint,
-                 ", ".join(f"{kind} {n['c']} in C, {n['python']} in Python" for kind, n in stats.items()),
-                 self.session.trims())
+        log.info("%s: native engine answered %s", self.mountpoint,
+                 ", ".join(f"{kind} {n['c']} in C, {n['python']} in Python" for kind, n in stats.items()))
         if self.bridge.critical is not None:
             raise self.bridge.critical
         if err and self.stop_signal is None:

@@ -67,9 +67,6 @@ MAX_PREFIX_BYTES = 1 << 20
 #: Most bytes of an inline file, and most inline bytes a table keeps, per file of the table on
 #: average (in row order: later small files past the bound get no inline locator).
 INLINE_MAX = 255
-#: What a flat mapped table costs the tables held when its pages are bounded elsewhere (its
-#: Python objects and maps; see :meth:`FileTable.nbytes`).
-MAPPED_TABLE_COST = 256 << 10
 INLINE_AVERAGE = 64
 #: Paths checked at once when a stored table is loaded (bounds the Python objects it makes).
 _CHECK_CHUNK = 1 << 16
@@ -196,26 +193,19 @@ class FileTable:
         self.state = b""
         #: Where files can be read without decoding their blocks (None: nowhere).
         self.locators: Locators | None = None
-        #: For a table mapped from its file: the file, its bytes (what it keeps mapped), and
-        #: the maps (whose pages a reader may drop: they come back from the page cache).
+        #: For a table mapped from its file: the file, and its bytes (what it keeps mapped).
         self.path: str | None = None
         self.mapped_bytes = 0
-        self.maps: list[Any] = []
         #: The limits the table was checked against (None: not checked, a built table).
         self.limits: Limits | None = None
         #: What the tree keeps while the table's sizes are being learnt (tree/tables.py).
         self.unsized: Any = None
 
-    def nbytes(self, pages_bounded: bool = False) -> int:
+    def nbytes(self) -> int:
         """Bytes the table keeps: its file's if mapped (its size column in memory counted too,
-        if copied), else its arrays' and names'. ``pages_bounded``: a flat mapped table's pages
-        are bounded by whoever reads them (the native engine drops them past its own budget),
-        so it costs only :data:`MAPPED_TABLE_COST` and what it copied."""
+        if copied), else its arrays' and names'."""
         if self.path is not None:
-            copied = self.size.nbytes if self.size.base is None else 0
-            if pages_bounded and self.flat:
-                return MAPPED_TABLE_COST + copied
-            return self.mapped_bytes + copied
+            return self.mapped_bytes + (self.size.nbytes if self.size.base is None else 0)
         columns = (self._offsets, self.kind, self.size, self.block, self.pos, self.file, self.by_path)
         index = self._index or ()
         return (sum(a.nbytes for a in columns) + sum(a.nbytes for a in index) + len(self._names)

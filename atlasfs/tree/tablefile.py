@@ -307,7 +307,6 @@ def open_mapped(path: str, key: dict[str, Any], limits: "Limits | LimitsOf") -> 
             _VALIDATED[identity] = (table.limits.blocks, table.limits.block_size)
     table.mapped_bytes = st.st_size
     table.path = path
-    table.maps = maps
     if bool(np.any(table.size == UNKNOWN_SIZE)):
         table.size = table.size.copy()  # writable, in memory: 8 bytes a file while sizes are learnt
     return table

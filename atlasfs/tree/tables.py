@@ -74,12 +74,10 @@ def _distinct(values: np.ndarray) -> list[int]:
 class Resident:
     """The tables in use, by shard position, least recently used first: past ``bound`` bytes
     (:meth:`FileTable.nbytes`) the least recently used are let go (unmapped, or freed, once
-    no caller holds them), whatever the size of the one just held. ``pages_bounded``: mapped
-    flat tables' pages are bounded by their reader (the native engine), so they cost little."""
+    no caller holds them), whatever the size of the one just held."""
 
     def __init__(self, bound: int) -> None:
         self.bound = bound
-        self.pages_bounded = False
         self._tables: OrderedDict[int, FileTable] = OrderedDict()
         self._costs: dict[int, int] = {}
         self.bytes = 0  # of the mapped tables held
@@ -101,7 +99,7 @@ class Resident:
 
     def put(self, s: int, table: FileTable) -> list[tuple[int, FileTable]]:
         """Hold ``table``; returns the tables let go to stay within the bound, with their positions."""
-        cost = table.nbytes(self.pages_bounded)
+        cost = table.nbytes()
         with self._lock:
             self._drop(s)
             self._tables[s] = table

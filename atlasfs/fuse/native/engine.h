@@ -48,8 +48,6 @@ typedef struct {
     uint64_t n;
     double mtime;
     Located *located;
-    Py_buffer *maps;  /* the table file's maps, whose pages may be dropped (tables_touched) */
-    Py_ssize_t nmaps;
 } ShardTable;
 
 /* What a byte cache entry holds (cache.c): a block's encoded files (rows first_row ..
@@ -94,9 +92,6 @@ typedef struct {
     /* Shard tables, one slot per shard position. */
     ShardTable *tables;
     Py_ssize_t ntables;
-    /* Pages of mapped tables read since they were last dropped (an estimate), the budget past
-     * which they are dropped again, and how many times they were (tables.c). */
-    uint64_t touched, trim_pages, trims;
     /* The byte cache (cache.c). */
     pthread_mutex_t cache_lock;
     pthread_cond_t cache_filled;
@@ -118,7 +113,6 @@ int tables_lookup(Session *s, fuse_ino_t parent, const char *name, struct fuse_e
 int tables_getattr(Session *s, fuse_ino_t ino, struct stat *st);
 int tables_readdir(Session *s, fuse_req_t req, fuse_ino_t folder, size_t size, off_t off, int plus,
                    char *buf, size_t *used);
-void tables_touched(Session *s, uint64_t pages);
 
 /* bridge.c */
 int bridge_setup(void);

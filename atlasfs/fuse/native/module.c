@@ -5,8 +5,6 @@
  */
 #include "engine.h"
 
-#include <unistd.h>
-
 #include <errno.h>
 #include <string.h>
 
@@ -19,22 +17,21 @@ static int Session_init(Session *self, PyObject *args, PyObject *kwds)
     static char *kwlist[] = {
         "bridge", "entry_timeout", "attr_timeout", "negative_timeout", "uid", "gid", "file_mode",
         "dir_mode", "max_read", "max_readahead", "max_background", "congestion_threshold",
-        "async_read", "threads", "max_threads", "max_idle_threads", "shards", "cache_bytes", "table_bytes", NULL,
+        "async_read", "threads", "max_threads", "max_idle_threads", "shards", "cache_bytes", NULL,
     };
     PyObject *bridge;
     unsigned int uid = 0, gid = 0, file_mode = 0100444, dir_mode = 040555;
-    Py_ssize_t shards = 0, cache_bytes = 64 << 20, table_bytes = 16 << 20;
+    Py_ssize_t shards = 0, cache_bytes = 64 << 20;
     int i;
     self->threads = 1;
     self->max_threads = 10;
     self->max_idle_threads = 10;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O|$dddIIIIIIIIipIInnn", kwlist, &bridge,
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O|$dddIIIIIIIIipIInn", kwlist, &bridge,
                                      &self->entry_timeout, &self->attr_timeout, &self->negative_timeout,
                                      &uid, &gid, &file_mode, &dir_mode, &self->max_read,
                                      &self->max_readahead, &self->max_background,
                                      &self->congestion_threshold, &self->async_read, &self->threads,
-                                     &self->max_threads, &self->max_idle_threads, &shards, &cache_bytes,
-                                     &table_bytes))
+                                     &self->max_threads, &self->max_idle_threads, &shards, &cache_bytes))
         return -1;
     if (self->se != NULL) {
         PyErr_SetString(PyExc_RuntimeError, "the session is set up already");
@@ -46,8 +43,6 @@ static int Session_init(Session *self, PyObject *args, PyObject *kwds)
     }
     if (tables_init(self, shards) != 0 || cache_init(self, (size_t)cache_bytes) != 0)
         return -1;
-    /* Mapped tables' pages past this many are dropped (0: never); at least one page. */
-    self->trim_pages = table_bytes > 0 ? (uint64_t)table_bytes / (uint64_t)sysconf(_SC_PAGESIZE) + 1 : 0;
     if (bridge_setup() != 0) {
         PyErr_SetString(PyExc_RuntimeError, "no thread-specific key for libfuse's workers");
         return -1;
@@ -191,12 +186,6 @@ static PyObject *Session_stats(Session *self, PyObject *unused)
     return out;
 }
 
-static PyObject *Session_trims(Session *self, PyObject *unused)
-{
-    (void)unused;
-    return PyLong_FromUnsignedLongLong(__atomic_load_n(&self->trims, __ATOMIC_RELAXED));
-}
-
 static void Session_dealloc(Session *self)
 {
     int i;
@@ -227,8 +216,6 @@ static PyMethodDef Session_methods[] = {
      "the attached table's locators and where its blocks lie, for reads of its files in C (located.c)."},
     {"stats", (PyCFunction)Session_stats, METH_NOARGS,
      "Requests answered so far, per kind: {'lookup': {'c': n, 'python': n}, ...}."},
-    {"trims", (PyCFunction)Session_trims, METH_NOARGS,
-     "How many times the attached tables' pages were dropped (their budget, table_bytes, spent)."},
     {"fd", (PyCFunction)Session_fd, METH_NOARGS, "The session's /dev/fuse descriptor, -1 when closed."},
     {NULL, NULL, 0, NULL},
 };

@@ -19,12 +19,6 @@
 #define MIN_DIRENTPLUS 160
 /* Bytes reported as each file's preferred I/O size (st_blksize). */
 #define BLOCK_SIZE (128 * 1024)
-/* Pages of a mapped table an answer from it reads, at most about (tables_touched): a lookup's
- * binary search (by_path, offsets, names: the first steps' pages are shared by every lookup),
- * a row's columns, a row's columns and its locator's. */
-#define LOOKUP_PAGES 24
-#define ROW_PAGES 4
-#define READ_PAGES 8
 
 static Session *session_of(fuse_req_t req)
 {
@@ -109,7 +103,6 @@ static void op_lookup(fuse_req_t req, fuse_ino_t parent, const char *name)
         e.attr_timeout = s->attr_timeout;
         e.entry_timeout = s->entry_timeout;
         fuse_reply_entry(req, &e);  /* a table row: nothing to forget if the kernel did not take it */
-        tables_touched(s, LOOKUP_PAGES);
         return;
     }
     if (err < 0) {
@@ -158,12 +151,10 @@ static void op_getattr(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi
     (void)fi;
     COUNT(s, ST_GETATTR, err != 0);
     if (err != 0) {
-        if (err == 1) {
+        if (err == 1)
             fuse_reply_attr(req, &st, s->attr_timeout);
-            tables_touched(s, ROW_PAGES);
-        } else {
+        else
             fuse_reply_err(req, -err);
-        }
         return;
     }
     gil = bridge_enter();
@@ -197,12 +188,10 @@ static void do_readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, i
     err = tables_readdir(s, req, ino, size, off, plus, buf, &used);
     COUNT(s, ST_READDIR, err != 0);
     if (err != 0) {
-        if (err == 1) {
+        if (err == 1)
             fuse_reply_buf(req, buf, used);
-            tables_touched(s, ROW_PAGES + used / (plus ? MIN_DIRENTPLUS : MIN_DIRENT) * ROW_PAGES / 64);
-        } else {
+        else
             fuse_reply_err(req, -err);
-        }
         return;
     }
     gil = bridge_enter();
@@ -301,7 +290,6 @@ static void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, stru
     if (cached != 0) {
         if (cached < 0)
             fuse_reply_err(req, -cached);
-        tables_touched(s, READ_PAGES);
         return;
     }
     COUNT(s, ST_READ, 0);

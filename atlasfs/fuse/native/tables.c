@@ -11,20 +11,12 @@
  * checked against its buffer's length before it is read. A shard's rwlock guards its
  * columns: readers take it shared and never call Python while holding it; detach takes it
  * exclusive with the GIL released, so no reader ever sees a released buffer.
- *
- * A mapped table's pages stay in the process once read. The control plane gives the table
- * file's maps with its columns; C counts (an estimate) the pages its answers read, and past
- * the session's budget drops every attached table's pages (MADV_DONTNEED: they come back
- * from the page cache when read again). So the tables' memory is bounded by that budget, not
- * by their number or size, and the control plane can keep many attached.
  */
 #include "engine.h"
 
 #include <errno.h>
 #include <stddef.h>
 #include <string.h>
-#include <sys/mman.h>
-#include <unistd.h>
 
 #define KIND_FILE 0
 #define UNKNOWN_SIZE UINT64_MAX
@@ -38,11 +30,6 @@ static void release_columns(ShardTable *t)
             PyBuffer_Release(columns[i]);
     located_free(t->located);
     t->located = NULL;
-    for (i = 0; i < (size_t)t->nmaps; i++)
-        PyBuffer_Release(&t->maps[i]);
-    PyMem_Free(t->maps);
-    t->maps = NULL;
-    t->nmaps = 0;
     t->n = 0;
 }
 
@@ -92,12 +79,11 @@ PyObject *tables_attach(Session *self, PyObject *args)
 {
     Py_ssize_t shard;
     double mtime;
-    PyObject *names, *offsets, *kind, *size, *by_path, *block, *maps = NULL;
+    PyObject *names, *offsets, *kind, *size, *by_path, *block;
     ShardTable fresh, old, *t;
     uint64_t n;
     memset(&fresh, 0, sizeof fresh);
-    if (!PyArg_ParseTuple(args, "ndOOOOOO|O", &shard, &mtime, &names, &offsets, &kind, &size, &by_path, &block,
-                          &maps))
+    if (!PyArg_ParseTuple(args, "ndOOOOOO", &shard, &mtime, &names, &offsets, &kind, &size, &by_path, &block))
         return NULL;
     if (shard < 0 || shard >= self->ntables) {
         PyErr_SetString(PyExc_IndexError, "attach: no such shard");
@@ -116,34 +102,6 @@ PyObject *tables_attach(Session *self, PyObject *args)
         release_columns(&fresh);
         PyErr_SetString(PyExc_ValueError, "attach: columns of different lengths");
         return NULL;
-    }
-    if (maps != NULL && maps != Py_None) {  /* the table file's maps: only file pages are ever dropped */
-        Py_ssize_t i, count;
-        PyObject *seq = PySequence_Fast(maps, "attach: maps is not a sequence");
-        if (seq == NULL) {
-            release_columns(&fresh);
-            return NULL;
-        }
-        count = PySequence_Fast_GET_SIZE(seq);
-        fresh.maps = count ? PyMem_Calloc((size_t)count, sizeof *fresh.maps) : NULL;
-        for (i = 0; i < count && fresh.maps != NULL; i++) {
-            PyObject *map = PySequence_Fast_GET_ITEM(seq, i);
-            /* Dropping the pages of anything but a file's map would zero its memory. */
-            if (strcmp(Py_TYPE(map)->tp_name, "mmap.mmap") != 0) {
-                PyErr_SetString(PyExc_TypeError, "attach: maps holds something that is not an mmap");
-                break;
-            }
-            if (PyObject_GetBuffer(map, &fresh.maps[i], PyBUF_SIMPLE) != 0)
-                break;
-            fresh.nmaps++;
-        }
-        Py_DECREF(seq);
-        if (fresh.nmaps != count) {
-            if (!PyErr_Occurred())
-                PyErr_NoMemory();
-            release_columns(&fresh);
-            return NULL;
-        }
     }
     fresh.n = n;
     fresh.mtime = mtime;
@@ -175,36 +133,6 @@ PyObject *tables_detach(Session *self, PyObject *args)
     pthread_rwlock_unlock(&t->lock);
     release_columns(&old);
     Py_RETURN_NONE;
-}
-
-/* Drop the pages of every attached table's maps (each map's whole pages: a map starts on a
- * page, and a partial last page is left). Readers may be reading them: they fault them
- * back from the page cache. */
-static void drop_pages(Session *s)
-{
-    uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
-    Py_ssize_t i, m;
-    for (i = 0; i < s->ntables; i++) {
-        ShardTable *t = &s->tables[i];
-        pthread_rwlock_rdlock(&t->lock);
-        for (m = 0; m < t->nmaps; m++) {
-            uintptr_t start = ((uintptr_t)t->maps[m].buf + page - 1) & ~(page - 1);
-            uintptr_t end = ((uintptr_t)t->maps[m].buf + (uintptr_t)t->maps[m].len) & ~(page - 1);
-            if (end > start)
-                madvise((void *)start, end - start, MADV_DONTNEED);
-        }
-        pthread_rwlock_unlock(&t->lock);
-    }
-    __atomic_add_fetch(&s->trims, 1, __ATOMIC_RELAXED);
-}
-
-void tables_touched(Session *s, uint64_t pages)
-{
-    uint64_t budget = s->trim_pages;
-    if (budget == 0 || __atomic_add_fetch(&s->touched, pages, __ATOMIC_RELAXED) < budget)
-        return;
-    if (__atomic_exchange_n(&s->touched, 0, __ATOMIC_RELAXED) >= budget)  /* one thread drops them */
-        drop_pages(s);
 }
 
 /* Row `row`'s name, checked against the names blob; 0, or -1 if the table lies. */
