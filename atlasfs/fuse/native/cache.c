@@ -14,6 +14,7 @@
 #include "engine.h"
 
 #include <errno.h>
+#include <malloc.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -24,6 +25,7 @@ int cache_init(Session *s, size_t bound)
 {
     s->cache_bound = bound;
     s->cache_bytes = 0;
+    s->cache_evicted = s->cache_trimmed_at = 0;
     s->cache_head = s->cache_tail = NULL;
     s->cache_buckets = calloc(BUCKETS, sizeof *s->cache_buckets);
     if (s->cache_buckets == NULL)
@@ -97,9 +99,25 @@ static void drop(Session *s, CachedBlock *b)
     if (*at == b)
         *at = b->hnext;
     lru_unlink(s, b);
-    if (b->state == READY)
+    if (b->state == READY) {
         s->cache_bytes -= b->bytes;
+        __atomic_add_fetch(&s->cache_evicted, b->bytes, __ATOMIC_RELAXED);
+    }
     block_free(b);
+}
+
+/* Lock not held (one thread wins the turn). Once half the bound was evicted since last time,
+ * hand the freed memory back to the system: entries of every size freed by every worker leave
+ * holes in glibc's arenas (one per thread) that later entries only partly fill, as the tree's
+ * cache does in Python (atlasfs/memory.py). */
+static void give_back(Session *s)
+{
+    size_t evicted = __atomic_load_n(&s->cache_evicted, __ATOMIC_RELAXED);
+    size_t at = __atomic_load_n(&s->cache_trimmed_at, __ATOMIC_RELAXED);
+    if (evicted - at < s->cache_bound / 2 + 1
+        || !__atomic_compare_exchange_n(&s->cache_trimmed_at, &at, evicted, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED))
+        return;
+    malloc_trim(0);
 }
 
 void cache_free(Session *s)
@@ -195,6 +213,7 @@ void cache_release(Session *s, CachedBlock *b)
     b->readers--;
     shrink(s);
     pthread_mutex_unlock(&s->cache_lock);
+    give_back(s);
 }
 
 /* fill's answer as a block's files (checked against `row`): its bytes to keep, or NULL if it lies. */

@@ -97,6 +97,7 @@ typedef struct {
     pthread_cond_t cache_filled;
     CachedBlock *cache_head, *cache_tail, **cache_buckets;
     size_t cache_bytes, cache_bound;
+    size_t cache_evicted, cache_trimmed_at;  /* bytes evicted so far, and when memory was last given back */
 } Session;
 
 /* ops.c */
