@@ -1,6 +1,7 @@
 /* The byte cache: what reads of a shard whose table is attached are answered from in C,
  * without the GIL. An entry is a block's encoded files (KIND_FILES, filled by the control
- * plane) or a block's decompressed bytes (KIND_PAYLOAD, filled in C by located.c).
+ * plane), or, filled in C by located.c, a block's decompressed bytes (KIND_PAYLOAD), the
+ * map of its zstd frame (KIND_FRAME) or one file read alone (KIND_RUN, keyed by its row).
  *
  * Keyed by (shard, kind, block) in a hash table, bounded in bytes (least recently used
  * entries go first, never one a reader is copying from). An entry is filled by the one
