@@ -10,6 +10,7 @@
 
 #include <errno.h>
 #include <stdlib.h>
+#include <string.h>
 
 typedef struct {
     PyThreadState *kept;  /* this thread's state, kept between calls (NULL: none kept) */
@@ -119,6 +120,22 @@ int bridge_errno(PyObject *result, const char *what)
     PyErr_Format(PyExc_TypeError, "atlasfs engine: %s returned an unexpected value", what);
     PyErr_WriteUnraisable(result);
     return EIO;
+}
+
+char *bridge_read_reply(PyObject *r, size_t size, size_t *got, int *err, const char *what)
+{
+    char *buf;
+    if (r == NULL || !PyBytes_Check(r) || (size_t)PyBytes_GET_SIZE(r) > size) {
+        *err = bridge_errno(r, what);
+        return NULL;
+    }
+    *got = (size_t)PyBytes_GET_SIZE(r);
+    buf = bridge_scratch(*got ? *got : 1);
+    if (buf == NULL)
+        *err = ENOMEM;
+    else
+        memcpy(buf, PyBytes_AS_STRING(r), *got);
+    return buf;
 }
 
 int bridge_u64(PyObject *value, uint64_t *out)

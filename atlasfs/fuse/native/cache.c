@@ -143,22 +143,37 @@ static void shrink(Session *s)
     }
 }
 
+/* The ready entry (shard, kind, block) held for reading (a reader more, the most recently
+ * used), or NULL; with `wait`, one another worker is filling is waited for. Lock held. */
+static CachedBlock *take_locked(Session *s, uint64_t shard, int kind, uint64_t block, int wait)
+{
+    CachedBlock *b;
+    while ((b = find(s, shard, kind, block)) != NULL && b->state != READY && wait)
+        pthread_cond_wait(&s->cache_filled, &s->cache_lock);
+    if (b == NULL || b->state != READY)
+        return NULL;
+    b->readers++;
+    lru_unlink(s, b);
+    lru_push_front(s, b);
+    return b;
+}
+
+static CachedBlock *take(Session *s, uint64_t shard, int kind, uint64_t block, int wait)
+{
+    CachedBlock *b;
+    pthread_mutex_lock(&s->cache_lock);
+    b = take_locked(s, shard, kind, block, wait);
+    pthread_mutex_unlock(&s->cache_lock);
+    return b;
+}
+
 CachedBlock *cache_acquire(Session *s, uint64_t shard, int kind, uint64_t block, int *mine)
 {
     CachedBlock *b;
     *mine = 0;
     pthread_mutex_lock(&s->cache_lock);
-    for (;;) {
-        b = find(s, shard, kind, block);
-        if (b == NULL || b->state == READY)
-            break;
-        pthread_cond_wait(&s->cache_filled, &s->cache_lock);  /* another worker fills it */
-    }
-    if (b != NULL) {
-        b->readers++;
-        lru_unlink(s, b);
-        lru_push_front(s, b);
-    } else if ((b = calloc(1, sizeof *b)) != NULL) {
+    b = take_locked(s, shard, kind, block, 1);
+    if (b == NULL && (b = calloc(1, sizeof *b)) != NULL) {
         b->shard = shard;
         b->block = block;
         b->kind = kind;
@@ -173,18 +188,7 @@ CachedBlock *cache_acquire(Session *s, uint64_t shard, int kind, uint64_t block,
 
 CachedBlock *cache_peek(Session *s, uint64_t shard, int kind, uint64_t block)
 {
-    CachedBlock *b;
-    pthread_mutex_lock(&s->cache_lock);
-    b = find(s, shard, kind, block);
-    if (b != NULL && b->state == READY) {
-        b->readers++;
-        lru_unlink(s, b);
-        lru_push_front(s, b);
-    } else {
-        b = NULL;
-    }
-    pthread_mutex_unlock(&s->cache_lock);
-    return b;
+    return take(s, shard, kind, block, 0);
 }
 
 void cache_complete(Session *s, CachedBlock *b, char *data, size_t length)
@@ -304,12 +308,9 @@ static int fill(Session *s, fuse_req_t req, CachedBlock *b, uint64_t shard, uint
     int err = 0;
     if (r != NULL && PyBytes_Check(r)) {
         /* Only this read's bytes: answered now, nothing kept. */
-        size_t got = (size_t)PyBytes_GET_SIZE(r);
-        char *buf = got <= size ? bridge_scratch(got ? got : 1) : NULL;
-        if (buf == NULL) {
-            err = got <= size ? ENOMEM : EIO;
-        } else {
-            memcpy(buf, PyBytes_AS_STRING(r), got);
+        size_t got = 0;
+        char *buf = bridge_read_reply(r, size, &got, &err, "fill");
+        if (buf != NULL) {
             Py_DECREF(r);
             bridge_leave(gil);
             cache_abandon(s, b);
@@ -352,19 +353,7 @@ int cache_read(Session *s, fuse_req_t req, fuse_ino_t ino, size_t size, off_t of
     if (!known)
         return 0;
     /* The block's files, if they are here; else where the file's bytes lie (located.c). */
-    pthread_mutex_lock(&s->cache_lock);
-    for (;;) {
-        b = find(s, shard, KIND_FILES, block);
-        if (b == NULL || b->state == READY)
-            break;
-        pthread_cond_wait(&s->cache_filled, &s->cache_lock);
-    }
-    if (b != NULL) {
-        b->readers++;
-        lru_unlink(s, b);
-        lru_push_front(s, b);
-    }
-    pthread_mutex_unlock(&s->cache_lock);
+    b = take(s, shard, KIND_FILES, block, 1);
     if (b != NULL)
         return serve_files(s, req, b, (uint64_t)row, fsize, size, off);
     answered = located_read(s, t, req, shard, (uint64_t)row, block, fsize, size, off);

@@ -124,6 +124,10 @@ int bridge_errno(PyObject *result, const char *what);
 int bridge_u64(PyObject *value, uint64_t *out);
 void bridge_forget(Session *s, fuse_ino_t ino, uint64_t nlookup);
 void *bridge_scratch(size_t size);
+/* A read's reply `r` (bytes, at most `size`) copied into the worker's scratch buffer, to be
+ * written to the kernel with the GIL released: the copy and *got, or NULL and *err (ENOMEM,
+ * or bridge_errno's answer for anything but such bytes). GIL held. */
+char *bridge_read_reply(PyObject *r, size_t size, size_t *got, int *err, const char *what);
 
 /* cache.c */
 int cache_init(Session *s, size_t bound);

@@ -271,6 +271,13 @@ static uint32_t crc(uint32_t seed, const char *data, size_t size)
     return (uint32_t)crc32_z(seed, (const Bytef *)data, size);
 }
 
+/* Whether `run` (span->length bytes) after the span's prefix is the file the locator recorded
+ * (its CRC-32, as spans/find.py run_check). */
+static int run_checks(const Span *span, const char *run)
+{
+    return crc(crc(0, span->prefix, span->prefix_len), run, (size_t)span->length) == span->check;
+}
+
 static pthread_key_t dctx_key;
 static pthread_once_t dctx_once = PTHREAD_ONCE_INIT;
 
@@ -530,7 +537,7 @@ static int serve_stored_run(Session *s, const Located *l, fuse_req_t req, uint64
     ok = file != NULL
          && read_stored_run(l, block, span, file + span->prefix_len, m ? (const FrameBlock *)m->data : NULL,
                             m ? m->length / sizeof(FrameBlock) : 0) == 0
-         && crc(crc(0, span->prefix, span->prefix_len), file + span->prefix_len, (size_t)span->length) == span->check;
+         && run_checks(span, file + span->prefix_len);
     if (m != NULL)
         cache_release(s, m);
     COUNT(s, ST_STORED, ok);
@@ -560,7 +567,7 @@ static int serve_run(Session *s, const Located *l, fuse_req_t req, uint64_t shar
     const char *run;
     int mine = 0;
     if (span->length == 0) {
-        if (crc(0, span->prefix, span->prefix_len) != span->check)
+        if (!run_checks(span, ""))  /* not NULL: zlib answers 0 for a NULL buffer */
             return 0;
         reply_parts(req, span->prefix, span->prefix_len, NULL, 0, size, off);
         return 1;
@@ -608,7 +615,7 @@ static int serve_run(Session *s, const Located *l, fuse_req_t req, uint64_t shar
     run = b->data + span->offset;
     /* A file read in several requests is checked once, at its first. */
     if (__atomic_load_n(&b->verified, __ATOMIC_ACQUIRE) != row + 1) {
-        if (crc(crc(0, span->prefix, span->prefix_len), run, (size_t)span->length) != span->check) {
+        if (!run_checks(span, run)) {
             cache_release(s, b);
             return 0;
         }

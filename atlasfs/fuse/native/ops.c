@@ -297,17 +297,7 @@ static void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, stru
     r = bridge_call(s, CB_READ, Py_BuildValue("(KLn)", (unsigned long long)ino, (long long)off,
                                                          (Py_ssize_t)size));
     (void)fi;
-    if (r != NULL && PyBytes_Check(r) && (size_t)PyBytes_GET_SIZE(r) <= size) {
-        /* Copied out, so the reply is written to the kernel with the GIL released. */
-        got = (size_t)PyBytes_GET_SIZE(r);
-        buf = bridge_scratch(got ? got : 1);
-        if (buf == NULL)
-            err = ENOMEM;
-        else
-            memcpy(buf, PyBytes_AS_STRING(r), got);
-    } else {
-        err = bridge_errno(r, "read");
-    }
+    buf = bridge_read_reply(r, size, &got, &err, "read");
     Py_XDECREF(r);
     bridge_leave(gil);
     if (err)
