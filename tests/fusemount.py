@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import ctypes.util
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -79,3 +80,9 @@ def mounted(dataset: str | Path, *args: str, env: dict[str, str] | None = None) 
     finally:
         force_unmount(mountpoint)
         mountpoint.rmdir()
+
+
+def engine_answered(line: str) -> dict[str, tuple[int, int]]:
+    """The counts of the native engine's log line as it ends ("native engine answered lookup
+    N in C, M in Python, ..."): kind -> (answered in C, in Python)."""
+    return {kind: (int(c), int(python)) for kind, c, python in re.findall(r"(\w+) (\d+) in C, (\d+) in Python", line)}

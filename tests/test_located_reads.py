@@ -9,7 +9,6 @@ from __future__ import annotations
 import logging
 import os
 import random
-import re
 import shutil
 import tarfile
 import time
@@ -25,7 +24,7 @@ from atlasfs.formats.atlas import spans
 from atlasfs.tree.blocktree import BlockTree
 from atlasfs.tree.filetable import INLINE, INLINE_AVERAGE, NO_LOCATOR, FileTable, Limits, Locators, TableError
 from atlasfs.tree.tablestore import TableStore, table_file_name
-from fusemount import atlasfs, mounted
+from fusemount import atlasfs, engine_answered, mounted
 from helpers import REFERENCE, in_threads, reference_names
 
 Exported = dict[str, dict[str, bytes]]
@@ -409,8 +408,7 @@ def _engine_answered(log: Path) -> dict[str, tuple[int, int]]:
             break
         time.sleep(0.05)
     assert lines, f"the daemon did not say what it answered: {log.read_text() if log.exists() else 'no log'}"
-    return {kind: (int(c), int(python))
-            for kind, c, python in re.findall(r"(\w+) (\d+) in C, (\d+) in Python", lines[-1])}
+    return engine_answered(lines[-1])
 
 
 def _read_through(mnt: Path, exported: Exported, readers: int = 4) -> list[str]:

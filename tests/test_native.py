@@ -13,7 +13,6 @@ import errno
 import hashlib
 import io
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -25,7 +24,7 @@ from typing import Iterator
 
 import pytest
 
-from fusemount import IN_CI, atlasfs, force_unmount, is_mounted, mounted, require_fuse
+from fusemount import IN_CI, atlasfs, engine_answered, force_unmount, is_mounted, mounted, require_fuse
 from helpers import REFERENCE
 
 pytestmark = pytest.mark.fuse
@@ -199,8 +198,7 @@ def test_rows_of_an_attached_table_are_answered_in_c(tmp_path: Path, mountpoint:
         _, err = process.communicate(timeout=30)
     assert process.returncode == 0, err
     (line,) = [line for line in err.splitlines() if "native engine answered" in line]
-    answered = {kind: (int(c), int(python)) for kind, c, python in
-                re.findall(r"(\w+) (\d+) in C, (\d+) in Python", line)}
+    answered = engine_answered(line)
     assert answered["lookup"][0] >= len(rest), line
     assert answered["readdir"][0] >= 1, line  # shard 0's listing (its table attached)
     assert answered["read"][0] >= 1, line  # from the byte cache: blocks decoded once
