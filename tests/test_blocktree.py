@@ -19,11 +19,12 @@ from atlasfs.tree.tablestore import TableStore
 from threadwait import wait_until
 
 
-def _write(path: Path, examples: int = 200) -> None:
+def _write(path: Path, examples: int = 200, values: int = 20) -> None:
+    """``values`` numbers in each json (past ~800, ~16 KiB: too big to be kept in the table)."""
     rng = random.Random(3)
     with AtlasWriter(path, shard_size=100, block_size=16, compression_strategy=1) as writer:
         for i in range(examples):
-            writer.add_example({"bin": rng.randbytes(300), "json": {"i": i, "v": [rng.random() for _ in range(20)]},
+            writer.add_example({"bin": rng.randbytes(300), "json": {"i": i, "v": [rng.random() for _ in range(values)]},
                                 "txt": "x" * (i % 50)})
 
 
@@ -158,10 +159,13 @@ def test_a_first_listing_names_files_without_encoding_any(tmp_path: Path) -> Non
     again = BlockTree(AtlasDataset(dataset), store=TableStore(str(dataset)))
     assert again.names(f"/{shard.name}") == listing and again.cache.misses == 0
 
-    # lookups fill the sizes in, a block at a time (its next files are looked up next);
-    # the table is stored again once it knows them all
+    # lookups fill the sizes in: a file's locator tells its size (the json, kept in the table,
+    # decodes nothing), else a block at a time (its next files are looked up next); the table
+    # is stored again once it knows them all
+    misses = tree.cache.misses
+    assert listing[1][0].endswith(".json") and table.located_size(1) is not None
     tree.lookup(f"/{shard.name}/{listing[1][0]}")
-    assert _unsized(table) == 100 * 2 - 16 * 2
+    assert _unsized(table) == 100 * 2 - 1 and tree.cache.misses == misses
     for name, _, _ in listing:
         entry = tree.lookup(f"/{shard.name}/{name}")
         assert entry == full.lookup(f"/{shard.name}/{name}")
@@ -185,12 +189,12 @@ def test_index_sizes_every_file_and_stores_the_table(tmp_path: Path) -> None:
 
 def test_a_listed_file_whose_example_cannot_be_encoded_fails_with_eio(tmp_path: Path) -> None:
     dataset = tmp_path / "ds"
-    _write(dataset)
+    _write(dataset, values=1000)  # json of ~20 KB: no locator, sized by encoding its example
     tree = BlockTree(AtlasDataset(dataset))
     shard = tree.source.shards[0]
     listing = tree.names(f"/{shard.name}")
     limit = shard.codec.max_block_bytes
-    shard.codec.max_block_bytes = 1000  # block 0's files (16 x ~700 bytes) no longer fit
+    shard.codec.max_block_bytes = 1000  # block 0's files (16 x ~20 KB) no longer fit
     with pytest.raises(OSError) as info:
         for name, _, _ in listing[:16 * 3]:
             tree.lookup(f"/{shard.name}/{name}")

@@ -22,7 +22,8 @@ from atlasfs import AtlasDataset, AtlasWriter
 from atlasfs.commands import cli
 from atlasfs.formats.atlas import spans
 from atlasfs.tree.blocktree import BlockTree
-from atlasfs.tree.filetable import INLINE, INLINE_AVERAGE, NO_LOCATOR, FileTable, Limits, Locators, TableError
+from atlasfs.tree.filetable import (INLINE, INLINE_AVERAGE, KEPT, KEPT_AVERAGE, KEPT_MAX, NO_LOCATOR, FileTable, Limits,
+                                    Locators, TableError)
 from atlasfs.tree.tablestore import TableStore, table_file_name
 from fusemount import atlasfs, engine_answered, mounted
 from helpers import REFERENCE, in_threads, reference_names
@@ -86,10 +87,12 @@ def _write(root: Path, examples: list[Any], strategy: int, block_size: int = 2, 
 
 def _examples(seed: int, n: int = 24) -> list[dict[str, Any]]:
     """Examples whose pickles have one layout whatever the seed (only run bytes differ),
-    with every kind of file: raw bytes, text, an array, small ints and JSON."""
+    with every kind of file: raw bytes, text, an array, small ints, a small JSON (inline) and
+    a larger one (kept: a dict of 60 numbers of 3 digits, about 330 bytes)."""
     rng = np.random.default_rng(seed)
     return [{"jpg": rng.bytes(2000 + 10 * i), "txt": "".join(rng.choice(list("abc"), 300 + i)),
-             "npy": rng.random(50 + i), "cls": i, "json": {"id": i, "tag": "abc"[i % 3]}} for i in range(n)]
+             "npy": rng.random(50 + i), "cls": i, "json": {"id": i, "tag": "abc"[i % 3]},
+             "values.json": {"id": i, "values": rng.integers(100, 1000, 60).tolist()}} for i in range(n)]
 
 
 # ---------------------------------------------------------------- the reference fixtures
@@ -123,6 +126,48 @@ def test_the_fixtures_have_every_kind_of_locator(tmp_path: Path) -> None:
                 if locator is not None:
                     kinds.add("inline" if locator.inline else "npy" if locator.prefix else "run")
     assert kinds == {"inline", "npy", "run"}
+
+
+@pytest.mark.parametrize("strategy", [0, 1, 2, 3])
+def test_files_of_no_run_are_kept_compressed_a_block_at_a_time(tmp_path: Path, strategy: int) -> None:
+    """A JSON of a dict too big for the inline bytes (no bytes of the pickle are its encoding)
+    is kept in the table, with its block's others in one zstd frame: a stored table gives it
+    back exactly, and a read of it decodes nothing."""
+    dataset = _write(tmp_path / "ds", _examples(3, 24), strategy, block_size=4)
+    exported = _export(dataset, tmp_path / "export")
+    _index(dataset, tmp_path / "tables")
+    tree = _tree(dataset, tmp_path / "tables")
+    table = tree.table(0)
+    assert table.locators is not None
+    kept = np.flatnonzero(table.locators.prefix == KEPT)
+    assert [table.entry_path(int(i)) for i in kept] == [name for name in exported["0"] if name.endswith(".values.json")]
+    assert len(table.locators.kept_ends) == 6 and 0 < len(table.locators.kept) <= KEPT_AVERAGE * len(table)
+    for i in kept:
+        locator = table.locator(int(i))
+        assert locator is not None and locator.inline
+        assert locator.prefix == exported["0"][table.entry_path(int(i))]
+    _read_every_file(tree, exported, located=True)
+    assert tree.located.fallbacks == 0 and tree.located.reads == len(exported["0"])  # none through its block
+
+
+def test_kept_files_past_the_tables_bound_keep_their_blocks(tmp_path: Path) -> None:
+    """Past KEPT_AVERAGE compressed bytes a file, a block's kept files are taken back whole
+    (they are read through the block); a file past KEPT_MAX is never kept."""
+    rng = np.random.default_rng(4)
+    examples = [{"json": {"values": [i] * 300}} for i in range(6)]  # 1.2 KB that compress to a few dozen
+    examples += [{"json": {"values": rng.random(300).tolist()}} for _ in range(2)]  # 6 KB that do not
+    examples.append({"json": {"values": [1] * (KEPT_MAX // 2)}})  # over KEPT_MAX
+    dataset = _write(tmp_path / "ds", examples, 2, block_size=1)
+    exported = _export(dataset, tmp_path / "export")
+    _index(dataset, tmp_path / "tables")
+    tree = _tree(dataset, tmp_path / "tables")
+    table = tree.table(0)
+    locators = table.locators
+    assert locators is not None and 0 < len(locators.kept) <= KEPT_AVERAGE * len(table)
+    assert (locators.prefix == KEPT).tolist() == [True] * 6 + [False] * 3
+    assert len(locators.kept_ends) == 6
+    _read_every_file(tree, exported, located=True)
+    assert tree.located.reads == 6 and tree.located.fallbacks == 0
 
 
 def test_every_atlas_shard_is_the_block_store_its_located_reads_need() -> None:
@@ -208,7 +253,8 @@ def _forged(table: FileTable, **changes: Any) -> FileTable:
     locators = table.locators
     assert locators is not None
     columns = {name: getattr(locators, name).copy() for name in ("offset", "length", "check", "prefix")}
-    fields = {"prefixes": list(locators.prefixes), "inline": bytes(locators.inline)}  # a map, if loaded
+    fields = {"prefixes": list(locators.prefixes), "inline": bytes(locators.inline),  # maps, if loaded
+              "kept": bytes(locators.kept), "kept_ends": locators.kept_ends.copy()}
     for name, change in changes.items():
         if name in columns:
             change(columns[name])
@@ -218,7 +264,7 @@ def _forged(table: FileTable, **changes: Any) -> FileTable:
                                                       ("kind", "size", "block", "pos", "file", "by_path")})
     forged.state = table.state
     forged.locators = Locators(columns["offset"], columns["length"], columns["check"], columns["prefix"],
-                               fields["prefixes"], fields["inline"])
+                               fields["prefixes"], fields["inline"], fields["kept"], fields["kept_ends"])
     return forged
 
 
@@ -228,6 +274,7 @@ def test_a_table_with_locators_round_trips_and_one_without_stays_valid(tmp_path:
     assert loaded is not None and loaded.locators is not None
     assert [loaded.locator(i) for i in range(len(table))] == [table.locator(i) for i in range(len(table))]
     assert {loc.inline for loc in map(table.locator, range(len(table))) if loc is not None} == {True, False}
+    assert set(table.locators.prefix.tolist()) >= {INLINE, KEPT}
     plain = _forged(table)
     plain.locators = None
     plain.save(str(path), key)
@@ -239,7 +286,9 @@ def test_forged_locator_columns_are_refused(tmp_path: Path) -> None:
     path, key, limits, table = _stored_table(tmp_path)
     assert table.locators is not None
     inline_rows = np.flatnonzero(table.locators.prefix == INLINE)
-    run_rows = np.flatnonzero((table.locators.offset != NO_LOCATOR) & (table.locators.prefix != INLINE))
+    kept_rows = np.flatnonzero(table.locators.prefix == KEPT)
+    run_rows = np.flatnonzero((table.locators.offset != NO_LOCATOR) & (table.locators.prefix != INLINE)
+                              & (table.locators.prefix != KEPT))
     unlocated = np.flatnonzero(table.locators.offset == NO_LOCATOR)
     forgeries = {
         "a prefix number past the prefixes": dict(prefix=lambda a: a.__setitem__(run_rows[0], 999)),
@@ -251,6 +300,11 @@ def test_forged_locator_columns_are_refused(tmp_path: Path) -> None:
         "a run longer than its file": dict(length=lambda a: a.__setitem__(run_rows[0], a[run_rows[0]] + 1)),
         "a length without a locator": dict(length=lambda a: a.__setitem__(unlocated[0], 5)) if len(unlocated) else
         dict(length=lambda a: a.__setitem__(inline_rows[0], 10**6)),
+        "more kept bytes than the bound": dict(kept=lambda b: b + b"x" * (KEPT_AVERAGE * len(table))),
+        "a kept file past its bound": dict(length=lambda a: a.__setitem__(kept_rows[0], KEPT_MAX + 1)),
+        "kept frames out of order": dict(kept_ends=lambda e: e[::-1].copy()),
+        "kept frames past the kept bytes": dict(kept_ends=lambda e: e + 10**6),
+        "a kept file of a block with no frame": dict(kept_ends=lambda e: e[:-1].copy()),
     }
     assert table.locators.prefixes  # the .npy files' headers: the last forgery needs one
     for what, changes in forgeries.items():
@@ -433,7 +487,7 @@ def _read_through(mnt: Path, exported: Exported, readers: int = 4) -> list[str]:
 @pytest.mark.parametrize("images", [False, True])
 def test_the_engine_reads_located_files_in_c_with_the_exported_bytes(tmp_path: Path, strategy: int,
                                                                       images: bool) -> None:
-    """Every kind of locator (runs with and without a prefix, inline files) of every
+    """Every kind of locator (runs with and without a prefix, inline and kept files) of every
     compression strategy, read by parallel readers: C answers them where their bytes lie.
     With images (300 KB of random bytes: zstd stores them raw), each read whole takes its
     run alone, without decompressing its block."""
@@ -477,8 +531,42 @@ def test_locators_that_lie_are_left_to_the_control_plane_which_serves_the_right_
         assert _read_through(mnt, {"0": exported["0"]}, readers=2) == []
     located_in_c, left_to_python = _engine_answered(log)["located"]
     assert left_to_python > 0
-    inline = int(((table.locators.offset != NO_LOCATOR) & (table.locators.prefix == INLINE)).sum())
-    assert located_in_c <= 2 * inline  # only the inline files, untouched, may still be read in C
+    small = int(np.isin(table.locators.prefix, [INLINE, KEPT]).sum())
+    assert located_in_c <= 2 * small  # only the inline and kept files, untouched, may still be read in C
+
+
+@pytest.mark.parametrize("lie", ["frames", "offsets"])
+def test_kept_files_that_lie_are_left_to_the_control_plane_which_serves_the_right_bytes(tmp_path: Path,
+                                                                                       lie: str) -> None:
+    """A stored table whose kept frames are damaged (a byte flipped in each), or whose kept
+    files point one byte off: C serves none that does not check out, the control plane reads
+    those through their block, with the exported bytes."""
+    path, key, _, table = _stored_table(tmp_path)
+    assert table.locators is not None
+    kept = table.locators.prefix == KEPT
+    ends = table.locators.kept_ends.tolist()
+    assert kept.any() and ends
+
+    def flip(frames: bytes) -> bytes:
+        damaged = bytearray(frames)
+        for start, end in zip([0] + ends, ends):
+            damaged[(start + end) // 2] ^= 0x55
+        return bytes(damaged)
+
+    def shift(offsets: np.ndarray) -> None:
+        offsets[kept] = offsets[kept] + 1
+
+    _forged(table, **({"kept": flip} if lie == "frames" else {"offset": shift})).save(str(path), key)
+    dataset = tmp_path / "ds"
+    exported = _export(dataset, tmp_path / "export")
+    names = {name for i, name in enumerate(map(table.entry_path, range(len(table)))) if kept[i]}
+    log = tmp_path / "daemon.log"
+    with mounted(dataset, "-o", f"log_file={log}", "-o", f"index_dir={tmp_path / 'tables'}") as mnt:
+        assert _read_through(mnt, {"0": {name: exported["0"][name] for name in names}}, readers=2) == []
+    located_in_c, left_to_python = _engine_answered(log)["located"]
+    assert left_to_python > 0
+    if lie == "offsets":
+        assert located_in_c == 0  # a flipped byte may spare a frame's other file: that one still checks out
 
 
 @pytest.mark.parametrize("strategy", [0, 2])

@@ -287,7 +287,8 @@ class NativeBridge:
         ends = np.cumsum([len(p) for p in locators.prefixes], dtype=np.uint64)
         try:
             self.session.locate(s, locators.offset, locators.length, locators.check, locators.prefix, ends,
-                                b"".join(locators.prefixes), locators.inline, os.fsencode(spans.data_path),
+                                b"".join(locators.prefixes), locators.inline, locators.kept, locators.kept_ends,
+                                os.fsencode(spans.data_path),
                                 os.fsencode(spans.index_path), spans.signatures, spans.starts, spans.compressed,
                                 spans.dictionary, spans.max_block_bytes)
         except (ValueError, TypeError, BufferError, OSError, IndexError) as exc:  # Python reads them

@@ -26,7 +26,9 @@ A table may also hold, per file, a *locator* from its source
 be read without decoding its block, or, for small files, the bytes themselves
 (*inline*). They are optional columns (:class:`Locators`), 14 bytes a file, plus
 each distinct prefix once and the inline bytes (at most :data:`INLINE_AVERAGE`
-a file of the table on average); a table without them is as valid. The source
+a file of the table on average), and the *kept* files: inline files too big to be kept as
+they are (a JSON of a dict, up to :data:`KEPT_MAX`), kept compressed, one zstd frame a
+block (at most :data:`KEPT_AVERAGE` bytes a file on average); a table without them is as valid. The source
 checks what a locator points at on every read, so a stored one that lies only
 costs a fallback to the block.
 """
@@ -41,6 +43,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 import numpy as np
+import zstandard
 
 from atlasfs.formats.source import Locator
 from atlasfs.tree import tablefile
@@ -60,14 +63,23 @@ Rows = list[tuple[Any, ...]]
 NO_LOCATOR = 0xFFFFFFFF
 #: A row's prefix number when its locator is inline (its offset is then in :attr:`Locators.inline`).
 INLINE = 0xFFFF
+#: A row's prefix number when its file is kept (its offset and length are then in the
+#: decompressed frame of its block in :attr:`Locators.kept`).
+KEPT = 0xFFFE
 #: Distinct prefixes (``.npy`` headers) a table keeps, and their bytes in all: arrays of many
 #: shapes (token arrays of every length) would otherwise grow a table by megabytes.
-MAX_PREFIXES = 0xFFFE
+MAX_PREFIXES = 0xFFFD
 MAX_PREFIX_BYTES = 1 << 20
 #: Most bytes of an inline file, and most inline bytes a table keeps, per file of the table on
 #: average (in row order: later small files past the bound get no inline locator).
 INLINE_MAX = 255
 INLINE_AVERAGE = 64
+#: Most bytes of a kept file; most bytes of a block's kept files, decompressed (the native
+#: engine's located.c bounds its decompression by the same number); most compressed kept
+#: bytes a table keeps, per file of the table on average (later blocks past it keep none).
+KEPT_MAX = 16 << 10
+KEPT_BLOCK_MAX = 16 << 20
+KEPT_AVERAGE = 256
 #: Paths checked at once when a stored table is loaded (bounds the Python objects it makes).
 _CHECK_CHUNK = 1 << 16
 #: Limits from a stored table's source state (see :meth:`FileTable.load`).
@@ -99,44 +111,72 @@ class Row:
 
 class Locators:
     """The locators of a table's rows as columns: ``offset`` (uint32, :data:`NO_LOCATOR`
-    for none; for an inline one, where its bytes start in ``inline``), ``length`` (uint32:
-    the run's, or the inline file's), ``check`` (uint32), ``prefix`` (uint16: 0 none, else
-    1 + its index in ``prefixes``, or :data:`INLINE`). The length is stored although the
+    for none; for an inline one, where its bytes start in ``inline``; for a kept one, in its
+    block's kept files), ``length`` (uint32: the run's, or the inline or kept file's),
+    ``check`` (uint32), ``prefix`` (uint16: 0 none, else 1 + its index in ``prefixes``, or
+    :data:`INLINE`, or :data:`KEPT`). The length is stored although the
     file's size often tells it: a table names files before it knows their sizes, and a
     locator then gives a file's size at its lookup without decoding its block (a table
     whose sizes are all known lists with attributes: the kernel, and libfuse, then keep
-    an entry for every file listed)."""
+    an entry for every file listed). ``kept`` is one zstd frame a block holding its kept
+    files one after another, and ``kept_ends`` (uint64) where block ``b``'s frame ends in
+    it (it starts where block ``b - 1``'s ends)."""
 
-    __slots__ = ("check", "inline", "length", "offset", "prefix", "prefixes")
+    __slots__ = ("_last_kept", "check", "inline", "kept", "kept_ends", "length", "offset", "prefix", "prefixes")
 
     def __init__(self, offset: np.ndarray, length: np.ndarray, check: np.ndarray, prefix: np.ndarray,
-                 prefixes: list[bytes], inline: bytes) -> None:
+                 prefixes: list[bytes], inline: bytes, kept: Any = b"", kept_ends: np.ndarray | None = None) -> None:
         self.offset = offset
         self.length = length
         self.check = check
         self.prefix = prefix
         self.prefixes = prefixes
         self.inline = inline
+        self.kept = kept
+        self.kept_ends = kept_ends if kept_ends is not None else np.zeros(0, dtype=np.uint64)
+        self._last_kept: tuple[int, bytes | None] = (-1, None)
 
     @classmethod
-    def build(cls, locators: list[Locator | None]) -> "Locators | None":
-        """Columns for one locator per row (None: none); None if no row has one. Locators
-        past the bounds (:data:`MAX_PREFIXES`, :data:`MAX_PREFIX_BYTES`, :data:`INLINE_MAX`,
-        :data:`INLINE_AVERAGE` a row of those before it, offsets of 4 GiB) are left out: their
-        files keep their blocks."""
+    def build(cls, locators: list[Locator | None], blocks: list[int] | None = None) -> "Locators | None":
+        """Columns for one locator per row (None: none) of files in ``blocks`` (default: all
+        in block 0); None if no row has one. Locators past the bounds (:data:`MAX_PREFIXES`,
+        :data:`MAX_PREFIX_BYTES`, :data:`INLINE_MAX`, :data:`INLINE_AVERAGE` a row of those
+        before it, :data:`KEPT_MAX`, :data:`KEPT_AVERAGE`, offsets of 4 GiB) are left out:
+        their files keep their blocks."""
         from atlasfs.tree.tablebuilder import LocatorColumns
 
         columns = LocatorColumns()
-        for loc in locators:
-            columns.add(loc)
+        for i, loc in enumerate(locators):
+            columns.add(loc, blocks[i] if blocks is not None else 0)
         return columns.columns()
 
     def nbytes(self) -> int:
         """Memory the columns and their bytes take."""
         return (self.offset.nbytes + self.length.nbytes + self.check.nbytes + self.prefix.nbytes + len(self.inline)
-                + sum(map(len, self.prefixes)))
+                + sum(map(len, self.prefixes)) + len(self.kept) + self.kept_ends.nbytes)
 
-    def problem(self, kinds: np.ndarray, sizes: np.ndarray) -> str | None:
+    def kept_file(self, block: int, offset: int, length: int) -> bytes | None:
+        """Bytes ``offset`` to ``offset + length`` of block ``block``'s kept files, or None if
+        its frame (untrusted) does not hold them. The last block's files are kept
+        decompressed, for its next file."""
+        last, files = self._last_kept
+        if last != block:
+            ends = self.kept_ends
+            if not 0 <= block < len(ends):
+                return None
+            frame = self.kept[int(ends[block - 1]) if block else 0:int(ends[block])]
+            try:
+                content = zstandard.frame_content_size(frame)
+                files = (zstandard.ZstdDecompressor().decompress(frame, max_output_size=KEPT_BLOCK_MAX)
+                         if 0 <= content <= KEPT_BLOCK_MAX else None)
+            except zstandard.ZstdError:
+                files = None
+            self._last_kept = (block, files)
+        if files is None or offset + length > len(files):
+            return None
+        return files[offset:offset + length]
+
+    def problem(self, kinds: np.ndarray, sizes: np.ndarray, blocks: np.ndarray) -> str | None:
         """Why stored columns are unsafe to use (they come from an untrusted file), or None."""
         n = len(kinds)
         if not len(self.offset) == len(self.length) == len(self.check) == len(self.prefix) == n:
@@ -145,20 +185,31 @@ class Locators:
             return "too many locator prefixes"
         if len(self.inline) > INLINE_AVERAGE * n:
             return "more inline bytes than a table keeps"
+        if len(self.kept) > KEPT_AVERAGE * n:
+            return "more kept bytes than a table keeps"
         located = self.offset != NO_LOCATOR
         if bool(np.any(located & (kinds != FILE))):
             return "a locator of an entry that is no file"
         if bool(np.any(~located & ((self.prefix != 0) | (self.length != 0)))):
             return "a locator prefix or length without a locator"
         inline = located & (self.prefix == INLINE)
-        runs = located & ~inline
+        kept = located & (self.prefix == KEPT)
+        runs = located & ~inline & ~kept
         if bool(np.any(self.prefix[runs] > len(self.prefixes))):
             return "a locator prefix out of range"
         ends = self.offset[inline].astype(np.uint64) + self.length[inline]
         if bool(np.any(self.length[inline] > INLINE_MAX)) or bool(np.any(ends > len(self.inline))):
             return "an inline file outside the table's inline bytes"
+        kept_ends = self.kept_ends
+        last_block = int(blocks[kept].max()) if bool(kept.any()) else -1
+        if len(kept_ends) != last_block + 1 or bool(np.any(np.diff(kept_ends.astype(np.int64)) < 0)) \
+                or (len(kept_ends) and int(kept_ends[-1]) > len(self.kept)):
+            return "kept frames out of order or outside the table's kept bytes"
+        ends = self.offset[kept].astype(np.uint64) + self.length[kept]
+        if bool(np.any(self.length[kept] > KEPT_MAX)) or bool(np.any(ends > KEPT_BLOCK_MAX)):
+            return "a kept file out of bounds"
         prefix_lengths = np.array([0] + [len(p) for p in self.prefixes], dtype=np.uint64)
-        located_sizes = np.where(inline, self.length.astype(np.uint64),
+        located_sizes = np.where(inline | kept, self.length.astype(np.uint64),
                                  prefix_lengths[np.where(runs, self.prefix, 0)] + self.length)
         known = located & (sizes != UNKNOWN_SIZE)
         if bool(np.any(located_sizes[known] != sizes[known])):
@@ -250,7 +301,22 @@ class FileTable:
         length = locators.length.item(i)
         if number == INLINE:
             return Locator(0, 0, locators.check.item(i), locators.inline[offset:offset + length], True)
+        if number == KEPT:  # None if its frame does not hold it: the file keeps its block
+            data = locators.kept_file(self.block.item(i), offset, length)
+            return None if data is None else Locator(0, 0, locators.check.item(i), data, True)
         return Locator(offset, length, locators.check.item(i), locators.prefixes[number - 1] if number else b"")
+
+    def located_size(self, i: int) -> int | None:
+        """The size of the file of entry ``i`` its locator tells, or None if it has none
+        (:meth:`locator`'s size, without reading a kept file)."""
+        locators = self.locators
+        if locators is None or locators.offset.item(i) == NO_LOCATOR:
+            return None
+        number = locators.prefix.item(i)
+        length = locators.length.item(i)
+        if number in (INLINE, KEPT) or not number:
+            return length
+        return len(locators.prefixes[number - 1]) + length
 
     def entry_path(self, i: int) -> str:
         """The path of entry ``i`` (relative to the shard folder)."""

@@ -15,17 +15,21 @@ from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
+import zstandard
 
 from atlasfs.formats.source import Locator
 from atlasfs.tree import filetable, tablefile
-from atlasfs.tree.filetable import DIR, FILE, INLINE, NO_LOCATOR, UNKNOWN_SIZE, FileTable, Locators
+from atlasfs.tree.filetable import DIR, FILE, INLINE, KEPT, NO_LOCATOR, UNKNOWN_SIZE, FileTable, Locators
 
 
 class LocatorColumns:
     """Locators added one row at a time into :class:`~atlasfs.tree.filetable.Locators`'
     columns, within their bounds (distinct prefixes and their bytes; inline bytes at most
-    :data:`~atlasfs.tree.filetable.INLINE_AVERAGE` a row of those added so far): a locator past
-    a bound is left out, and its file keeps its block."""
+    :data:`~atlasfs.tree.filetable.INLINE_AVERAGE` a row of those added so far; kept bytes
+    at most :data:`~atlasfs.tree.filetable.KEPT_AVERAGE`): a locator past a bound is left out,
+    and its file keeps its block. An inline locator too big to be kept as it is, is kept
+    with the other such files of its block, compressed when the block's rows are done
+    (blocks come in order)."""
 
     def __init__(self) -> None:
         self.offset, self.length, self.check = array("I"), array("I"), array("I")
@@ -34,10 +38,16 @@ class LocatorColumns:
         self.prefix_bytes = 0
         self.inline = bytearray()
         self.any = False
+        self.kept = bytearray()
+        self.kept_ends = array("Q")
+        self._block = -1  # the block whose kept files are gathered in _files, for the rows _rows
+        self._files = bytearray()
+        self._rows: list[int] = []
+        self._compressor = zstandard.ZstdCompressor(level=3)
 
-    def add(self, loc: Locator | None) -> None:
-        """The next row's locator (None: it has none)."""
-        if loc is not None and self._fits(loc):
+    def add(self, loc: Locator | None, block: int = 0) -> None:
+        """The next row's locator (None: it has none), of a file of block ``block``."""
+        if loc is not None and self._fits(loc, block):
             self.any = True
             return
         self.offset.append(NO_LOCATOR)
@@ -45,14 +55,15 @@ class LocatorColumns:
         self.check.append(0)
         self.prefix.append(0)
 
-    def _fits(self, loc: Locator) -> bool:
+    def _fits(self, loc: Locator, block: int) -> bool:
         """Append ``loc``'s columns if it is within the bounds."""
         if loc.inline:
             data = loc.prefix
             rows = len(self.offset) + 1
-            if loc.length or len(data) > filetable.INLINE_MAX or \
-                    len(self.inline) + len(data) > filetable.INLINE_AVERAGE * rows:
+            if loc.length:
                 return False
+            if len(data) > filetable.INLINE_MAX or len(self.inline) + len(data) > filetable.INLINE_AVERAGE * rows:
+                return self._keep(loc, block)
             offset, length, number = len(self.inline), len(data), INLINE
             self.inline += data
         else:
@@ -74,8 +85,43 @@ class LocatorColumns:
         self.prefix.append(number)
         return True
 
+    def _keep(self, loc: Locator, block: int) -> bool:
+        """Gather an inline file too big for the inline bytes with its block's kept files."""
+        data = loc.prefix
+        if len(data) > filetable.KEPT_MAX or block < self._block:
+            return False
+        if block != self._block:
+            self._close_block()
+            self._block = block
+        if len(self._files) + len(data) > filetable.KEPT_BLOCK_MAX:
+            return False
+        self._rows.append(len(self.offset))
+        self.offset.append(len(self._files))
+        self.length.append(len(data))
+        self.check.append(loc.check & 0xFFFFFFFF)
+        self.prefix.append(KEPT)
+        self._files += data
+        return True
+
+    def _close_block(self) -> None:
+        """Compress the kept files gathered into their block's frame, or, past the table's
+        bound, take back their locators."""
+        if not self._files:
+            return
+        frame = self._compressor.compress(bytes(self._files))
+        if len(self.kept) + len(frame) > filetable.KEPT_AVERAGE * len(self.offset):
+            for row in self._rows:
+                self.offset[row], self.length[row], self.check[row], self.prefix[row] = NO_LOCATOR, 0, 0, 0
+        else:
+            self.kept += frame
+            ends = self.kept_ends
+            ends.extend([ends[-1] if ends else 0] * (self._block - len(ends)))
+            ends.append(len(self.kept))
+        self._files, self._rows = bytearray(), []
+
     def columns(self, order: np.ndarray | None = None) -> Locators | None:
         """The columns (rows taken in ``order``, -1 for a row of none), or None if no row has a locator."""
+        self._close_block()
         if not self.any:
             return None
         arrays = [np.frombuffer(a, dtype=a.typecode) if len(a) else np.zeros(0, a.typecode)
@@ -85,7 +131,8 @@ class LocatorColumns:
             arrays = [_take(a, order, default) for a, default in zip(arrays, defaults)]
         else:
             arrays = [a.copy() for a in arrays]
-        return Locators(*arrays, list(self.numbers), bytes(self.inline))
+        ends = np.array(self.kept_ends, dtype=np.uint64)
+        return Locators(*arrays, list(self.numbers), bytes(self.inline), bytes(self.kept), ends)
 
 
 def _take(values: np.ndarray, order: np.ndarray, default: int) -> np.ndarray:
@@ -126,7 +173,8 @@ class TableBuilder:
             self._pos.append(row[4])
             self._file.append(row[5])
             loc = row[6] if len(row) > 6 else None
-            locators.add(loc if loc is not None and kind == FILE and size in (loc.size, UNKNOWN_SIZE) else None)
+            locators.add(loc if loc is not None and kind == FILE and size in (loc.size, UNKNOWN_SIZE) else None,
+                         row[3])
 
     def finish(self) -> FileTable:
         """The table of every row added."""

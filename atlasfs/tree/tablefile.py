@@ -2,16 +2,17 @@
 
 Layout (all little-endian)::
 
-    magic "ATLFSTB6" | u32 header length | u32 CRC-32 of the header | header (JSON)
-    sections, each at an offset the header gives, 8-byte aligned (the names and the
-    inline bytes page-aligned: each is mapped on its own, and slices of a map are bytes)
+    magic "ATLFSTB7" | u32 header length | u32 CRC-32 of the header | header (JSON)
+    sections, each at an offset the header gives, 8-byte aligned (the names, the inline
+    and the kept bytes page-aligned: each is mapped on its own, and slices of a map are bytes)
 
 The header holds the key the table was built from, the number of entries, the
 locators' prefix lengths and, per section, ``[name, offset, length, CRC-32]``.
 The sections are the per-entry columns (name offsets, kind, size, block, pos, file,
 the path-sorted permutation ``by_path``), the lookup index (the stable 64-bit hashes
 of the paths, sorted, and the row of each), the names blob, the source's state and
-the optional locator columns with their prefixes and inline bytes.
+the optional locator columns with their prefixes, inline bytes, and kept files (the
+end of each block's frame, and the frames).
 
 Loading checks, before any column is used: the magic, the header's checksum and
 every bound it states (the sections are exactly the expected ones, in order, not
@@ -44,7 +45,7 @@ import numpy as np
 if TYPE_CHECKING:
     from atlasfs.tree.filetable import FileTable, Limits, LimitsOf
 
-MAGIC = b"ATLFSTB6"  # 6: mapped in place, with the lookup index and section checksums
+MAGIC = b"ATLFSTB7"  # 7: kept files (6: mapped in place, with the lookup index and section checksums)
 _HEADER_MAX = 1 << 20
 _ALIGN = 8
 _PAGE = mmap.ALLOCATIONGRANULARITY
@@ -56,7 +57,7 @@ ENTRY_SECTIONS: tuple[tuple[str, str, int], ...] = (
 LOCATOR_SECTIONS: tuple[tuple[str, str], ...] = (
     ("offset", "<u4"), ("length", "<u4"), ("check", "<u4"), ("prefix", "<u2"))
 #: Sections mapped on their own (sliced as bytes), so page-aligned.
-_PAGED = ("names", "inline")
+_PAGED = ("names", "inline", "kept")
 #: Files found valid (identity -> the limits they were checked against), so that mapping one again costs no pass.
 _VALIDATED: dict[tuple[int, ...], tuple[int, int]] = {}
 _VALIDATED_MAX = 1 << 16
@@ -78,7 +79,7 @@ def path_hash(path: bytes) -> int:
 def _section_names(locators: bool) -> list[str]:
     names = [name for name, _, _ in ENTRY_SECTIONS] + ["names", "state"]
     if locators:
-        names += [f"loc_{name}" for name, _ in LOCATOR_SECTIONS] + ["prefixes", "inline"]
+        names += [f"loc_{name}" for name, _ in LOCATOR_SECTIONS] + ["prefixes", "inline", "kept_ends", "kept"]
     return names
 
 
@@ -102,7 +103,9 @@ def encode(table: "FileTable", key: dict[str, Any]) -> list[bytes]:
     if locators is not None:
         sections += [(f"loc_{name}", np.ascontiguousarray(getattr(locators, name), dtype=dtype).tobytes())
                      for name, dtype in LOCATOR_SECTIONS]
-        sections += [("prefixes", b"".join(locators.prefixes)), ("inline", bytes(locators.inline))]
+        sections += [("prefixes", b"".join(locators.prefixes)), ("inline", bytes(locators.inline)),
+                     ("kept_ends", np.ascontiguousarray(locators.kept_ends, dtype="<u8").tobytes()),
+                     ("kept", bytes(locators.kept))]
         fields["prefixes"] = [len(p) for p in locators.prefixes]
     # Offsets depend on the header's length, which depends on the offsets' digits: lay out
     # with a header room that is a fixed bound above its length.
@@ -174,6 +177,8 @@ class _Layout:
                 raise TableError(f"is corrupt (section {name} of {count} bytes for {n} entries)")
             if name == "prefixes" and count != sum(self.prefixes or []):
                 raise TableError("is corrupt (locator prefixes of another length than stated)")
+            if name == "kept_ends" and count % 8:
+                raise TableError(f"is corrupt (section {name} of {count} bytes)")
             self.sections[name] = (offset, count, crc)
             at = offset + count
         if at != size:
@@ -199,7 +204,7 @@ class _Layout:
 def parse(data: Any, key: dict[str, Any], limits: "Limits | LimitsOf",
           blob: Callable[[int, int], Any] | None = None, validated: bool = False) -> "FileTable":
     """The table in ``data`` (bytes, or a map of its file), its arrays views of ``data``;
-    ``blob(offset, length)`` gives the names and inline sections (default: copies).
+    ``blob(offset, length)`` gives the names, inline and kept sections (default: copies).
     With ``validated`` (the file was found valid before), only the header is checked."""
     from atlasfs.tree.filetable import FileTable, Limits, Locators, TableError
 
@@ -221,8 +226,10 @@ def parse(data: Any, key: dict[str, Any], limits: "Limits | LimitsOf",
             prefixes.append(bytes(data[at:at + length]))
             at += length
         inline_at, inline_len, _ = layout.sections["inline"]
+        kept_at, kept_len, _ = layout.sections["kept"]
         table.locators = Locators(*(layout.array(data, f"loc_{name}", dtype) for name, dtype in LOCATOR_SECTIONS),
-                                  prefixes, blob(inline_at, inline_len) if inline_len else b"")
+                                  prefixes, blob(inline_at, inline_len) if inline_len else b"",
+                                  blob(kept_at, kept_len) if kept_len else b"", layout.array(data, "kept_ends", "<u8"))
     if validated:
         return table
     if not isinstance(limits, Limits):
@@ -232,7 +239,7 @@ def parse(data: Any, key: dict[str, Any], limits: "Limits | LimitsOf",
             raise TableError(f"holds a source state that does not fit ({exc})") from None
     problem = table._problem(limits)
     if problem is None and table.locators is not None:
-        problem = table.locators.problem(table.kind, table.size)
+        problem = table.locators.problem(table.kind, table.size, table.block)
     if problem:
         raise TableError(f"is corrupt ({problem})")
     return table

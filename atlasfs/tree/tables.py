@@ -201,14 +201,14 @@ class Tables:
         """Fill in the size of table row ``i`` from its locator, without decoding its block;
         False if it has none. (The locator's size was checked against the file's encoding
         when the table was built; a stored one that lies fails its read's check.)"""
-        locator = table.locator(i)
-        if locator is None:
+        size = table.located_size(i)
+        if size is None:
             return False
         with self.locks[s]:
             unsized = table.unsized
             if table.size.item(i) != UNKNOWN_SIZE:
                 return True
-            table.size[i] = locator.size
+            table.size[i] = size
             if unsized is None:
                 return True
             unsized.left -= 1

@@ -1,7 +1,8 @@
 /* The byte cache: what reads of a shard whose table is attached are answered from in C,
  * without the GIL. An entry is a block's encoded files (KIND_FILES, filled by the control
  * plane), or, filled in C by located.c, a block's decompressed bytes (KIND_PAYLOAD), the
- * map of its zstd frame (KIND_FRAME) or one file read alone (KIND_RUN, keyed by its row).
+ * map of its zstd frame (KIND_FRAME), one file read alone (KIND_RUN, keyed by its row) or
+ * its kept files decompressed from the table (KIND_KEPT).
  *
  * Keyed by (shard, kind, block) in a hash table, bounded in bytes (least recently used
  * entries go first, never one a reader is copying from). An entry is filled by the one

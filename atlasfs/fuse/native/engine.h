@@ -52,9 +52,10 @@ typedef struct {
 
 /* What a byte cache entry holds (cache.c): a block's encoded files (rows first_row ..
  * first_row + count - 1), a block's decompressed bytes (its payload, located.c), the map of
- * its zstd frame's blocks stored as is (located.c), or one file read alone (KIND_RUN, keyed
- * by its row instead of its block, located.c). */
-enum { KIND_FILES, KIND_PAYLOAD, KIND_FRAME, KIND_RUN };
+ * its zstd frame's blocks stored as is (located.c), one file read alone (KIND_RUN, keyed
+ * by its row instead of its block, located.c), or the block's kept files, decompressed from
+ * the table (KIND_KEPT, located.c). */
+enum { KIND_FILES, KIND_PAYLOAD, KIND_FRAME, KIND_RUN, KIND_KEPT };
 enum { FILLING, READY };
 
 typedef struct CachedBlock CachedBlock;

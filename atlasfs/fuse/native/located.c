@@ -10,7 +10,10 @@
  *   must be the locator's check;
  * - an inline file (small, kept in the table): the block's fingerprint (its frame's content
  *   checksum, the last 4 stored bytes; else the CRC-32 of a small block's stored bytes) must
- *   tie it to the block it came from.
+ *   tie it to the block it came from;
+ * - a kept file (kept in the table too, compressed with its block's other kept files: one zstd
+ *   frame a block): the frame is decompressed once, kept in the byte cache (KIND_KEPT), and
+ *   the file, sliced from it, must be tied to its block as an inline file is.
  *
  * data.bin and index.npy are checked unchanged (size, mtime) since the dataset was opened
  * before every read. Anything that does not check out is left to the control plane, which
@@ -34,13 +37,16 @@
 
 #define NO_LOCATOR UINT32_MAX
 #define INLINE_PREFIX 0xFFFF
+#define KEPT_PREFIX 0xFFFE
+/* Most bytes of a block's kept files, decompressed (atlasfs/tree/filetable.py KEPT_BLOCK_MAX). */
+#define KEPT_BLOCK_MAX (16u << 20)
 /* Blocks this small with no frame checksum are fingerprinted by the CRC-32 of their stored
  * bytes (spans/find.py FINGERPRINT_READ_MAX). */
 #define FINGERPRINT_READ_MAX (256 << 10)
 
 struct Located {
-    Py_buffer offset, length, check, prefix, prefix_ends, prefixes, inline_bytes;
-    uint64_t rows, nprefixes;
+    Py_buffer offset, length, check, prefix, prefix_ends, prefixes, inline_bytes, kept, kept_ends;
+    uint64_t rows, nprefixes, nkept;  /* nkept: blocks with an end in kept_ends */
     int fd;
     char *data_path, *index_path;
     int64_t data_size, data_mtime_ns, index_size, index_mtime_ns;
@@ -57,12 +63,12 @@ typedef struct {
     size_t prefix_len;
     uint64_t offset, length;
     uint32_t check;
-    int is_inline;
+    int is_inline, is_kept;
 } Span;
 
 void located_free(Located *l)
 {
-    Py_buffer *columns[7];
+    Py_buffer *columns[9];
     size_t i;
     if (l == NULL)
         return;
@@ -73,6 +79,8 @@ void located_free(Located *l)
     columns[4] = &l->prefix_ends;
     columns[5] = &l->prefixes;
     columns[6] = &l->inline_bytes;
+    columns[7] = &l->kept;
+    columns[8] = &l->kept_ends;
     for (i = 0; i < sizeof columns / sizeof *columns; i++)
         if (columns[i]->obj != NULL)
             PyBuffer_Release(columns[i]);
@@ -97,13 +105,14 @@ static int column(PyObject *obj, Py_buffer *view, Py_ssize_t expected, const cha
     return 0;
 }
 
-/* locate(shard, offset, length, check, prefix, prefix_ends, prefixes, inline, data_path,
- *        index_path, (data_size, data_mtime_ns, index_size, index_mtime_ns), starts,
+/* locate(shard, offset, length, check, prefix, prefix_ends, prefixes, inline, kept, kept_ends,
+ *        data_path, index_path, (data_size, data_mtime_ns, index_size, index_mtime_ns), starts,
  *        compressed, dictionary or None, max_block_bytes) */
 PyObject *located_attach(Session *self, PyObject *args)
 {
     Py_ssize_t shard, nstarts, i;
-    PyObject *offset, *length, *check, *prefix, *prefix_ends, *prefixes, *inline_bytes, *starts, *dictionary;
+    PyObject *offset, *length, *check, *prefix, *prefix_ends, *prefixes, *inline_bytes, *kept, *kept_ends, *starts;
+    PyObject *dictionary;
     const char *data_path, *index_path;
     long long sig[4];
     unsigned long long max_block_bytes;
@@ -111,9 +120,9 @@ PyObject *located_attach(Session *self, PyObject *args)
     Py_buffer view;
     Located *l;
     ShardTable *t;
-    if (!PyArg_ParseTuple(args, "nOOOOOOOyy(LLLL)OpOK", &shard, &offset, &length, &check, &prefix, &prefix_ends,
-                          &prefixes, &inline_bytes, &data_path, &index_path, &sig[0], &sig[1], &sig[2], &sig[3],
-                          &starts, &compressed, &dictionary, &max_block_bytes))
+    if (!PyArg_ParseTuple(args, "nOOOOOOOOOyy(LLLL)OpOK", &shard, &offset, &length, &check, &prefix, &prefix_ends,
+                          &prefixes, &inline_bytes, &kept, &kept_ends, &data_path, &index_path, &sig[0], &sig[1],
+                          &sig[2], &sig[3], &starts, &compressed, &dictionary, &max_block_bytes))
         return NULL;
     if (shard < 0 || shard >= self->ntables) {
         PyErr_SetString(PyExc_IndexError, "locate: no such shard");
@@ -134,9 +143,18 @@ PyObject *located_attach(Session *self, PyObject *args)
         || column(check, &l->check, (Py_ssize_t)(l->rows * 4), "check")
         || column(prefix, &l->prefix, (Py_ssize_t)(l->rows * 2), "prefix")
         || column(prefix_ends, &l->prefix_ends, -1, "prefix_ends") || column(prefixes, &l->prefixes, -1, "prefixes")
-        || column(inline_bytes, &l->inline_bytes, -1, "inline"))
+        || column(inline_bytes, &l->inline_bytes, -1, "inline") || column(kept, &l->kept, -1, "kept")
+        || column(kept_ends, &l->kept_ends, -1, "kept_ends"))
         goto fail;
     l->nprefixes = (uint64_t)l->prefix_ends.len / 8;
+    l->nkept = (uint64_t)l->kept_ends.len / 8;
+    for (i = 0; i < (Py_ssize_t)l->nkept; i++) {
+        uint64_t end = ((const uint64_t *)l->kept_ends.buf)[i];
+        if (l->kept_ends.len % 8 || end > (uint64_t)l->kept.len || (i && end < ((const uint64_t *)l->kept_ends.buf)[i - 1])) {
+            PyErr_SetString(PyExc_ValueError, "locate: kept frames out of order");
+            goto fail;
+        }
+    }
     for (i = 0; i < (Py_ssize_t)l->nprefixes; i++) {
         uint64_t end = ((const uint64_t *)l->prefix_ends.buf)[i];
         if (l->prefix_ends.len % 8 || end > (uint64_t)l->prefixes.len || (i && end < ((const uint64_t *)l->prefix_ends.buf)[i - 1])) {
@@ -228,6 +246,12 @@ static int span_of(const Located *l, uint64_t row, Span *span)
             return 0;
         span->inline_bytes = (const char *)l->inline_bytes.buf + offset;
         span->is_inline = 1;
+        span->length = length;
+        return 1;
+    }
+    if (number == KEPT_PREFIX) {  /* offset and length within the block's kept files: checked there */
+        span->is_kept = 1;
+        span->offset = offset;
         span->length = length;
         return 1;
     }
@@ -375,8 +399,9 @@ static void reply_parts(fuse_req_t req, const char *first, size_t first_len, con
         fuse_reply_iov(req, iov, n);
 }
 
-/* An inline file, once its block's fingerprint ties it to the block: 1, or 0. */
-static int serve_inline(const Located *l, fuse_req_t req, uint64_t block, const Span *span, size_t size, off_t off)
+/* Whether `file` (length bytes, an inline or kept file) is tied to block `block` by the
+ * block's fingerprint: the locator's check is the CRC-32 of the file seeded with it. */
+static int tied_to_block(const Located *l, uint64_t block, const Span *span, const char *file)
 {
     uint64_t start = l->starts[block], stored = l->starts[block + 1] - start;
     int ok = 0;
@@ -384,17 +409,79 @@ static int serve_inline(const Located *l, fuse_req_t req, uint64_t block, const 
         unsigned char tail[4];
         if (read_full(l->fd, (char *)tail, 4, start + stored - 4) == 0) {
             uint32_t fingerprint = tail[0] | tail[1] << 8 | tail[2] << 16 | (uint32_t)tail[3] << 24;
-            ok = crc(fingerprint, span->inline_bytes, (size_t)span->length) == span->check;
+            ok = crc(fingerprint, file, (size_t)span->length) == span->check;
         }
     }
     if (!ok && stored <= FINGERPRINT_READ_MAX) {
         char *raw = malloc(stored ? (size_t)stored : 1);
         if (raw != NULL && read_full(l->fd, raw, (size_t)stored, start) == 0)
-            ok = crc(crc(0, raw, (size_t)stored), span->inline_bytes, (size_t)span->length) == span->check;
+            ok = crc(crc(0, raw, (size_t)stored), file, (size_t)span->length) == span->check;
         free(raw);
     }
+    return ok;
+}
+
+/* An inline file, once its block's fingerprint ties it to the block: 1, or 0. */
+static int serve_inline(const Located *l, fuse_req_t req, uint64_t block, const Span *span, size_t size, off_t off)
+{
+    if (!tied_to_block(l, block, span, span->inline_bytes))
+        return 0;
+    reply_parts(req, span->inline_bytes, (size_t)span->length, NULL, 0, size, off);
+    return 1;
+}
+
+/* Block `block`'s kept files: its frame of the table's kept bytes decompressed (malloc'd),
+ * one frame that says its size, within KEPT_BLOCK_MAX, nothing after it. 0, or -1. */
+static int load_kept(const Located *l, uint64_t block, char **out, size_t *out_len)
+{
+    const uint64_t *ends = l->kept_ends.buf;
+    uint64_t start = block ? ends[block - 1] : 0, stored = ends[block] - start;  /* checked in order at attach */
+    const char *frame = (const char *)l->kept.buf + start;
+    unsigned long long content;
+    size_t got;
+    char *files;
+    ZSTD_DCtx *dctx;
+    content = ZSTD_getFrameContentSize(frame, (size_t)stored);
+    if (content == ZSTD_CONTENTSIZE_ERROR || content == ZSTD_CONTENTSIZE_UNKNOWN || content > KEPT_BLOCK_MAX
+        || ZSTD_findFrameCompressedSize(frame, (size_t)stored) != stored || (dctx = thread_dctx()) == NULL)
+        return -1;
+    if ((files = malloc(content ? (size_t)content : 1)) == NULL)
+        return -1;
+    got = ZSTD_decompressDCtx(dctx, files, (size_t)content, frame, (size_t)stored);
+    if (ZSTD_isError(got) || got != content) {
+        free(files);
+        return -1;
+    }
+    *out = files;
+    *out_len = (size_t)content;
+    return 0;
+}
+
+/* A kept file, sliced from its block's kept files (decompressed once, kept in the byte cache),
+ * once its block's fingerprint ties it to the block: 1, or 0. */
+static int serve_kept(Session *s, const Located *l, fuse_req_t req, uint64_t shard, uint64_t block,
+                      const Span *span, size_t size, off_t off)
+{
+    CachedBlock *b;
+    int mine, ok;
+    if (block >= l->nkept)
+        return 0;
+    b = cache_acquire(s, shard, KIND_KEPT, block, &mine);
+    if (b == NULL)
+        return 0;
+    if (mine) {
+        char *files;
+        size_t length;
+        if (load_kept(l, block, &files, &length) != 0) {
+            cache_abandon(s, b);
+            return 0;
+        }
+        cache_complete(s, b, files, length);
+    }
+    ok = span->offset + span->length <= b->length && tied_to_block(l, block, span, b->data + span->offset);
     if (ok)
-        reply_parts(req, span->inline_bytes, (size_t)span->length, NULL, 0, size, off);
+        reply_parts(req, b->data + span->offset, (size_t)span->length, NULL, 0, size, off);
+    cache_release(s, b);
     return ok;
 }
 
@@ -643,7 +730,8 @@ int located_read(Session *s, ShardTable *t, fuse_req_t req, uint64_t shard, uint
         || !same_file(l->index_path, l->index_size, l->index_mtime_ns))
         goto out;
     answered = span.is_inline ? serve_inline(l, req, block, &span, size, off)
-                                         : serve_run(s, l, req, shard, row, block, &span, size, off);
+               : span.is_kept ? serve_kept(s, l, req, shard, block, &span, size, off)
+                              : serve_run(s, l, req, shard, row, block, &span, size, off);
     if (!answered)
         __atomic_store_n(&l->unlocated[block], 1, __ATOMIC_RELAXED);
     else

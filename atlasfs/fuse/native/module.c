@@ -211,7 +211,7 @@ static PyMethodDef Session_methods[] = {
      "answered in C from then on."},
     {"detach", (PyCFunction)tables_detach, METH_VARARGS, "detach(shard): let go of its columns."},
     {"locate", (PyCFunction)located_attach, METH_VARARGS,
-     "locate(shard, offset, length, check, prefix, prefix_ends, prefixes, inline, data_path, index_path, "
+     "locate(shard, offset, length, check, prefix, prefix_ends, prefixes, inline, kept, kept_ends, data_path, index_path, "
      "(data_size, data_mtime_ns, index_size, index_mtime_ns), starts, compressed, dictionary, max_block_bytes): "
      "the attached table's locators and where its blocks lie, for reads of its files in C (located.c)."},
     {"stats", (PyCFunction)Session_stats, METH_NOARGS,

@@ -16,8 +16,9 @@ block, as a :class:`~atlasfs.formats.source.Locator` (here called a *span*);
 it keeps a span only after checking that the bytes there equal the file's real
 encoding (:func:`atlasfs.tree.naming.encode_as`). :func:`file_locators` adds the
 small files (:data:`INLINE_MAX` bytes or less: ``cls`` ints, small ``json``
-dicts), which are no run, as *inline* locators holding their bytes, tied to the
-block by its fingerprint (:func:`block_fingerprint`). :func:`read_span` then
+dicts), and the files of no run up to :data:`WHOLE_MAX` (a ``json`` of a larger dict), as
+*inline* locators holding their bytes, tied to the block by its fingerprint
+(:func:`block_fingerprint`); the table keeps the larger ones compressed a block at a time. :func:`read_span` then
 serves a file from the block's stored bytes alone: strategy 0 needs just a
 ``pread`` of the run; a zstd frame is decompressed only as far as the end of
 the run; an inline file needs the block's fingerprint (4 bytes of its frame);
@@ -48,6 +49,7 @@ from atlasfs.formats.atlas.spans.find import (
                    INLINE_MAX,
                    PROTOCOLS,
                    SCAN_BUDGET,
+                   WHOLE_MAX,
                    Span,
                    block_fingerprint,
                    file_locators,
@@ -72,5 +74,5 @@ from atlasfs.formats.source import SpanMismatch
 __all__ = ["Span", "SpanMismatch", "BlockReader", "BlockStore", "LocatedReads", "run_in", "find_spans",
            "file_locators", "block_fingerprint", "read_span", "check_run", "run_check",
            "FINGERPRINT_READ_MAX", "INLINE_MAX", "JUST_DECODED", "PAYLOADS", "PAYLOAD_KEEP_BYTES", "PROTOCOLS",
-           "SCAN_BUDGET", "STORED_RUN_HEADERS", "PayloadCache", "inline_check", "new_decompressor",
+           "SCAN_BUDGET", "STORED_RUN_HEADERS", "WHOLE_MAX", "PayloadCache", "inline_check", "new_decompressor",
            "pickle_protocol", "stored_crc"]

@@ -45,6 +45,11 @@ _NPY_MAGIC = b"\x93NUMPY"
 #: numbers); the table keeps at most :data:`atlasfs.tree.filetable.INLINE_AVERAGE` bytes a
 #: file of them in all.
 INLINE_MAX = 128
+#: Files with no run (a JSON of a dict: no bytes of the pickle are its encoding) of at most
+#: this many bytes are given whole too, as inline locators: the table keeps them
+#: compressed a block at a time (:data:`atlasfs.tree.filetable.KEPT`), so that a random
+#: read of one needs neither the block nor Python.
+WHOLE_MAX = 16 << 10
 #: Blocks whose frame has no content checksum (strategy 0, frames of writers that
 #: omit it) are fingerprinted by the CRC-32 of their stored bytes, read whole on
 #: every inline read: only up to this size (larger ones get no inline locators).
@@ -277,9 +282,10 @@ def _maybe_small(value: Any, budget: int = INLINE_MAX) -> bool:
 
 def file_locators(payload: bytes, fields: Sequence[Sequence[tuple[str, Any]]],
                   fingerprint: int | None) -> list[list[Locator | None]]:
-    """Every file's locator in a block: inline for files of :data:`INLINE_MAX` bytes or
-    less when the block has a ``fingerprint`` (else they get spans like the others),
-    a span (:func:`find_spans`) for the others whose bytes are one run, None for the rest."""
+    """Every file's locator in a block, when the block has a ``fingerprint``: inline for
+    files of :data:`INLINE_MAX` bytes or less, and for files of no run up to
+    :data:`WHOLE_MAX`; a span (:func:`find_spans`) for the others whose bytes are one run;
+    None for the rest. Without a fingerprint, spans only."""
     found = find_spans(payload, fields)
     if fingerprint is None:
         return found
@@ -288,13 +294,14 @@ def file_locators(payload: bytes, fields: Sequence[Sequence[tuple[str, Any]]],
             span = located[j]
             if span is not None and span.size > INLINE_MAX:
                 continue
-            if span is None and not _maybe_small(value):
+            bound = INLINE_MAX if span is not None else WHOLE_MAX
+            if span is None and not _maybe_small(value, bound):
                 continue
             try:
                 data = encode_as(suffix, value)
             except Exception:  # the tree reports what cannot be encoded when it reads it
                 continue
-            if len(data) <= INLINE_MAX:
+            if len(data) <= bound:
                 located[j] = Locator(0, 0, inline_check(data, fingerprint), data, True)
     return found
 
