@@ -10,6 +10,8 @@ import logging
 import os
 import random
 import shutil
+import subprocess
+import sys
 import tarfile
 import time
 from pathlib import Path
@@ -25,7 +27,7 @@ from atlasfs.tree.blocktree import BlockTree
 from atlasfs.tree.filetable import (INLINE, INLINE_AVERAGE, KEPT, KEPT_AVERAGE, KEPT_MAX, NO_LOCATOR, FileTable, Limits,
                                     Locators, TableError)
 from atlasfs.tree.tablestore import TableStore, table_file_name
-from fusemount import atlasfs, engine_answered, mounted
+from fusemount import atlasfs, engine_answered, is_mounted, mounted
 from helpers import REFERENCE, in_threads, reference_names
 
 Exported = dict[str, dict[str, bytes]]
@@ -596,3 +598,59 @@ def test_files_read_in_pieces_from_their_middle_are_read_alone_and_kept(tmp_path
     answered = _engine_answered(log)
     assert answered["read"][1] == 0 and answered["located"][1] == 0, answered
     assert answered["stored"][0] >= 8 and answered["stored"][1] == 0, answered
+
+
+# ---------------------------------------------------------------- tables read from their files
+
+_FOREGROUND = """
+import sys
+from atlasfs.commands import cli
+from atlasfs.fuse import engine
+from atlasfs.tree import tables
+tables.RESIDENT_TABLE_BYTES = 1  # the tree holds one table at a time
+engine.FILE_TABLES_MAX = int(sys.argv[1])
+sys.exit(cli.main(["mount", "-f", sys.argv[2], sys.argv[3], "-o", "log_file=" + sys.argv[4]]))
+"""
+
+
+def _mount_holding_one_table(dataset: Path, mnt: Path, log: Path, file_tables: int) -> Any:
+    """A foreground daemon whose tree holds one table at a time, and whose engine reads at most
+    ``file_tables`` tables from their files."""
+    process = subprocess.Popen([sys.executable, "-c", _FOREGROUND, str(file_tables), str(dataset), str(mnt), str(log)],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 30
+    while not is_mounted(mnt):
+        assert process.poll() is None, f"the daemon exited: {process.communicate()[1]}"
+        assert time.monotonic() < deadline, "not mounted within 30 s"
+        time.sleep(0.02)
+    return process
+
+
+@pytest.mark.parametrize("file_tables", [0, 64])
+def test_tables_read_from_their_files_answer_random_readers_over_more_tables_than_the_tree_holds(
+        tmp_path: Path, file_tables: int) -> None:
+    """The tree holds one table at a time here, and random readers go through 6 shards: a
+    table attached from its mapped columns is let go with its map, so lookups and reads of
+    the other shards are the control plane's (file_tables 0: the test can fail); a table
+    read from its file (pread: no memory held) stays attached, and C answers nearly all."""
+    dataset = _write(tmp_path / "ds", _examples(6, 72), 2, block_size=4, shard_size=12)
+    exported = _export(dataset, tmp_path / "export")
+    _index(dataset, dataset / ".atlasfs-tables")  # where a mount finds them
+    mnt, log = tmp_path / "mnt", tmp_path / "daemon.log"
+    mnt.mkdir()
+    process = _mount_holding_one_table(dataset, mnt, log, file_tables)
+    try:
+        assert _read_through(mnt, exported, readers=4) == []
+    finally:
+        subprocess.run(["fusermount3", "-u", str(mnt)], check=False)
+        process.wait(timeout=30)
+    answered = _engine_answered(log)
+    files = sum(len(names) for names in exported.values())
+    if file_tables:
+        # Python: each shard's folder, and what the 4 readers asked of a shard before its table
+        # was attached (at most one request each).
+        shards = len(exported)
+        assert answered["lookup"][1] <= 5 * shards and answered["read"][1] <= 4 * shards, answered
+        assert answered["located"][0] >= files - 4 * shards
+    else:
+        assert answered["lookup"][1] > files // 2 and answered["read"][1] > 0, answered

@@ -51,6 +51,13 @@ NATIVE_CACHE_SHARE = 0.5
 IN_ORDER_BLOCKS = 3
 #: Node ids from here on are shard folders and table rows (their inode numbers); below, ours.
 TABLE_NODES = 1 << 32
+#: Tables the engine reads from their files (file mode), at most: each holds a descriptor of
+#: its table and, with its located reads, one of its data.bin and its zstd dictionary (~100 KiB
+#: decompression tables), for as long as the mount lives. Past it, tables are attached as the
+#: tree holds them (mapped), and let go with them.
+FILE_TABLES_MAX = 64
+#: The sections of a table's file attached in file mode, in ``Session.attach``'s order.
+_FILE_COLUMNS = ("names", "offsets", "kind", "size", "by_path", "block")
 #: Options libfuse's low-level session takes on its command line; the others libfuse's
 #: high-level layer took are answered here (timeouts, uid, gid, umask, threads) or in ``init``.
 SESSION_OPTIONS = frozenset({"fsname", "subtype", "ro", "allow_other", "allow_root", "default_permissions", "nosuid",
@@ -114,7 +121,7 @@ class NativeBridge:
         #: (BlockTree) resolves them; the engine answers those rows from attached tables.
         self._path_of_ino: Callable[[int], str | None] | None = getattr(tree, "path_of_ino", None)
         self._tables = getattr(tree, "tables", None) if self._path_of_ino is not None else None
-        self._attached: dict[int, Any] = {}  # shard position -> the size column attached
+        self._attached: dict[int, Any] = {}  # shard position -> the size column attached, or the file's identity
         self.session: Any = None
         #: Set when a callback met SystemExit or KeyboardInterrupt: the loop is asked to end.
         self.critical: BaseException | None = None
@@ -265,29 +272,54 @@ class NativeBridge:
         if self.session is None or self._tables is None or row != 0:
             return
         table = self._tables.tables.get(s)
-        if table is None or not table.flat or self._attached.get(s) is table.size:
+        if table is None or not table.flat:
+            return
+        attached = self._attached.get(s)
+        if attached is table.size or (type(attached) is tuple and attached == table.file_identity):
             return
         mtime = self.tree.lookup(self._path(folder)).mtime
+        by_file = self._by_file(table)
         try:
-            self.session.attach(s, mtime, table._names, table._offsets, table.kind, table.size, table.by_path,
-                                table.block)
-        except (ValueError, TypeError, BufferError) as exc:  # a column that is no plain buffer: Python answers
+            if by_file:
+                sections = table.sections
+                self.session.attach(s, mtime, *(sections[name] for name in _FILE_COLUMNS),
+                                    (os.fsencode(table.path), table.file_identity))
+            else:
+                self.session.attach(s, mtime, table._names, table._offsets, table.kind, table.size, table.by_path,
+                                    table.block)
+        except (ValueError, TypeError, BufferError, OSError) as exc:  # Python answers
             log.debug("shard %d: table not attached to the engine: %s", s, exc)
             return
-        self._attached[s] = table.size
-        self._locate(s)
+        self._attached[s] = table.file_identity if by_file else table.size
+        self._locate(s, by_file)
 
-    def _locate(self, s: int) -> None:
+    def _by_file(self, table: Any) -> bool:
+        """Whether the engine reads ``table`` from its file (file mode): a table mapped from its
+        file, every size known (its size column is the file's), while fewer than
+        :data:`FILE_TABLES_MAX` are."""
+        if table.path is None or table.file_identity is None or table.size.base is None:
+            return False
+        return sum(type(a) is tuple for a in self._attached.values()) < FILE_TABLES_MAX
+
+    def _locate(self, s: int, by_file: bool = False) -> None:
         """Give the engine the locators of shard position ``s``'s attached table and where its
-        blocks lie, if the tree has them: it then reads located files itself (located.c)."""
+        blocks lie, if the tree has them: it then reads located files itself (located.c).
+        ``by_file``: the table is attached in file mode, and so are its locator columns."""
         found = getattr(self.tree, "native_spans", lambda _: None)(s)
         if found is None:
             return
         locators, spans = found
         ends = np.cumsum([len(p) for p in locators.prefixes], dtype=np.uint64)
+        if by_file:  # ranges of the file; what is small is copied (no view of the map is kept)
+            sections = self._tables.tables.get(s).sections
+            columns = [sections[name] for name in ("loc_offset", "loc_length", "loc_check", "loc_prefix")]
+            inline, kept = sections["inline"], sections["kept"]
+            kept_ends = np.array(locators.kept_ends, dtype=np.uint64)
+        else:
+            columns = [locators.offset, locators.length, locators.check, locators.prefix]
+            inline, kept, kept_ends = locators.inline, locators.kept, locators.kept_ends
         try:
-            self.session.locate(s, locators.offset, locators.length, locators.check, locators.prefix, ends,
-                                b"".join(locators.prefixes), locators.inline, locators.kept, locators.kept_ends,
+            self.session.locate(s, *columns, ends, b"".join(locators.prefixes), inline, kept, kept_ends,
                                 os.fsencode(spans.data_path),
                                 os.fsencode(spans.index_path), spans.signatures, spans.starts, spans.compressed,
                                 spans.dictionary, spans.max_block_bytes)
@@ -295,7 +327,10 @@ class NativeBridge:
             log.debug("shard %d: located reads stay in Python: %s", s, exc)
 
     def release(self, s: int) -> None:
-        """The tree let go of shard position ``s``'s table: the engine lets go of its columns."""
+        """The tree let go of shard position ``s``'s table: the engine lets go of its columns,
+        unless it reads them from the table's file (file mode: they hold no memory)."""
+        if type(self._attached.get(s)) is tuple:
+            return
         if self._attached.pop(s, None) is not None and self.session is not None:
             self.session.detach(s)
 

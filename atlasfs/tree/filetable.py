@@ -244,9 +244,14 @@ class FileTable:
         self.state = b""
         #: Where files can be read without decoding their blocks (None: nowhere).
         self.locators: Locators | None = None
-        #: For a table mapped from its file: the file, and its bytes (what it keeps mapped).
+        #: For a table mapped from its file: the file, and its bytes (what it keeps mapped);
+        #: the file's identity when it was checked (device, inode, size, mtime in ns) and
+        #: where each section lies in it (name -> (offset, length)), for a reader of the file
+        #: itself (the native engine's file mode).
         self.path: str | None = None
         self.mapped_bytes = 0
+        self.file_identity: tuple[int, int, int, int] | None = None
+        self.sections: dict[str, tuple[int, int]] = {}
         #: The limits the table was checked against (None: not checked, a built table).
         self.limits: Limits | None = None
         #: What the tree keeps while the table's sizes are being learnt (tree/tables.py).

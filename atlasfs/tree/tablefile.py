@@ -219,6 +219,7 @@ def parse(data: Any, key: dict[str, Any], limits: "Limits | LimitsOf",
     table = FileTable(blob(names_at, names_len) if names_len else b"", columns.pop("offsets"), columns)
     state_at, state_len, _ = layout.sections["state"]
     table.state = bytes(data[state_at:state_at + state_len])
+    table.sections = {name: (offset, count) for name, (offset, count, _) in layout.sections.items()}
     if layout.prefixes is not None:
         at, _, _ = layout.sections["prefixes"]
         prefixes = []
@@ -314,6 +315,7 @@ def open_mapped(path: str, key: dict[str, Any], limits: "Limits | LimitsOf") -> 
             _VALIDATED[identity] = (table.limits.blocks, table.limits.block_size)
     table.mapped_bytes = st.st_size
     table.path = path
+    table.file_identity = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
     if bool(np.any(table.size == UNKNOWN_SIZE)):
         table.size = table.size.copy()  # writable, in memory: 8 bytes a file while sizes are learnt
     return table

@@ -344,11 +344,15 @@ int cache_read(Session *s, fuse_req_t req, fuse_ino_t ino, size_t size, off_t of
         return 0;
     shard = (ino >> 32) - 1;
     pthread_rwlock_rdlock(&t->lock);
-    if (t->kind.obj != NULL && t->block.obj != NULL && (uint64_t)row < t->n
-        && ((const uint8_t *)t->kind.buf)[row] == 0) {
-        fsize = ((const uint64_t *)t->size.buf)[row];
-        block = ((const uint32_t *)t->block.buf)[row];
-        known = fsize != UINT64_MAX;
+    if (t->attached && (uint64_t)row < t->n) {
+        uint8_t kind;
+        uint32_t row_block;
+        if (column_read(&t->kind, (uint64_t)row, &kind, 1) == 0 && kind == 0
+            && column_read(&t->size, (uint64_t)row * 8, &fsize, 8) == 0
+            && column_read(&t->block, (uint64_t)row * 4, &row_block, 4) == 0) {
+            block = row_block;
+            known = fsize != UINT64_MAX;
+        }
     }
     pthread_rwlock_unlock(&t->lock);
     if (!known)

@@ -40,13 +40,32 @@ enum { ST_LOOKUP, ST_GETATTR, ST_READDIR, ST_READ, ST_LOCATED, ST_STORED, ST_COU
 
 typedef struct Located Located;
 
+/* One column of an attached table: a Python buffer (a view of the mapped table file, or an
+ * array in memory), or `len` bytes at `at` of the table's file, read with pread (`fd`, the
+ * shard's: file mode, which holds no memory and outlives the control plane's map). */
+typedef struct {
+    Py_buffer view;  /* buffer mode when view.obj != NULL */
+    int fd;
+    uint64_t at, len;
+} Column;
+
+/* Bytes [from, from + size) of column `c` into `out`: 0, or -1 (out of the column, or the file
+ * cut short: a table that lies). */
+int column_read(const Column *c, uint64_t from, void *out, size_t size);
+/* `c` from `obj`: a buffer, or with a table file (`fd` >= 0, `file_size` bytes) an
+ * (offset, length) tuple within it. 0, or -1 with a Python error. */
+int column_from(PyObject *obj, Column *c, int fd, uint64_t file_size, const char *what);
+void column_release(Column *c);
+
 /* A shard's attached table columns (tables.c). The columns follow the lock, in this order;
- * `located` (located.c) is the shard's located reads, if the control plane gave them. */
+ * `located` (located.c) is the shard's located reads, if the control plane gave them; `fd`
+ * the table's file in file mode (else -1). */
 typedef struct {
     pthread_rwlock_t lock;
-    Py_buffer names, offsets, kind, size, by_path, block;
-    uint64_t n;
+    Column names, offsets, kind, size, by_path, block;
+    uint64_t n, file_size;
     double mtime;
+    int attached, fd;
     Located *located;
 } ShardTable;
 

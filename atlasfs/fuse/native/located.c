@@ -45,7 +45,8 @@
 #define FINGERPRINT_READ_MAX (256 << 10)
 
 struct Located {
-    Py_buffer offset, length, check, prefix, prefix_ends, prefixes, inline_bytes, kept, kept_ends;
+    Column offset, length, check, prefix, inline_bytes, kept;  /* buffers, or ranges of the table's file */
+    Py_buffer prefix_ends, prefixes, kept_ends;
     uint64_t rows, nprefixes, nkept;  /* nkept: blocks with an end in kept_ends */
     int fd;
     char *data_path, *index_path;
@@ -59,7 +60,8 @@ struct Located {
 
 /* One row's locator, resolved and checked against the buffers. */
 typedef struct {
-    const char *prefix, *inline_bytes;
+    const char *prefix;
+    char inline_bytes[256];  /* an inline file's, copied: at most 255 (filetable.INLINE_MAX) */
     size_t prefix_len;
     uint64_t offset, length;
     uint32_t check;
@@ -68,7 +70,8 @@ typedef struct {
 
 void located_free(Located *l)
 {
-    Py_buffer *columns[9];
+    Column *columns[6];
+    Py_buffer *buffers[3];
     size_t i;
     if (l == NULL)
         return;
@@ -76,14 +79,16 @@ void located_free(Located *l)
     columns[1] = &l->length;
     columns[2] = &l->check;
     columns[3] = &l->prefix;
-    columns[4] = &l->prefix_ends;
-    columns[5] = &l->prefixes;
-    columns[6] = &l->inline_bytes;
-    columns[7] = &l->kept;
-    columns[8] = &l->kept_ends;
+    columns[4] = &l->inline_bytes;
+    columns[5] = &l->kept;
+    buffers[0] = &l->prefix_ends;
+    buffers[1] = &l->prefixes;
+    buffers[2] = &l->kept_ends;
     for (i = 0; i < sizeof columns / sizeof *columns; i++)
-        if (columns[i]->obj != NULL)
-            PyBuffer_Release(columns[i]);
+        column_release(columns[i]);
+    for (i = 0; i < sizeof buffers / sizeof *buffers; i++)
+        if (buffers[i]->obj != NULL)
+            PyBuffer_Release(buffers[i]);
     if (l->fd >= 0)
         close(l->fd);
     ZSTD_freeDDict(l->ddict);
@@ -94,12 +99,19 @@ void located_free(Located *l)
     free(l);
 }
 
-static int column(PyObject *obj, Py_buffer *view, Py_ssize_t expected, const char *what)
+static int buffer(PyObject *obj, Py_buffer *view)
 {
-    if (PyObject_GetBuffer(obj, view, PyBUF_C_CONTIGUOUS) != 0)
+    return PyObject_GetBuffer(obj, view, PyBUF_C_CONTIGUOUS);
+}
+
+/* `c` from `obj` (a buffer, or a range of the shard table's file), of `expected` bytes if that is >= 0. */
+static int column(const ShardTable *t, PyObject *obj, Column *c, int64_t expected, const char *what)
+{
+    if (column_from(obj, c, t->fd, t->file_size, what) != 0)
         return -1;
-    if (expected >= 0 && view->len != expected) {
-        PyErr_Format(PyExc_ValueError, "locate: %s has %zd bytes, not %zd", what, view->len, expected);
+    if (expected >= 0 && c->len != (uint64_t)expected) {
+        PyErr_Format(PyExc_ValueError, "locate: %s has %llu bytes, not %lld", what, (unsigned long long)c->len,
+                     (long long)expected);
         return -1;
     }
     return 0;
@@ -133,24 +145,25 @@ PyObject *located_attach(Session *self, PyObject *args)
     if (l == NULL)
         return PyErr_NoMemory();
     l->fd = -1;
+    l->offset.fd = l->length.fd = l->check.fd = l->prefix.fd = l->inline_bytes.fd = l->kept.fd = -1;
     l->rows = t->n;  /* attach() came first, holding the GIL as this does: no other writer */
-    if (t->kind.obj == NULL) {
+    if (!t->attached) {
         PyErr_SetString(PyExc_ValueError, "locate: no table attached");
         goto fail;
     }
-    if (column(offset, &l->offset, (Py_ssize_t)(l->rows * 4), "offset")
-        || column(length, &l->length, (Py_ssize_t)(l->rows * 4), "length")
-        || column(check, &l->check, (Py_ssize_t)(l->rows * 4), "check")
-        || column(prefix, &l->prefix, (Py_ssize_t)(l->rows * 2), "prefix")
-        || column(prefix_ends, &l->prefix_ends, -1, "prefix_ends") || column(prefixes, &l->prefixes, -1, "prefixes")
-        || column(inline_bytes, &l->inline_bytes, -1, "inline") || column(kept, &l->kept, -1, "kept")
-        || column(kept_ends, &l->kept_ends, -1, "kept_ends"))
+    if (column(t, offset, &l->offset, (int64_t)(l->rows * 4), "offset")
+        || column(t, length, &l->length, (int64_t)(l->rows * 4), "length")
+        || column(t, check, &l->check, (int64_t)(l->rows * 4), "check")
+        || column(t, prefix, &l->prefix, (int64_t)(l->rows * 2), "prefix")
+        || buffer(prefix_ends, &l->prefix_ends) || buffer(prefixes, &l->prefixes)
+        || column(t, inline_bytes, &l->inline_bytes, -1, "inline") || column(t, kept, &l->kept, -1, "kept")
+        || buffer(kept_ends, &l->kept_ends))
         goto fail;
     l->nprefixes = (uint64_t)l->prefix_ends.len / 8;
     l->nkept = (uint64_t)l->kept_ends.len / 8;
     for (i = 0; i < (Py_ssize_t)l->nkept; i++) {
         uint64_t end = ((const uint64_t *)l->kept_ends.buf)[i];
-        if (l->kept_ends.len % 8 || end > (uint64_t)l->kept.len || (i && end < ((const uint64_t *)l->kept_ends.buf)[i - 1])) {
+        if (l->kept_ends.len % 8 || end > l->kept.len || (i && end < ((const uint64_t *)l->kept_ends.buf)[i - 1])) {
             PyErr_SetString(PyExc_ValueError, "locate: kept frames out of order");
             goto fail;
         }
@@ -230,21 +243,20 @@ fail:
 /* Row `row`'s locator: 1 and `span` filled, or 0 (none, or one that lies). */
 static int span_of(const Located *l, uint64_t row, Span *span)
 {
-    uint32_t offset, length;
+    uint32_t offset, length, check;
     uint16_t number;
-    if (row >= l->rows)
+    if (row >= l->rows || column_read(&l->offset, row * 4, &offset, 4) != 0 || offset == NO_LOCATOR
+        || column_read(&l->length, row * 4, &length, 4) != 0 || column_read(&l->prefix, row * 2, &number, 2) != 0
+        || column_read(&l->check, row * 4, &check, 4) != 0)
         return 0;
-    offset = ((const uint32_t *)l->offset.buf)[row];
-    if (offset == NO_LOCATOR)
-        return 0;
-    length = ((const uint32_t *)l->length.buf)[row];
-    number = ((const uint16_t *)l->prefix.buf)[row];
-    memset(span, 0, sizeof *span);
-    span->check = ((const uint32_t *)l->check.buf)[row];
+    span->prefix = NULL;
+    span->prefix_len = 0;
+    span->offset = span->length = 0;
+    span->is_inline = span->is_kept = 0;
+    span->check = check;
     if (number == INLINE_PREFIX) {
-        if ((uint64_t)offset + length > (uint64_t)l->inline_bytes.len)
+        if (length >= sizeof span->inline_bytes || column_read(&l->inline_bytes, offset, span->inline_bytes, length) != 0)
             return 0;
-        span->inline_bytes = (const char *)l->inline_bytes.buf + offset;
         span->is_inline = 1;
         span->length = length;
         return 1;
@@ -436,25 +448,31 @@ static int load_kept(const Located *l, uint64_t block, char **out, size_t *out_l
 {
     const uint64_t *ends = l->kept_ends.buf;
     uint64_t start = block ? ends[block - 1] : 0, stored = ends[block] - start;  /* checked in order at attach */
-    const char *frame = (const char *)l->kept.buf + start;
     unsigned long long content;
     size_t got;
-    char *files;
+    char *frame, *files = NULL;
     ZSTD_DCtx *dctx;
+    if (stored > ZSTD_compressBound(KEPT_BLOCK_MAX) || (frame = malloc(stored ? (size_t)stored : 1)) == NULL)
+        return -1;
+    if (column_read(&l->kept, start, frame, (size_t)stored) != 0)
+        goto bad;
     content = ZSTD_getFrameContentSize(frame, (size_t)stored);
     if (content == ZSTD_CONTENTSIZE_ERROR || content == ZSTD_CONTENTSIZE_UNKNOWN || content > KEPT_BLOCK_MAX
         || ZSTD_findFrameCompressedSize(frame, (size_t)stored) != stored || (dctx = thread_dctx()) == NULL)
-        return -1;
+        goto bad;
     if ((files = malloc(content ? (size_t)content : 1)) == NULL)
-        return -1;
+        goto bad;
     got = ZSTD_decompressDCtx(dctx, files, (size_t)content, frame, (size_t)stored);
-    if (ZSTD_isError(got) || got != content) {
-        free(files);
-        return -1;
-    }
+    if (ZSTD_isError(got) || got != content)
+        goto bad;
+    free(frame);
     *out = files;
     *out_len = (size_t)content;
     return 0;
+bad:
+    free(frame);
+    free(files);
+    return -1;
 }
 
 /* A kept file, sliced from its block's kept files (decompressed once, kept in the byte cache),

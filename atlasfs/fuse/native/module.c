@@ -207,7 +207,8 @@ static PyMethodDef Session_methods[] = {
     {"exit", (PyCFunction)Session_exit, METH_NOARGS, "Ask the loop to end (from any thread)."},
     {"unmount", (PyCFunction)Session_unmount, METH_NOARGS, "Unmount and end the session (idempotent)."},
     {"attach", (PyCFunction)tables_attach, METH_VARARGS,
-     "attach(shard, mtime, names, offsets, kind, size, by_path, block): a flat shard table's columns (buffers), "
+     "attach(shard, mtime, names, offsets, kind, size, by_path, block[, (path, (dev, ino, size, mtime_ns))]): a flat "
+     "shard table's columns (buffers, or with the table's file (offset, length) of it), "
      "answered in C from then on."},
     {"detach", (PyCFunction)tables_detach, METH_VARARGS, "detach(shard): let go of its columns."},
     {"locate", (PyCFunction)located_attach, METH_VARARGS,

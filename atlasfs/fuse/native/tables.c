@@ -6,7 +6,11 @@
  * such a node is nothing to do. Node ids below 1 << 32 are the control plane's own.
  *
  * The columns are Python buffers (views of the mapped table file, or arrays in memory) the
- * control plane attaches when it has the shard's table and detaches when it lets it go.
+ * control plane attaches when it has the shard's table and detaches when it lets it go; or,
+ * for a stored table every size of which is known, ranges of the table's file, read with
+ * pread (file mode): those hold no memory but the kernel's page cache, and stay attached
+ * when the control plane unmaps the table (its bound on mapped tables), so that random
+ * readers over more tables than it holds are still answered here.
  * They are untrusted (a table file may be another user's): every row, offset and length is
  * checked against its buffer's length before it is read. A shard's rwlock guards its
  * columns: readers take it shared and never call Python while holding it; detach takes it
@@ -15,22 +19,82 @@
 #include "engine.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <stddef.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #define KIND_FILE 0
 #define UNKNOWN_SIZE UINT64_MAX
+/* Bytes of a name compared or listed: NAME_MAX (a longer one is no name the kernel asks for). */
+#define NAME_BYTES 255
+
+int column_read(const Column *c, uint64_t from, void *out, size_t size)
+{
+    if (from > c->len || size > c->len - from)
+        return -1;
+    if (c->view.obj != NULL) {
+        memcpy(out, (const char *)c->view.buf + from, size);
+        return 0;
+    }
+    while (size > 0) {
+        ssize_t got = pread(c->fd, out, size, (off_t)(c->at + from));
+        if (got < 0 && errno == EINTR)
+            continue;
+        if (got <= 0)
+            return -1;
+        out = (char *)out + got;
+        size -= (size_t)got;
+        from += (uint64_t)got;
+    }
+    return 0;
+}
+
+int column_from(PyObject *obj, Column *c, int fd, uint64_t file_size, const char *what)
+{
+    unsigned long long at, len;
+    memset(c, 0, sizeof *c);
+    c->fd = -1;
+    if (fd >= 0 && PyTuple_Check(obj)) {
+        if (!PyArg_ParseTuple(obj, "KK", &at, &len))
+            return -1;
+        if (at > file_size || len > file_size - at) {
+            PyErr_Format(PyExc_ValueError, "%s: past the end of the table's file", what);
+            return -1;
+        }
+        c->fd = fd;
+        c->at = at;
+        c->len = len;
+        return 0;
+    }
+    if (PyObject_GetBuffer(obj, &c->view, PyBUF_C_CONTIGUOUS) != 0)
+        return -1;
+    c->len = (uint64_t)c->view.len;
+    return 0;
+}
+
+void column_release(Column *c)
+{
+    if (c->view.obj != NULL)
+        PyBuffer_Release(&c->view);
+    memset(c, 0, sizeof *c);
+    c->fd = -1;
+}
 
 static void release_columns(ShardTable *t)
 {
-    Py_buffer *columns[] = {&t->names, &t->offsets, &t->kind, &t->size, &t->by_path, &t->block};
+    Column *columns[] = {&t->names, &t->offsets, &t->kind, &t->size, &t->by_path, &t->block};
     size_t i;
     for (i = 0; i < sizeof columns / sizeof *columns; i++)
-        if (columns[i]->obj != NULL)
-            PyBuffer_Release(columns[i]);
-    located_free(t->located);
+        column_release(columns[i]);
+    located_free(t->located);  /* before the file: its columns may be the file's */
     t->located = NULL;
+    if (t->fd >= 0)
+        close(t->fd);
+    t->fd = -1;
     t->n = 0;
+    t->attached = 0;
 }
 
 int tables_init(Session *s, Py_ssize_t shards)
@@ -45,8 +109,10 @@ int tables_init(Session *s, Py_ssize_t shards)
         PyErr_NoMemory();
         return -1;
     }
-    for (i = 0; i < shards; i++)
+    for (i = 0; i < shards; i++) {
         pthread_rwlock_init(&s->tables[i].lock, NULL);
+        s->tables[i].fd = -1;
+    }
     s->ntables = shards;
     return 0;
 }
@@ -63,48 +129,72 @@ void tables_free(Session *s)
     s->ntables = 0;
 }
 
-static int get_column(PyObject *obj, Py_buffer *view, Py_ssize_t itemsize, const char *what)
+/* The table file `path` opened, if it is still the file the control plane checked
+ * (`identity`: device, inode, size, mtime in ns): its descriptor and size, or -1 with a Python error. */
+static int open_table_file(const char *path, const long long identity[4], uint64_t *size)
 {
-    if (PyObject_GetBuffer(obj, view, PyBUF_C_CONTIGUOUS) != 0)
-        return -1;
-    if (view->len % itemsize != 0) {
-        PyBuffer_Release(view);
-        PyErr_Format(PyExc_ValueError, "%s: not a column of %zd-byte items", what, itemsize);
+    struct stat st;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        PyErr_SetFromErrnoWithFilename(PyExc_OSError, path);
         return -1;
     }
-    return 0;
+    if (fstat(fd, &st) != 0 || (long long)st.st_dev != identity[0] || (long long)st.st_ino != identity[1]
+        || (long long)st.st_size != identity[2]
+        || (long long)st.st_mtim.tv_sec * 1000000000LL + st.st_mtim.tv_nsec != identity[3]) {
+        close(fd);
+        PyErr_Format(PyExc_ValueError, "attach: %s is not the table file that was checked", path);
+        return -1;
+    }
+    *size = (uint64_t)st.st_size;
+    return fd;
 }
 
+/* attach(shard, mtime, names, offsets, kind, size, by_path, block[, file]): with `file`, a
+ * (path, (dev, ino, size, mtime_ns)) of the table's file, columns may be (offset, length) of it. */
 PyObject *tables_attach(Session *self, PyObject *args)
 {
     Py_ssize_t shard;
     double mtime;
-    PyObject *names, *offsets, *kind, *size, *by_path, *block;
+    PyObject *names, *offsets, *kind, *size, *by_path, *block, *file = Py_None;
     ShardTable fresh, old, *t;
     uint64_t n;
     memset(&fresh, 0, sizeof fresh);
-    if (!PyArg_ParseTuple(args, "ndOOOOOO", &shard, &mtime, &names, &offsets, &kind, &size, &by_path, &block))
+    fresh.fd = -1;
+    if (!PyArg_ParseTuple(args, "ndOOOOOO|O", &shard, &mtime, &names, &offsets, &kind, &size, &by_path, &block,
+                          &file))
         return NULL;
     if (shard < 0 || shard >= self->ntables) {
         PyErr_SetString(PyExc_IndexError, "attach: no such shard");
         return NULL;
     }
-    if (get_column(names, &fresh.names, 1, "names") || get_column(offsets, &fresh.offsets, 8, "offsets")
-        || get_column(kind, &fresh.kind, 1, "kind") || get_column(size, &fresh.size, 8, "size")
-        || get_column(by_path, &fresh.by_path, 4, "by_path") || get_column(block, &fresh.block, 4, "block")) {
+    if (file != Py_None) {
+        const char *path;
+        long long identity[4];
+        if (!PyArg_ParseTuple(file, "y(LLLL)", &path, &identity[0], &identity[1], &identity[2], &identity[3]))
+            return NULL;
+        if ((fresh.fd = open_table_file(path, identity, &fresh.file_size)) < 0)
+            return NULL;
+    }
+    if (column_from(names, &fresh.names, fresh.fd, fresh.file_size, "names")
+        || column_from(offsets, &fresh.offsets, fresh.fd, fresh.file_size, "offsets")
+        || column_from(kind, &fresh.kind, fresh.fd, fresh.file_size, "kind")
+        || column_from(size, &fresh.size, fresh.fd, fresh.file_size, "size")
+        || column_from(by_path, &fresh.by_path, fresh.fd, fresh.file_size, "by_path")
+        || column_from(block, &fresh.block, fresh.fd, fresh.file_size, "block")) {
         release_columns(&fresh);
         return NULL;
     }
-    n = (uint64_t)fresh.kind.len;
-    if ((uint64_t)fresh.size.len != n * 8 || (uint64_t)fresh.by_path.len != n * 4
-        || (uint64_t)fresh.block.len != n * 4
-        || (uint64_t)fresh.offsets.len != (n + 1) * 8 || n >= UINT32_MAX) {
+    n = fresh.kind.len;
+    if (fresh.size.len != n * 8 || fresh.by_path.len != n * 4 || fresh.block.len != n * 4
+        || fresh.offsets.len != (n + 1) * 8 || n >= UINT32_MAX) {
         release_columns(&fresh);
         PyErr_SetString(PyExc_ValueError, "attach: columns of different lengths");
         return NULL;
     }
     fresh.n = n;
     fresh.mtime = mtime;
+    fresh.attached = 1;
     t = &self->tables[shard];
     Py_BEGIN_ALLOW_THREADS
     pthread_rwlock_wrlock(&t->lock);
@@ -130,25 +220,27 @@ PyObject *tables_detach(Session *self, PyObject *args)
     Py_END_ALLOW_THREADS
     old = *t;
     memset(&t->names, 0, sizeof *t - offsetof(ShardTable, names));
+    t->fd = -1;
     pthread_rwlock_unlock(&t->lock);
     release_columns(&old);
     Py_RETURN_NONE;
 }
 
-/* Row `row`'s name, checked against the names blob; 0, or -1 if the table lies. */
-static int row_name(const ShardTable *t, uint64_t row, const char **name, size_t *len)
+static int u64_at(const Column *c, uint64_t i, uint64_t *out)
 {
-    const uint64_t *offsets = t->offsets.buf;
-    uint64_t start, end;
-    if (row >= t->n)
+    return column_read(c, i * 8, out, 8);
+}
+
+/* Row `row`'s name's length, and up to `cap` of its first bytes in `buf`; 0, or -1 if the table lies. */
+static int row_name(const ShardTable *t, uint64_t row, char *buf, size_t cap, size_t *len)
+{
+    uint64_t bounds[2];
+    if (row >= t->n || column_read(&t->offsets, row * 8, bounds, 16) != 0)
         return -1;
-    start = offsets[row];
-    end = offsets[row + 1];
-    if (start > end || end > (uint64_t)t->names.len)
+    if (bounds[0] > bounds[1] || bounds[1] > t->names.len)
         return -1;
-    *name = (const char *)t->names.buf + start;
-    *len = (size_t)(end - start);
-    return 0;
+    *len = (size_t)(bounds[1] - bounds[0]);
+    return column_read(&t->names, bounds[0], buf, *len < cap ? *len : cap);
 }
 
 /* Fill `st` from row `row` if it is a file of known size: 1; 0 if the control plane must
@@ -156,11 +248,13 @@ static int row_name(const ShardTable *t, uint64_t row, const char **name, size_t
 static int row_attr(const Session *s, const ShardTable *t, uint64_t row, fuse_ino_t ino, struct stat *st)
 {
     uint64_t size;
-    if (row >= t->n)
+    uint8_t kind;
+    if (row >= t->n || column_read(&t->kind, row, &kind, 1) != 0)
         return -1;
-    if (((const uint8_t *)t->kind.buf)[row] != KIND_FILE)
+    if (kind != KIND_FILE)
         return 0;
-    size = ((const uint64_t *)t->size.buf)[row];
+    if (u64_at(&t->size, row, &size) != 0)
+        return -1;
     if (size == UNKNOWN_SIZE)
         return 0;
     if (size > INT64_MAX)
@@ -188,20 +282,23 @@ int tables_lookup(Session *s, fuse_ino_t parent, const char *name, struct fuse_e
     size_t len = strlen(name);
     uint64_t lo = 0, hi;
     int found = 0;
-    if (t == NULL || folder_row != -1)
+    if (t == NULL || folder_row != -1 || len > NAME_BYTES)
         return 0;
     pthread_rwlock_rdlock(&t->lock);
-    if (t->n == 0 && t->kind.obj == NULL) {
+    if (!t->attached) {
         pthread_rwlock_unlock(&t->lock);
-        return 0;  /* not attached */
+        return 0;
     }
     hi = t->n;
     while (lo < hi) {  /* by_path orders the rows by their names' bytes (flat tables only) */
-        uint64_t mid = lo + (hi - lo) / 2, row = ((const uint32_t *)t->by_path.buf)[mid];
-        const char *other;
+        uint64_t mid = lo + (hi - lo) / 2;
+        uint32_t row;
+        char other[NAME_BYTES + 1];
         size_t other_len;
         int cmp;
-        if (row_name(t, row, &other, &other_len) != 0) {
+        /* Enough of the other name to order it against this one (at most NAME_BYTES long). */
+        if (column_read(&t->by_path, mid * 4, &row, 4) != 0
+            || row_name(t, row, other, len < NAME_BYTES ? len + 1 : NAME_BYTES + 1, &other_len) != 0) {
             found = -1;
             break;
         }
@@ -253,7 +350,7 @@ int tables_readdir(Session *s, fuse_req_t req, fuse_ino_t folder, size_t size, o
     if (t == NULL || folder_row != -1 || off < 0)
         return 0;
     pthread_rwlock_rdlock(&t->lock);
-    if (t->kind.obj == NULL) {
+    if (!t->attached) {
         pthread_rwlock_unlock(&t->lock);
         return 0;
     }
@@ -262,7 +359,7 @@ int tables_readdir(Session *s, fuse_req_t req, fuse_ino_t folder, size_t size, o
     for (i = (uint64_t)off; !err; i++) {
         struct fuse_entry_param e;
         const char *name;
-        char small[256];
+        char small[NAME_BYTES + 1];
         size_t len, need;
         memset(&e, 0, sizeof e);
         if (i < 2) {
@@ -272,13 +369,12 @@ int tables_readdir(Session *s, fuse_req_t req, fuse_ino_t folder, size_t size, o
             uint64_t row = i - 2;
             if (row >= t->n)
                 break;
-            if (row_name(t, row, &name, &len) != 0 || len == 0 || len >= sizeof small
-                || memchr(name, '\0', len) != NULL || memchr(name, '/', len) != NULL) {
+            if (row_name(t, row, small, NAME_BYTES, &len) != 0 || len == 0 || len > NAME_BYTES
+                || memchr(small, '\0', len) != NULL || memchr(small, '/', len) != NULL) {
                 err = EIO;
                 break;
             }
-            memcpy(small, name, len);  /* NUL-terminated for libfuse */
-            small[len] = '\0';
+            small[len] = '\0';  /* NUL-terminated for libfuse */
             name = small;
             e.attr.st_mode = s->file_mode;
             e.attr.st_ino = folder + 1 + row;
