@@ -629,11 +629,11 @@ def _mount_holding_one_table(dataset: Path, mnt: Path, log: Path, file_tables: i
 @pytest.mark.parametrize("file_tables", [0, 64])
 def test_tables_read_from_their_files_answer_random_readers_over_more_tables_than_the_tree_holds(
         tmp_path: Path, file_tables: int) -> None:
-    """The tree holds one table at a time here, and random readers go through 6 shards: a
+    """The tree holds one table at a time here, and random readers go through 3 shards: a
     table attached from its mapped columns is let go with its map, so lookups and reads of
     the other shards are the control plane's (file_tables 0: the test can fail); a table
     read from its file (pread: no memory held) stays attached, and C answers nearly all."""
-    dataset = _write(tmp_path / "ds", _examples(6, 72), 2, block_size=4, shard_size=12)
+    dataset = _write(tmp_path / "ds", _examples(6, 144), 2, block_size=4, shard_size=48)  # listings of 288
     exported = _export(dataset, tmp_path / "export")
     _index(dataset, dataset / ".atlasfs-tables")  # where a mount finds them
     mnt, log = tmp_path / "mnt", tmp_path / "daemon.log"
@@ -641,6 +641,9 @@ def test_tables_read_from_their_files_answer_random_readers_over_more_tables_tha
     process = _mount_holding_one_table(dataset, mnt, log, file_tables)
     try:
         assert _read_through(mnt, exported, readers=4) == []
+        for shard, names in exported.items():  # listed from the tables (in windows of rows, read from the files)
+            assert os.listdir(mnt / shard) == list(names)
+            assert {p.name: p.stat().st_size for p in (mnt / shard).iterdir()} == {n: len(d) for n, d in names.items()}
     finally:
         subprocess.run(["fusermount3", "-u", str(mnt)], check=False)
         process.wait(timeout=30)

@@ -64,6 +64,7 @@ typedef struct {
     pthread_rwlock_t lock;
     Column names, offsets, kind, size, by_path, block;
     uint64_t n, file_size;
+    uint64_t hint;  /* the row a lookup tries first: the one after the last found (tables.c) */
     double mtime;
     int attached, fd;
     Located *located;

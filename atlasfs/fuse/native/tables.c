@@ -21,6 +21,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <stddef.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -243,24 +244,62 @@ static int row_name(const ShardTable *t, uint64_t row, char *buf, size_t cap, si
     return column_read(&t->names, bounds[0], buf, *len < cap ? *len : cap);
 }
 
-/* Fill `st` from row `row` if it is a file of known size: 1; 0 if the control plane must
- * answer (unknown size, an unreadable entry); -1 if the table lies. Lock held. */
-static int row_attr(const Session *s, const ShardTable *t, uint64_t row, fuse_ino_t ino, struct stat *st)
+/* Fill `st` for an entry of `kind` and `size` if it is a file of known size: 1; 0 if the
+ * control plane must answer (unknown size, an unreadable entry); -1 if the table lies. */
+static int attr_of(const Session *s, const ShardTable *t, uint8_t kind, uint64_t size, fuse_ino_t ino,
+                   struct stat *st)
 {
-    uint64_t size;
-    uint8_t kind;
-    if (row >= t->n || column_read(&t->kind, row, &kind, 1) != 0)
-        return -1;
-    if (kind != KIND_FILE)
-        return 0;
-    if (u64_at(&t->size, row, &size) != 0)
-        return -1;
-    if (size == UNKNOWN_SIZE)
+    if (kind != KIND_FILE || size == UNKNOWN_SIZE)
         return 0;
     if (size > INT64_MAX)
         return -1;
     fill_attr(s, st, 0, size, t->mtime, ino);
     return 1;
+}
+
+/* attr_of row `row`. Lock held. */
+static int row_attr(const Session *s, const ShardTable *t, uint64_t row, fuse_ino_t ino, struct stat *st)
+{
+    uint64_t size = UNKNOWN_SIZE;
+    uint8_t kind;
+    if (row >= t->n || column_read(&t->kind, row, &kind, 1) != 0
+        || (kind == KIND_FILE && u64_at(&t->size, row, &size) != 0))
+        return -1;
+    return attr_of(s, t, kind, size, ino, st);
+}
+
+/* Rows of a listing read at once (a table read from its file: a few preads for them all). */
+#define WINDOW_ROWS 128
+
+typedef struct {
+    uint64_t first, count;  /* rows first .. first + count - 1 */
+    uint64_t offsets[WINDOW_ROWS + 1];
+    uint64_t size[WINDOW_ROWS];
+    uint8_t kind[WINDOW_ROWS];
+    char names[WINDOW_ROWS * NAME_BYTES];
+} Window;
+
+/* Rows from `first` on into `w` (as many as fit): 0, or -1 if the table lies. */
+static int window_fill(const ShardTable *t, Window *w, uint64_t first)
+{
+    uint64_t count = t->n - first < WINDOW_ROWS ? t->n - first : WINDOW_ROWS, i;
+    w->count = 0;
+    if (first >= t->n || column_read(&t->offsets, first * 8, w->offsets, (size_t)(count + 1) * 8) != 0
+        || column_read(&t->kind, first, w->kind, (size_t)count) != 0
+        || column_read(&t->size, first * 8, w->size, (size_t)count * 8) != 0)
+        return -1;
+    for (i = 0; i < count; i++)
+        if (w->offsets[i] > w->offsets[i + 1])
+            return -1;
+    if (w->offsets[count] > t->names.len)
+        return -1;
+    while (count > 0 && w->offsets[count] - w->offsets[0] > sizeof w->names)
+        count--;  /* longer names: fewer rows (a name past NAME_BYTES fails the listing anyway) */
+    if (count == 0 || column_read(&t->names, w->offsets[0], w->names, (size_t)(w->offsets[count] - w->offsets[0])) != 0)
+        return -1;
+    w->first = first;
+    w->count = count;
+    return 0;
 }
 
 ShardTable *table_of(Session *s, fuse_ino_t ino, int64_t *row)
@@ -290,6 +329,25 @@ int tables_lookup(Session *s, fuse_ino_t parent, const char *name, struct fuse_e
         return 0;
     }
     hi = t->n;
+    {
+        /* The row after the last one found first: `tar`, `rsync` and `find -exec` look up a
+         * folder's files in the order it lists them (a binary search in a table read from its
+         * file costs three preads a step). */
+        uint64_t row = __atomic_load_n(&t->hint, __ATOMIC_RELAXED);
+        char other[NAME_BYTES + 1];
+        size_t other_len;
+        if (row < t->n && row_name(t, row, other, len + 1, &other_len) == 0 && other_len == len
+            && memcmp(name, other, len) == 0) {
+            memset(e, 0, sizeof *e);
+            e->ino = parent + 1 + row;
+            found = row_attr(s, t, row, e->ino, &e->attr);
+            if (found == 1)
+                __atomic_store_n(&t->hint, row + 1, __ATOMIC_RELAXED);
+            lo = hi = 0;  /* no search */
+            if (found == 0)
+                found = 3;  /* the control plane's */
+        }
+    }
     while (lo < hi) {  /* by_path orders the rows by their names' bytes (flat tables only) */
         uint64_t mid = lo + (hi - lo) / 2;
         uint32_t row;
@@ -310,6 +368,8 @@ int tables_lookup(Session *s, fuse_ino_t parent, const char *name, struct fuse_e
             memset(e, 0, sizeof *e);
             found = row_attr(s, t, row, ino, &e->attr);
             e->ino = ino;
+            if (found == 1)
+                __atomic_store_n(&t->hint, (uint64_t)row + 1, __ATOMIC_RELAXED);
             break;
         }
         if (cmp < 0)
@@ -324,7 +384,7 @@ int tables_lookup(Session *s, fuse_ino_t parent, const char *name, struct fuse_e
         return -EIO;
     if (found == 2)
         return -ENOENT;
-    return found;
+    return found == 3 ? 0 : found;
 }
 
 int tables_getattr(Session *s, fuse_ino_t ino, struct stat *st)
@@ -347,11 +407,16 @@ int tables_readdir(Session *s, fuse_req_t req, fuse_ino_t folder, size_t size, o
     ShardTable *t = table_of(s, folder, &folder_row);
     uint64_t i;
     int err = 0;
+    Window *w;
     if (t == NULL || folder_row != -1 || off < 0)
         return 0;
+    if ((w = malloc(sizeof *w)) == NULL)
+        return -ENOMEM;
+    w->count = 0;
     pthread_rwlock_rdlock(&t->lock);
     if (!t->attached) {
         pthread_rwlock_unlock(&t->lock);
+        free(w);
         return 0;
     }
     *used = 0;
@@ -366,19 +431,26 @@ int tables_readdir(Session *s, fuse_req_t req, fuse_ino_t folder, size_t size, o
             name = i == 0 ? "." : "..";
             e.attr.st_mode = s->dir_mode;
         } else {
-            uint64_t row = i - 2;
+            uint64_t row = i - 2, at;
             if (row >= t->n)
                 break;
-            if (row_name(t, row, small, NAME_BYTES, &len) != 0 || len == 0 || len > NAME_BYTES
-                || memchr(small, '\0', len) != NULL || memchr(small, '/', len) != NULL) {
+            if ((row < w->first || row >= w->first + w->count) && window_fill(t, w, row) != 0) {
                 err = EIO;
                 break;
             }
+            at = row - w->first;
+            len = (size_t)(w->offsets[at + 1] - w->offsets[at]);
+            name = w->names + (w->offsets[at] - w->offsets[0]);
+            if (len == 0 || len > NAME_BYTES || memchr(name, '\0', len) != NULL || memchr(name, '/', len) != NULL) {
+                err = EIO;
+                break;
+            }
+            memcpy(small, name, len);
             small[len] = '\0';  /* NUL-terminated for libfuse */
             name = small;
             e.attr.st_mode = s->file_mode;
             e.attr.st_ino = folder + 1 + row;
-            if (plus && row_attr(s, t, row, folder + 1 + row, &e.attr) == 1) {
+            if (plus && attr_of(s, t, w->kind[at], w->size[at], folder + 1 + row, &e.attr) == 1) {
                 e.ino = folder + 1 + row;
                 e.attr_timeout = s->attr_timeout;
                 e.entry_timeout = s->entry_timeout;
@@ -391,5 +463,6 @@ int tables_readdir(Session *s, fuse_req_t req, fuse_ino_t folder, size_t size, o
         *used += need;
     }
     pthread_rwlock_unlock(&t->lock);
+    free(w);
     return err ? -err : 1;
 }
