@@ -51,11 +51,14 @@ NATIVE_CACHE_SHARE = 0.5
 IN_ORDER_BLOCKS = 3
 #: Node ids from here on are shard folders and table rows (their inode numbers); below, ours.
 TABLE_NODES = 1 << 32
-#: Tables the engine reads from their files (file mode), at most: each holds a descriptor of
-#: its table and, with its located reads, one of its data.bin and its zstd dictionary (~100 KiB
-#: decompression tables), for as long as the mount lives. Past it, tables are attached as the
-#: tree holds them (mapped), and let go with them.
+#: Tables the engine reads from their files (file mode) once the tree lets go of their maps, at
+#: most: each holds a descriptor of its table and, with its located reads, one of its data.bin
+#: and its zstd dictionary (~100 KiB of decompression tables), for as long as the mount lives.
+#: Past it, tables are answered in C only while the tree holds them. (A held table is answered
+#: from its map: a lookup is then a binary search in memory, not three preads a step.)
 FILE_TABLES_MAX = 64
+#: What ``_attached`` holds for a table attached from its file.
+_FROM_FILE = "file"
 #: The sections of a table's file attached in file mode, in ``Session.attach``'s order.
 _FILE_COLUMNS = ("names", "offsets", "kind", "size", "by_path", "block")
 #: Options libfuse's low-level session takes on its command line; the others libfuse's
@@ -121,7 +124,9 @@ class NativeBridge:
         #: (BlockTree) resolves them; the engine answers those rows from attached tables.
         self._path_of_ino: Callable[[int], str | None] | None = getattr(tree, "path_of_ino", None)
         self._tables = getattr(tree, "tables", None) if self._path_of_ino is not None else None
-        self._attached: dict[int, Any] = {}  # shard position -> the size column attached, or the file's identity
+        self._attached: dict[int, Any] = {}  # shard position -> the size column attached, or _FROM_FILE
+        #: shard position -> what attaches its table from its file (file mode) once the tree lets go of it
+        self._by_file: dict[int, tuple[Any, Any, Any]] = {}
         self.session: Any = None
         #: Set when a callback met SystemExit or KeyboardInterrupt: the loop is asked to end.
         self.critical: BaseException | None = None
@@ -267,72 +272,86 @@ class NativeBridge:
     def _attach(self, folder: int) -> None:
         """Attach the table of the shard folder ``folder`` to the engine, if it is held and
         flat (C answers its rows' lookups, attributes and listing from then on), or again if
-        its size column changed (a table mapped again)."""
+        its size column changed (a table mapped again, or read from its file meanwhile)."""
         s, row = (folder >> 32) - 1, folder & 0xFFFFFFFF
         if self.session is None or self._tables is None or row != 0:
             return
         table = self._tables.tables.get(s)
-        if table is None or not table.flat:
-            return
-        attached = self._attached.get(s)
-        if attached is table.size or (type(attached) is tuple and attached == table.file_identity):
+        if table is None or not table.flat or self._attached.get(s) is table.size:
             return
         mtime = self.tree.lookup(self._path(folder)).mtime
-        by_file = self._by_file(table)
         try:
-            if by_file:
-                sections = table.sections
-                self.session.attach(s, mtime, *(sections[name] for name in _FILE_COLUMNS),
-                                    (os.fsencode(table.path), table.file_identity))
-            else:
-                self.session.attach(s, mtime, table._names, table._offsets, table.kind, table.size, table.by_path,
-                                    table.block)
-        except (ValueError, TypeError, BufferError, OSError) as exc:  # Python answers
+            self.session.attach(s, mtime, table._names, table._offsets, table.kind, table.size, table.by_path,
+                                table.block)
+        except (ValueError, TypeError, BufferError) as exc:  # a column that is no plain buffer: Python answers
             log.debug("shard %d: table not attached to the engine: %s", s, exc)
             return
-        self._attached[s] = table.file_identity if by_file else table.size
-        self._locate(s, by_file)
-
-    def _by_file(self, table: Any) -> bool:
-        """Whether the engine reads ``table`` from its file (file mode): a table mapped from its
-        file, every size known (its size column is the file's), while fewer than
-        :data:`FILE_TABLES_MAX` are."""
-        if table.path is None or table.file_identity is None or table.size.base is None:
-            return False
-        return sum(type(a) is tuple for a in self._attached.values()) < FILE_TABLES_MAX
-
-    def _locate(self, s: int, by_file: bool = False) -> None:
-        """Give the engine the locators of shard position ``s``'s attached table and where its
-        blocks lie, if the tree has them: it then reads located files itself (located.c).
-        ``by_file``: the table is attached in file mode, and so are its locator columns."""
+        self._attached[s] = table.size
         found = getattr(self.tree, "native_spans", lambda _: None)(s)
+        spans = found[1] if found is not None else None
+        self._locate(s, spans, self._located_args(table, found, by_file=False))
+        if s not in self._by_file and self._file_mode(table) and len(self._by_file) < FILE_TABLES_MAX:
+            sections = table.sections  # nothing kept here is a view of the table's map
+            self._by_file[s] = ((s, mtime, *(sections[name] for name in _FILE_COLUMNS),
+                                 (os.fsencode(table.path), table.file_identity)),
+                                spans, self._located_args(table, found, by_file=True))
+
+    @staticmethod
+    def _file_mode(table: Any) -> bool:
+        """Whether the engine may read ``table`` from its file once the tree lets go of it: a
+        table mapped from its file, every size known (its size column is the file's)."""
+        return table.path is not None and table.file_identity is not None and table.size.base is not None
+
+    @staticmethod
+    def _located_args(table: Any, found: Any, by_file: bool) -> tuple[Any, ...] | None:
+        """The columns of ``Session.locate`` for ``table``'s locators (``found``: the tree's
+        ``native_spans``): views of them, or with ``by_file`` ranges of the table's file and
+        copies of what is small (no view of the map is kept)."""
         if found is None:
-            return
-        locators, spans = found
+            return None
+        locators, _ = found
         ends = np.cumsum([len(p) for p in locators.prefixes], dtype=np.uint64)
-        if by_file:  # ranges of the file; what is small is copied (no view of the map is kept)
-            sections = self._tables.tables.get(s).sections
+        if by_file:
+            sections = table.sections
             columns = [sections[name] for name in ("loc_offset", "loc_length", "loc_check", "loc_prefix")]
             inline, kept = sections["inline"], sections["kept"]
             kept_ends = np.array(locators.kept_ends, dtype=np.uint64)
         else:
             columns = [locators.offset, locators.length, locators.check, locators.prefix]
             inline, kept, kept_ends = locators.inline, locators.kept, locators.kept_ends
+        return (*columns, ends, b"".join(locators.prefixes), inline, kept, kept_ends)
+
+    def _locate(self, s: int, spans: Any, columns: tuple[Any, ...] | None) -> None:
+        """Give the engine the locators of shard position ``s``'s attached table (``columns``,
+        :meth:`_located_args`) and where its blocks lie (``spans``), if the tree has them: it
+        then reads located files itself (located.c)."""
+        if spans is None or columns is None:
+            return
         try:
-            self.session.locate(s, *columns, ends, b"".join(locators.prefixes), inline, kept, kept_ends,
-                                os.fsencode(spans.data_path),
-                                os.fsencode(spans.index_path), spans.signatures, spans.starts, spans.compressed,
-                                spans.dictionary, spans.max_block_bytes)
+            self.session.locate(s, *columns, os.fsencode(spans.data_path), os.fsencode(spans.index_path),
+                                spans.signatures, spans.starts, spans.compressed, spans.dictionary,
+                                spans.max_block_bytes)
         except (ValueError, TypeError, BufferError, OSError, IndexError) as exc:  # Python reads them
             log.debug("shard %d: located reads stay in Python: %s", s, exc)
 
     def release(self, s: int) -> None:
         """The tree let go of shard position ``s``'s table: the engine lets go of its columns,
-        unless it reads them from the table's file (file mode: they hold no memory)."""
-        if type(self._attached.get(s)) is tuple:
+        or, for a table it may read from its file (file mode: at most :data:`FILE_TABLES_MAX`),
+        reads them from there from now on (they then hold no memory of the daemon's)."""
+        if self._attached.pop(s, None) is None or self.session is None:
             return
-        if self._attached.pop(s, None) is not None and self.session is not None:
-            self.session.detach(s)
+        by_file = self._by_file.get(s)
+        if by_file is not None:
+            attach, spans, located = by_file
+            try:
+                self.session.attach(*attach)
+                self._attached[s] = _FROM_FILE
+                self._locate(s, spans, located)
+                return
+            except (ValueError, TypeError, BufferError, OSError) as exc:  # the file is gone or changed
+                log.debug("shard %d: table not read from its file: %s", s, exc)
+                del self._by_file[s]
+        self.session.detach(s)
 
     def fill(self, shard: int, row: int, offset: int, size: int) -> tuple[int, Any, bytes] | bytes | int:
         """A read of row ``row`` of an attached table that C did not answer where its bytes lie
