@@ -55,6 +55,16 @@ def is_mounted(path: str | Path) -> bool:
         return any(line.split()[4] == target for line in f)
 
 
+def wait_mounted(process: subprocess.Popen[str], mnt: str | Path, timeout: float = 30) -> None:
+    """Wait until the foreground daemon ``process`` has mounted ``mnt``; fail the test if it
+    exits first (with its stderr) or takes longer than ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not is_mounted(mnt):
+        assert process.poll() is None, f"the daemon exited: {process.communicate()[1]}"
+        assert time.monotonic() < deadline, f"not mounted within {timeout:g} s"
+        time.sleep(0.02)
+
+
 def force_unmount(path: str | Path) -> None:
     """Unmount ``path`` whatever its state, and wait until it is gone."""
     for command in (["fusermount3", "-u", str(path)], ["fusermount3", "-uz", str(path)]):

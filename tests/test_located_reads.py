@@ -27,7 +27,7 @@ from atlasfs.tree.blocktree import BlockTree
 from atlasfs.tree.filetable import (INLINE, INLINE_AVERAGE, KEPT, KEPT_AVERAGE, KEPT_MAX, NO_LOCATOR, FileTable, Limits,
                                     Locators, TableError)
 from atlasfs.tree.tablestore import TableStore, table_file_name
-from fusemount import atlasfs, engine_answered, is_mounted, mounted
+from fusemount import atlasfs, engine_answered, mounted, wait_mounted
 from helpers import REFERENCE, in_threads, reference_names
 
 Exported = dict[str, dict[str, bytes]]
@@ -618,11 +618,7 @@ def _mount_holding_one_table(dataset: Path, mnt: Path, log: Path, file_tables: i
     ``file_tables`` tables from their files."""
     process = subprocess.Popen([sys.executable, "-c", _FOREGROUND, str(file_tables), str(dataset), str(mnt), str(log)],
                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 30
-    while not is_mounted(mnt):
-        assert process.poll() is None, f"the daemon exited: {process.communicate()[1]}"
-        assert time.monotonic() < deadline, "not mounted within 30 s"
-        time.sleep(0.02)
+    wait_mounted(process, mnt)
     return process
 
 

@@ -24,7 +24,7 @@ from typing import Iterator
 
 import pytest
 
-from fusemount import IN_CI, atlasfs, engine_answered, force_unmount, is_mounted, mounted, require_fuse
+from fusemount import IN_CI, atlasfs, engine_answered, force_unmount, is_mounted, mounted, require_fuse, wait_mounted
 from helpers import REFERENCE
 
 pytestmark = pytest.mark.fuse
@@ -140,11 +140,7 @@ def _daemon(mnt: Path, dataset: Path = DATASET) -> Iterator[subprocess.Popen[str
 def _serve_foreground(mnt: Path, dataset: Path = DATASET) -> subprocess.Popen[str]:
     process = subprocess.Popen([sys.executable, "-m", "atlasfs", "mount", "-f", str(dataset), str(mnt)],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 30
-    while not is_mounted(mnt):
-        assert process.poll() is None, f"the daemon exited: {process.communicate()[1]}"
-        assert time.monotonic() < deadline, "not mounted within 30 s"
-        time.sleep(0.02)
+    wait_mounted(process, mnt)
     return process
 
 

@@ -475,27 +475,34 @@ bad:
     return -1;
 }
 
+/* The byte cache's entry of `kind` for `block`, held for reading; made by `make` if this thread
+ * is the first to ask (others wait for it). NULL: no room, or `make` failed (-1). */
+static CachedBlock *acquire_made(Session *s, const Located *l, uint64_t shard, int kind, uint64_t block,
+                                 int (*make)(const Located *, uint64_t, char **, size_t *))
+{
+    int mine;
+    CachedBlock *b = cache_acquire(s, shard, kind, block, &mine);
+    if (b != NULL && mine) {
+        char *data;
+        size_t length;
+        if (make(l, block, &data, &length) != 0) {
+            cache_abandon(s, b);
+            return NULL;
+        }
+        cache_complete(s, b, data, length);
+    }
+    return b;
+}
+
 /* A kept file, sliced from its block's kept files (decompressed once, kept in the byte cache),
  * once its block's fingerprint ties it to the block: 1, or 0. */
 static int serve_kept(Session *s, const Located *l, fuse_req_t req, uint64_t shard, uint64_t block,
                       const Span *span, size_t size, off_t off)
 {
     CachedBlock *b;
-    int mine, ok;
-    if (block >= l->nkept)
+    int ok;
+    if (block >= l->nkept || (b = acquire_made(s, l, shard, KIND_KEPT, block, load_kept)) == NULL)
         return 0;
-    b = cache_acquire(s, shard, KIND_KEPT, block, &mine);
-    if (b == NULL)
-        return 0;
-    if (mine) {
-        char *files;
-        size_t length;
-        if (load_kept(l, block, &files, &length) != 0) {
-            cache_abandon(s, b);
-            return 0;
-        }
-        cache_complete(s, b, files, length);
-    }
     ok = span->offset + span->length <= b->length && tied_to_block(l, block, span, b->data + span->offset);
     if (ok)
         reply_parts(req, b->data + span->offset, (size_t)span->length, NULL, 0, size, off);
@@ -670,7 +677,6 @@ static int serve_run(Session *s, const Located *l, fuse_req_t req, uint64_t shar
 {
     CachedBlock *b = NULL;
     const char *run;
-    int mine = 0;
     if (span->length == 0) {
         if (!run_checks(span, ""))  /* not NULL: zlib answers 0 for a NULL buffer */
             return 0;
@@ -701,18 +707,9 @@ static int serve_run(Session *s, const Located *l, fuse_req_t req, uint64_t shar
             return 1;
         }
     }
-    b = b != NULL ? b : cache_acquire(s, shard, KIND_PAYLOAD, block, &mine);
+    b = b != NULL ? b : acquire_made(s, l, shard, KIND_PAYLOAD, block, load_payload);
     if (b == NULL)
         return 0;
-    if (mine) {
-        char *payload;
-        size_t length;
-        if (load_payload(l, block, &payload, &length) != 0) {
-            cache_abandon(s, b);
-            return 0;
-        }
-        cache_complete(s, b, payload, length);
-    }
     if (span->offset + span->length > b->length) {
         cache_release(s, b);
         return 0;
