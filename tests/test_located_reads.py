@@ -605,10 +605,10 @@ def test_files_read_in_pieces_from_their_middle_are_read_alone_and_kept(tmp_path
 _FOREGROUND = """
 import sys
 from atlasfs.commands import cli
-from atlasfs.fuse import engine
+from atlasfs.fuse import attachments
 from atlasfs.tree import tables
 tables.RESIDENT_TABLE_BYTES = 1  # the tree holds one table at a time
-engine.FILE_TABLES_MAX = int(sys.argv[1])
+attachments.FILE_TABLES_MAX = int(sys.argv[1])
 sys.exit(cli.main(["mount", "-f", sys.argv[2], sys.argv[3], "-o", "log_file=" + sys.argv[4]]))
 """
 
@@ -625,11 +625,11 @@ def _mount_holding_one_table(dataset: Path, mnt: Path, log: Path, file_tables: i
 @pytest.mark.parametrize("file_tables", [0, 64])
 def test_tables_read_from_their_files_answer_random_readers_over_more_tables_than_the_tree_holds(
         tmp_path: Path, file_tables: int) -> None:
-    """The tree holds one table at a time here, and random readers go through 3 shards: a
+    """The tree holds one table at a time here, and random readers go through 6 shards: a
     table attached from its mapped columns is let go with its map, so lookups and reads of
     the other shards are the control plane's (file_tables 0: the test can fail); a table
     read from its file (pread: no memory held) stays attached, and C answers nearly all."""
-    dataset = _write(tmp_path / "ds", _examples(6, 144), 2, block_size=4, shard_size=48)  # listings of 288
+    dataset = _write(tmp_path / "ds", _examples(6, 144), 2, block_size=4, shard_size=24)  # listings of 144
     exported = _export(dataset, tmp_path / "export")
     _index(dataset, dataset / ".atlasfs-tables")  # where a mount finds them
     mnt, log = tmp_path / "mnt", tmp_path / "daemon.log"
@@ -652,4 +652,4 @@ def test_tables_read_from_their_files_answer_random_readers_over_more_tables_tha
         assert answered["lookup"][1] <= 5 * shards and answered["read"][1] <= 4 * shards, answered
         assert answered["located"][0] >= files - 4 * shards
     else:
-        assert answered["lookup"][1] > files // 2 and answered["read"][1] > 0, answered
+        assert answered["lookup"][1] > 10 * len(exported) and answered["read"][1] > 0, answered

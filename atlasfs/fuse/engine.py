@@ -27,8 +27,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any, Callable
 
-import numpy as np
-
+from atlasfs.fuse.attachments import Attachments
 from atlasfs.fuse.signals import stopped_by_signals
 from atlasfs.tree.base import Entry, Tree
 
@@ -51,16 +50,6 @@ NATIVE_CACHE_SHARE = 0.5
 IN_ORDER_BLOCKS = 3
 #: Node ids from here on are shard folders and table rows (their inode numbers); below, ours.
 TABLE_NODES = 1 << 32
-#: Tables the engine reads from their files (file mode) once the tree lets go of their maps, at
-#: most: each holds a descriptor of its table and, with its located reads, one of its data.bin
-#: and its zstd dictionary (~100 KiB of decompression tables), for as long as the mount lives.
-#: Past it, tables are answered in C only while the tree holds them. (A held table is answered
-#: from its map: a lookup is then a binary search in memory, not three preads a step.)
-FILE_TABLES_MAX = 64
-#: What ``_attached`` holds for a table attached from its file.
-_FROM_FILE = "file"
-#: The sections of a table's file attached in file mode, in ``Session.attach``'s order.
-_FILE_COLUMNS = ("names", "offsets", "kind", "size", "by_path", "block")
 #: Options libfuse's low-level session takes on its command line; the others libfuse's
 #: high-level layer took are answered here (timeouts, uid, gid, umask, threads) or in ``init``.
 SESSION_OPTIONS = frozenset({"fsname", "subtype", "ro", "allow_other", "allow_root", "default_permissions", "nosuid",
@@ -124,9 +113,7 @@ class NativeBridge:
         #: (BlockTree) resolves them; the engine answers those rows from attached tables.
         self._path_of_ino: Callable[[int], str | None] | None = getattr(tree, "path_of_ino", None)
         self._tables = getattr(tree, "tables", None) if self._path_of_ino is not None else None
-        self._attached: dict[int, Any] = {}  # shard position -> the size column attached, or _FROM_FILE
-        #: shard position -> what attaches its table from its file (file mode) once the tree lets go of it
-        self._by_file: dict[int, tuple[Any, Any, Any]] = {}
+        self.attachments = Attachments()
         self.session: Any = None
         #: Set when a callback met SystemExit or KeyboardInterrupt: the loop is asked to end.
         self.critical: BaseException | None = None
@@ -270,88 +257,21 @@ class NativeBridge:
             return self._failed("read", (node, offset, size), exc)
 
     def _attach(self, folder: int) -> None:
-        """Attach the table of the shard folder ``folder`` to the engine, if it is held and
-        flat (C answers its rows' lookups, attributes and listing from then on), or again if
-        its size column changed (a table mapped again, or read from its file meanwhile)."""
+        """Attach the table of the shard folder ``folder`` to the engine, if the tree holds it
+        and it is flat (:class:`~atlasfs.fuse.attachments.Attachments`)."""
         s, row = (folder >> 32) - 1, folder & 0xFFFFFFFF
         if self.session is None or self._tables is None or row != 0:
             return
         table = self._tables.tables.get(s)
-        if table is None or not table.flat or self._attached.get(s) is table.size:
+        if table is None or not table.flat or self.attachments.attached(s, table):
             return
-        mtime = self.tree.lookup(self._path(folder)).mtime
-        try:
-            self.session.attach(s, mtime, table._names, table._offsets, table.kind, table.size, table.by_path,
-                                table.block)
-        except (ValueError, TypeError, BufferError) as exc:  # a column that is no plain buffer: Python answers
-            log.debug("shard %d: table not attached to the engine: %s", s, exc)
-            return
-        self._attached[s] = table.size
-        found = getattr(self.tree, "native_spans", lambda _: None)(s)
-        spans = found[1] if found is not None else None
-        self._locate(s, spans, self._located_args(table, found, by_file=False))
-        if s not in self._by_file and self._file_mode(table) and len(self._by_file) < FILE_TABLES_MAX:
-            sections = table.sections  # nothing kept here is a view of the table's map
-            self._by_file[s] = ((s, mtime, *(sections[name] for name in _FILE_COLUMNS),
-                                 (os.fsencode(table.path), table.file_identity)),
-                                spans, self._located_args(table, found, by_file=True))
-
-    @staticmethod
-    def _file_mode(table: Any) -> bool:
-        """Whether the engine may read ``table`` from its file once the tree lets go of it: a
-        table mapped from its file, every size known (its size column is the file's)."""
-        return table.path is not None and table.file_identity is not None and table.size.base is not None
-
-    @staticmethod
-    def _located_args(table: Any, found: Any, by_file: bool) -> tuple[Any, ...] | None:
-        """The columns of ``Session.locate`` for ``table``'s locators (``found``: the tree's
-        ``native_spans``): views of them, or with ``by_file`` ranges of the table's file and
-        copies of what is small (no view of the map is kept)."""
-        if found is None:
-            return None
-        locators, _ = found
-        ends = np.cumsum([len(p) for p in locators.prefixes], dtype=np.uint64)
-        if by_file:
-            sections = table.sections
-            columns = [sections[name] for name in ("loc_offset", "loc_length", "loc_check", "loc_prefix")]
-            inline, kept = sections["inline"], sections["kept"]
-            kept_ends = np.array(locators.kept_ends, dtype=np.uint64)
-        else:
-            columns = [locators.offset, locators.length, locators.check, locators.prefix]
-            inline, kept, kept_ends = locators.inline, locators.kept, locators.kept_ends
-        return (*columns, ends, b"".join(locators.prefixes), inline, kept, kept_ends)
-
-    def _locate(self, s: int, spans: Any, columns: tuple[Any, ...] | None) -> None:
-        """Give the engine the locators of shard position ``s``'s attached table (``columns``,
-        :meth:`_located_args`) and where its blocks lie (``spans``), if the tree has them: it
-        then reads located files itself (located.c)."""
-        if spans is None or columns is None:
-            return
-        try:
-            self.session.locate(s, *columns, os.fsencode(spans.data_path), os.fsencode(spans.index_path),
-                                spans.signatures, spans.starts, spans.compressed, spans.dictionary,
-                                spans.max_block_bytes)
-        except (ValueError, TypeError, BufferError, OSError, IndexError) as exc:  # Python reads them
-            log.debug("shard %d: located reads stay in Python: %s", s, exc)
+        self.attachments.attach(self.session, s, table, self.tree.lookup(self._path(folder)).mtime,
+                                getattr(self.tree, "native_spans", lambda _: None)(s))
 
     def release(self, s: int) -> None:
-        """The tree let go of shard position ``s``'s table: the engine lets go of its columns,
-        or, for a table it may read from its file (file mode: at most :data:`FILE_TABLES_MAX`),
-        reads them from there from now on (they then hold no memory of the daemon's)."""
-        if self._attached.pop(s, None) is None or self.session is None:
-            return
-        by_file = self._by_file.get(s)
-        if by_file is not None:
-            attach, spans, located = by_file
-            try:
-                self.session.attach(*attach)
-                self._attached[s] = _FROM_FILE
-                self._locate(s, spans, located)
-                return
-            except (ValueError, TypeError, BufferError, OSError) as exc:  # the file is gone or changed
-                log.debug("shard %d: table not read from its file: %s", s, exc)
-                del self._by_file[s]
-        self.session.detach(s)
+        """The tree let go of shard position ``s``'s table (:meth:`Attachments.release`)."""
+        if self.session is not None:
+            self.attachments.release(self.session, s)
 
     def fill(self, shard: int, row: int, offset: int, size: int) -> tuple[int, Any, bytes] | bytes | int:
         """A read of row ``row`` of an attached table that C did not answer where its bytes lie
