@@ -9,7 +9,9 @@ with no remount; a 503 storm is retried; the mount writes nothing into the bucke
 
 from __future__ import annotations
 
+import json
 import os
+import random
 import subprocess
 import tarfile
 import time
@@ -292,3 +294,32 @@ def test_a_big_file_the_kernel_reads_in_many_requests_fails_within_one_deadline(
         time.sleep(QUIET)
         assert (shard / "01.bin").read_bytes() == files["01.bin"]
         assert (shard / "02.bin").read_bytes() == files["02.bin"]
+
+
+def test_files_kept_in_a_buckets_tables_read_as_exported(server: S3Server, tmp_path: Path):
+    """JSON too big to keep inline is kept in the table, compressed a block at a time; from a
+    bucket, C does not read located files, and the control plane reads them from the kept
+    frames of the bucket's tables (checked against each block's fingerprint, a ranged GET):
+    every byte as exported. (That they are read from the kept frames, and not through their
+    blocks, is tests/test_located_reads.py's to check, in process.)"""
+    from atlasfs import AtlasWriter
+
+    source = tmp_path / "kept"
+    with AtlasWriter(source, shard_size=12, block_size=4, compression_strategy=2) as writer:
+        writer.add_examples([{"txt": f"example {i}", "json": {"id": i, "values": list(range(i, i + 80))}}
+                             for i in range(36)])
+    url = f"s3://{BUCKET}/kept"
+    server.upload(source, url)
+    assert atlasfs("index", url, "--endpoint-url", server.endpoint,
+                   env={**os.environ, "XDG_CACHE_HOME": str(tmp_path / "index-cache")}).returncode == 0
+    stored = server.filesystem().cat_file(f"{BUCKET}/kept/.atlasfs-tables/0.table")
+    header = json.loads(stored[16:16 + int.from_bytes(stored[8:12], "little")])
+    assert {name: count for name, _, count, _ in header["sections"]}["kept"] > 0  # the JSON are kept
+    export = tmp_path / "export"
+    assert atlasfs("export", str(source), str(export)).returncode == 0
+    files = [(shard, name, data) for shard in ("0", "1", "2")
+             for name, data in _tar_members(export / f"{shard}.tar").items()]
+    random.Random(3).shuffle(files)  # a random reader: located reads, not the in-order block path
+    with mounted(url, "--endpoint-url", server.endpoint, env={"XDG_CACHE_HOME": str(tmp_path / "mount-cache")}) as mnt:
+        for shard, name, data in files:
+            assert (mnt / shard / name).read_bytes() == data, f"{shard}/{name}"
