@@ -137,17 +137,17 @@ class Locators:
         self._last_kept: tuple[int, bytes | None] = (-1, None)
 
     @classmethod
-    def build(cls, locators: list[Locator | None], blocks: list[int] | None = None) -> "Locators | None":
-        """Columns for one locator per row (None: none) of files in ``blocks`` (default: all
-        in block 0); None if no row has one. Locators past the bounds (:data:`MAX_PREFIXES`,
+    def build(cls, locators: list[Locator | None]) -> "Locators | None":
+        """Columns for one locator per row (None: none), the rows' files all of one block;
+        None if no row has one. Locators past the bounds (:data:`MAX_PREFIXES`,
         :data:`MAX_PREFIX_BYTES`, :data:`INLINE_MAX`, :data:`INLINE_AVERAGE` a row of those
         before it, :data:`KEPT_MAX`, :data:`KEPT_AVERAGE`, offsets of 4 GiB) are left out:
-        their files keep their blocks."""
+        their files keep their blocks. (A shard's table: :class:`atlasfs.tree.tablebuilder.TableBuilder`.)"""
         from atlasfs.tree.tablebuilder import LocatorColumns
 
         columns = LocatorColumns()
-        for i, loc in enumerate(locators):
-            columns.add(loc, blocks[i] if blocks is not None else 0)
+        for loc in locators:
+            columns.add(loc)
         return columns.columns()
 
     def nbytes(self) -> int:

@@ -7,10 +7,10 @@
  *
  * The columns are Python buffers (views of the mapped table file, or arrays in memory) the
  * control plane attaches when it has the shard's table and detaches when it lets it go; or,
- * for a stored table every size of which is known, ranges of the table's file, read with
- * pread (file mode): those hold no memory but the kernel's page cache, and stay attached
- * when the control plane unmaps the table (its bound on mapped tables), so that random
- * readers over more tables than it holds are still answered here.
+ * once it lets go of a stored table every size of which is known, ranges of the table's file,
+ * read with pread (file mode, atlasfs/fuse/attachments.py): those hold no memory but the
+ * kernel's page cache, so that random readers over more tables than the control plane holds
+ * are still answered here.
  * They are untrusted (a table file may be another user's): every row, offset and length is
  * checked against its buffer's length before it is read. A shard's rwlock guards its
  * columns: readers take it shared and never call Python while holding it; detach takes it
@@ -314,13 +314,50 @@ ShardTable *table_of(Session *s, fuse_ino_t ino, int64_t *row)
     return &s->tables[shard];
 }
 
+/* The row named `name` (`len` bytes, at most NAME_BYTES): 1 and *found, 0 if there is none,
+ * -1 if the table lies. Lock held. */
+static int find_row(const ShardTable *t, const char *name, size_t len, uint64_t *found)
+{
+    uint64_t lo = 0, hi = t->n, row = __atomic_load_n(&t->hint, __ATOMIC_RELAXED);
+    char other[NAME_BYTES + 1];
+    size_t other_len;
+    /* The row after the last one found first: `tar`, `rsync` and `find -exec` look up a
+     * folder's files in the order it lists them (a binary search in a table read from its
+     * file costs three preads a step). */
+    if (row < t->n && row_name(t, row, other, len + 1, &other_len) == 0 && other_len == len
+        && memcmp(name, other, len) == 0) {
+        *found = row;
+        return 1;
+    }
+    while (lo < hi) {  /* by_path orders the rows by their names' bytes (flat tables only) */
+        uint64_t mid = lo + (hi - lo) / 2;
+        uint32_t at;
+        int cmp;
+        /* Enough of the other name to order it against this one. */
+        if (column_read(&t->by_path, mid * 4, &at, 4) != 0 || row_name(t, at, other, len + 1, &other_len) != 0)
+            return -1;
+        cmp = memcmp(name, other, len < other_len ? len : other_len);
+        if (cmp == 0)
+            cmp = len < other_len ? -1 : len > other_len;
+        if (cmp == 0) {
+            *found = at;
+            return 1;
+        }
+        if (cmp < 0)
+            hi = mid;
+        else
+            lo = mid + 1;
+    }
+    return 0;
+}
+
 int tables_lookup(Session *s, fuse_ino_t parent, const char *name, struct fuse_entry_param *e)
 {
     int64_t folder_row;
     ShardTable *t = table_of(s, parent, &folder_row);
     size_t len = strlen(name);
-    uint64_t lo = 0, hi;
-    int found = 0;
+    uint64_t row = 0;
+    int found;
     if (t == NULL || folder_row != -1 || len > NAME_BYTES)
         return 0;
     pthread_rwlock_rdlock(&t->lock);
@@ -328,63 +365,18 @@ int tables_lookup(Session *s, fuse_ino_t parent, const char *name, struct fuse_e
         pthread_rwlock_unlock(&t->lock);
         return 0;
     }
-    hi = t->n;
-    {
-        /* The row after the last one found first: `tar`, `rsync` and `find -exec` look up a
-         * folder's files in the order it lists them (a binary search in a table read from its
-         * file costs three preads a step). */
-        uint64_t row = __atomic_load_n(&t->hint, __ATOMIC_RELAXED);
-        char other[NAME_BYTES + 1];
-        size_t other_len;
-        if (row < t->n && row_name(t, row, other, len + 1, &other_len) == 0 && other_len == len
-            && memcmp(name, other, len) == 0) {
-            memset(e, 0, sizeof *e);
-            e->ino = parent + 1 + row;
-            found = row_attr(s, t, row, e->ino, &e->attr);
-            if (found == 1)
-                __atomic_store_n(&t->hint, row + 1, __ATOMIC_RELAXED);
-            lo = hi = 0;  /* no search */
-            if (found == 0)
-                found = 3;  /* the control plane's */
-        }
+    found = find_row(t, name, len, &row);
+    if (found == 1) {
+        memset(e, 0, sizeof *e);
+        e->ino = parent + 1 + row;
+        found = row_attr(s, t, row, e->ino, &e->attr);  /* 1, 0 (the control plane's) or -1 */
+        if (found == 1)
+            __atomic_store_n(&t->hint, row + 1, __ATOMIC_RELAXED);
+    } else if (found == 0) {
+        found = -ENOENT;  /* not in the shard */
     }
-    while (lo < hi) {  /* by_path orders the rows by their names' bytes (flat tables only) */
-        uint64_t mid = lo + (hi - lo) / 2;
-        uint32_t row;
-        char other[NAME_BYTES + 1];
-        size_t other_len;
-        int cmp;
-        /* Enough of the other name to order it against this one (at most NAME_BYTES long). */
-        if (column_read(&t->by_path, mid * 4, &row, 4) != 0
-            || row_name(t, row, other, len < NAME_BYTES ? len + 1 : NAME_BYTES + 1, &other_len) != 0) {
-            found = -1;
-            break;
-        }
-        cmp = memcmp(name, other, len < other_len ? len : other_len);
-        if (cmp == 0)
-            cmp = len < other_len ? -1 : len > other_len;
-        if (cmp == 0) {
-            fuse_ino_t ino = parent + 1 + row;
-            memset(e, 0, sizeof *e);
-            found = row_attr(s, t, row, ino, &e->attr);
-            e->ino = ino;
-            if (found == 1)
-                __atomic_store_n(&t->hint, (uint64_t)row + 1, __ATOMIC_RELAXED);
-            break;
-        }
-        if (cmp < 0)
-            hi = mid;
-        else
-            lo = mid + 1;
-    }
-    if (lo >= hi && found == 0)
-        found = 2;  /* not in the shard */
     pthread_rwlock_unlock(&t->lock);
-    if (found == -1)
-        return -EIO;
-    if (found == 2)
-        return -ENOENT;
-    return found == 3 ? 0 : found;
+    return found == -1 ? -EIO : found;
 }
 
 int tables_getattr(Session *s, fuse_ino_t ino, struct stat *st)
