@@ -26,6 +26,7 @@ import os
 import shutil
 import statistics
 import sys
+import time
 from typing import Any
 
 if __package__ in (None, ""):  # run as a script: make `bench` importable
@@ -39,6 +40,28 @@ SYSTEMS = ("atlasfs", "ratarmount")
 
 def _figures(reads: workloads.Reads, count: int) -> dict[str, float]:
     return {"fps": count / reads.seconds, "p50_ms": reads.percentile(50) * 1e3, "p99_ms": reads.percentile(99) * 1e3}
+
+
+def block_decompression(atlas: str) -> dict[str, float]:
+    """Milliseconds to decompress each block of the dataset whole, once, in this process with
+    its shard's own codec (zstandard, the dataset's dictionary): p50 and p90 over the blocks.
+    The first read of a file in a compressible block needs its block decompressed from the
+    start (a zstd frame is not decoded from its middle), on any server that keeps the data as
+    it is: with few reads a block, these first reads are the cold p99's (docs/performance.md)."""
+    from atlasfs import AtlasDataset
+
+    times = []
+    clock = time.perf_counter
+    with AtlasDataset(atlas) as ds:
+        for shard in ds.shards:
+            for block in range(shard.num_blocks):
+                raw = shard.read_raw(block)
+                t0 = clock()
+                shard.codec.decompress(raw, shard.block_where(block))
+                times.append(clock() - t0)
+    times.sort()
+    return {"p50_ms": times[len(times) // 2] * 1e3, "p90_ms": times[int(len(times) * 0.9)] * 1e3,
+            "blocks": len(times)}
 
 
 def run_dataset(name: str, args: argparse.Namespace, workdir: str, scratch: str, ratarmount: str | None) -> dict[str, Any]:
@@ -75,7 +98,8 @@ def run_dataset(name: str, args: argparse.Namespace, workdir: str, scratch: str,
                         harness.log(f"{name}: {system.name} {kind}: WRONG BYTES")
                     for figure, value in _figures(got, len(reads)).items():
                         raw[system.name].setdefault(f"{kind}_{figure}", []).append(value)
-    return {"files": prepared.files, "reads": len(reads), "raw": raw, "wrong_passes": wrong}
+    return {"files": prepared.files, "reads": len(reads), "raw": raw, "wrong_passes": wrong,
+            "block_decompression": block_decompression(prepared.atlas)}
 
 
 def _cell(values: list[float] | None, digits: int) -> str:
@@ -95,6 +119,13 @@ def body(results: dict[str, dict[str, Any]]) -> list[str]:
                      else "missing")
             rows.append([name, f"{figure.replace('_', ' ')} ({unit})", _cell(a.get(figure), digits),
                          _cell(b.get(figure), digits), ratio])
+        if "block_decompression" in r:  # against ratarmount's cold p99: how much of it one such decompression takes
+            d = r["block_decompression"]
+            cold_p99 = b.get("cold_p99_ms")
+            for figure in ("p50_ms", "p90_ms"):
+                ratio = f"{d[figure] / statistics.median(cold_p99):.2f}" if cold_p99 else "missing"
+                rows.append([name, f"a block decompressed whole, in process, {figure[:3]} of {d['blocks']} (ms; "
+                             "ratio: of ratarmount's cold p99)", f"{d[figure]:.3f}", "none", ratio])
         if r["wrong_passes"]:
             rows.append([name, "**passes with wrong bytes**", str(r["wrong_passes"]), "", ""])
     return harness.table(["set", "figure", "atlasfs", "ratarmount", "ratio (medians)"], rows)

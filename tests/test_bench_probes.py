@@ -45,9 +45,13 @@ def test_cold_random_measures_atlasfs_and_reports_ratarmount_missing(tmp_path: P
     result = run.data["results"]["tiny"]
     assert result["wrong_passes"] == 0 and set(result["raw"]) == {"atlasfs"}
     rows = table_rows(run.markdown, "tiny")
-    assert len(rows) == 5, run.markdown
-    for row in rows:
+    assert len(rows) == 7, run.markdown
+    for row in rows[:5]:
         assert row[2] != "missing" and row[3] == "missing" and row[4] == "missing", row
+    decompression = result["block_decompression"]
+    assert decompression["blocks"] > 0 and 0 < decompression["p50_ms"] <= decompression["p90_ms"]
+    for row in rows[5:]:  # a block decompressed whole: atlasfs's own figure, measured without a mount
+        assert "decompressed whole" in row[1] and float(row[2]) > 0 and row[3] == "none" and row[4] == "missing", row
     assert "ratarmount figures are MISSING: skipped (--no-ratarmount)" in run.markdown
 
 
