@@ -401,8 +401,9 @@ class NativeSession:
         finally:
             self.session.unmount()
         stats = self.session.stats()
-        log.info("%s: native engine answered %s", self.mountpoint,
-                 ", ".join(f"{kind} {n['c']} in C, {n['python']} in Python" for kind, n in stats.items()))
+        log.info("%s: native engine answered %s; zstd dictionaries held: %d", self.mountpoint,
+                 ", ".join(f"{kind} {n['c']} in C, {n['python']} in Python" for kind, n in stats.items()),
+                 native_module().dictionaries())
         if self.bridge.critical is not None:
             raise self.bridge.critical
         if err and self.stop_signal is None:

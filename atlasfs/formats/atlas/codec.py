@@ -65,6 +65,7 @@ class ZstdDictionary:
         self._storage = storage
         self._lock = threading.Lock()
         self._dict: zstandard.ZstdCompressionDict | None = None
+        self._data = b""
 
     def get(self) -> zstandard.ZstdCompressionDict:
         """The loaded dictionary; raises :class:`AtlasFormatError` if unreadable."""
@@ -74,7 +75,14 @@ class ZstdDictionary:
                 if not data:
                     raise AtlasFormatError(f"{self.path}: dictionary is empty")
                 self._dict = zstandard.ZstdCompressionDict(data)
+                self._data = data
             return self._dict
+
+    def data(self) -> bytes:
+        """The dictionary file's bytes, one object for every caller (as_bytes() copies them
+        each time: ~100 KiB a shard handed to the native engine); raises as :meth:`get`."""
+        self.get()
+        return self._data
 
 
 class BlockCodec:

@@ -6,6 +6,7 @@
  * tables.c  shard tables attached by the control plane, and the node ids of their rows
  * cache.c   the byte cache: a block's encoded files, or its decompressed bytes
  * located.c files read where their bytes lie (the table's locators), without Python
+ * dictionaries.c zstd dictionaries shared by the shards that have the same one
  *
  * Everything a Python callback returns is checked here as untrusted: a wrong type or
  * value becomes EIO with one log line, never a crash.
@@ -22,6 +23,7 @@
 #include <pthread.h>
 #include <stdint.h>
 #include <sys/types.h>
+#include <zstd.h>
 
 /* The Python methods the engine calls (the control plane, atlasfs/fuse/engine.py). */
 enum {
@@ -165,5 +167,16 @@ PyObject *located_attach(Session *self, PyObject *args);
 void located_free(Located *l);
 int located_read(Session *s, ShardTable *t, fuse_req_t req, uint64_t shard, uint64_t row, uint64_t block,
                  uint64_t fsize, size_t size, off_t off);
+
+/* dictionaries.c: one decompression dictionary for every shard made with the same bytes. */
+typedef struct SharedDict SharedDict;
+/* The dictionary of these bytes, counted once more (made at its first take), or NULL: not a
+ * dictionary, or no memory. */
+SharedDict *dictionary_take(const void *bytes, size_t len);
+const ZSTD_DDict *dictionary_ddict(const SharedDict *d);
+/* Counted once less; freed with its last (NULL: nothing). */
+void dictionary_drop(SharedDict *d);
+/* Dictionaries held now (Python: _native.dictionaries()). */
+size_t dictionary_count(void);
 
 #endif

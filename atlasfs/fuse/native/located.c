@@ -54,7 +54,7 @@ struct Located {
     uint64_t *starts;  /* nblocks + 1, ascending: block b is starts[b] .. starts[b + 1] of data.bin */
     uint64_t nblocks, max_block_bytes;
     int compressed;
-    ZSTD_DDict *ddict;
+    SharedDict *dictionary;  /* shared with the shards that have the same one; NULL: none */
     uint8_t *unlocated;  /* one byte a block: a located read of it failed here */
 };
 
@@ -91,7 +91,7 @@ void located_free(Located *l)
             PyBuffer_Release(buffers[i]);
     if (l->fd >= 0)
         close(l->fd);
-    ZSTD_freeDDict(l->ddict);
+    dictionary_drop(l->dictionary);
     free(l->data_path);
     free(l->index_path);
     free(l->starts);
@@ -207,9 +207,9 @@ PyObject *located_attach(Session *self, PyObject *args)
     if (dictionary != Py_None) {
         if (PyObject_GetBuffer(dictionary, &view, PyBUF_C_CONTIGUOUS) != 0)
             goto fail;
-        l->ddict = ZSTD_createDDict(view.buf, (size_t)view.len);
+        l->dictionary = dictionary_take(view.buf, (size_t)view.len);
         PyBuffer_Release(&view);
-        if (l->ddict == NULL) {
+        if (l->dictionary == NULL) {
             PyErr_SetString(PyExc_ValueError, "locate: not a zstd dictionary");
             goto fail;
         }
@@ -371,7 +371,8 @@ static int load_payload(const Located *l, uint64_t block, char **out, size_t *ou
     payload = malloc(content ? (size_t)content : 1);
     if (payload == NULL)
         goto bad_raw;
-    got = l->ddict != NULL ? ZSTD_decompress_usingDDict(dctx, payload, (size_t)content, raw, (size_t)stored, l->ddict)
+    got = l->dictionary != NULL ? ZSTD_decompress_usingDDict(dctx, payload, (size_t)content, raw, (size_t)stored,
+                                                             dictionary_ddict(l->dictionary))
                            : ZSTD_decompressDCtx(dctx, payload, (size_t)content, raw, (size_t)stored);
     free(raw);
     if (ZSTD_isError(got) || got != content) {

@@ -233,9 +233,22 @@ static PyTypeObject SessionType = {
     .tp_methods = Session_methods,
 };
 
+static PyObject *native_dictionaries(PyObject *module, PyObject *unused)
+{
+    (void)module;
+    (void)unused;
+    return PyLong_FromSize_t(dictionary_count());
+}
+
+static PyMethodDef native_functions[] = {
+    {"dictionaries", native_dictionaries, METH_NOARGS,
+     "zstd dictionaries held for located reads, one for every shard made with the same bytes."},
+    {NULL, NULL, 0, NULL},
+};
+
 static struct PyModuleDef native_module = {
     PyModuleDef_HEAD_INIT, "atlasfs.fuse._native",
-    "atlasfs's native data plane on libfuse 3's low-level API (docs/native.md).", -1, NULL,
+    "atlasfs's native data plane on libfuse 3's low-level API (docs/native.md).", -1, native_functions,
 };
 
 PyMODINIT_FUNC PyInit__native(void)

@@ -113,7 +113,7 @@ class LocatedReads:
             return None
         codec = shard.codec
         try:
-            dictionary = codec.dictionary.get().as_bytes() if codec.dictionary is not None else None
+            dictionary = codec.dictionary.data() if codec.dictionary is not None else None
         except Exception:  # noqa: BLE001 (read_span meets the same error and says it)
             return None
         return NativeSpans(shard.data_path, shard.index_path, (data[0], data[1], index[0], index[1]),
