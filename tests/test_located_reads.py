@@ -622,6 +622,19 @@ def _mount_holding_one_table(dataset: Path, mnt: Path, log: Path, file_tables: i
     return process
 
 
+@pytest.mark.parametrize("limits, tables, soft", [((512, 1024), 256, 1024), ((300, 300), 14, 300)])
+def test_tables_read_from_their_files_fit_the_open_files_limit(limits: tuple[int, int], tables: int,
+                                                               soft: int) -> None:
+    """Three descriptors a table read from its file, 256 left to the rest: the soft limit is
+    raised within the hard one as far as that needs, and the tables fit what is left (run in a
+    process of its own: the limit is the process's)."""
+    code = ("import resource, sys; resource.setrlimit(resource.RLIMIT_NOFILE, tuple(map(int, sys.argv[1:3])));"
+            "from atlasfs.fuse import attachments; n = attachments.file_tables_max();"
+            "print(n, resource.getrlimit(resource.RLIMIT_NOFILE)[0])")
+    run = subprocess.run([sys.executable, "-c", code, *map(str, limits)], capture_output=True, text=True, check=True)
+    assert run.stdout.split() == [str(tables), str(soft)], run.stderr
+
+
 @pytest.mark.parametrize("file_tables", [0, 64])
 def test_tables_read_from_their_files_answer_random_readers_over_more_tables_than_the_tree_holds(
         tmp_path: Path, file_tables: int) -> None:
@@ -629,7 +642,7 @@ def test_tables_read_from_their_files_answer_random_readers_over_more_tables_tha
     table attached from its mapped columns is let go with its map, so lookups and reads of
     the other shards are the control plane's (file_tables 0: the test can fail); a table
     read from its file (pread: no memory held) stays attached, and C answers nearly all."""
-    dataset = _write(tmp_path / "ds", _examples(6, 144), 2, block_size=4, shard_size=24)  # listings of 144
+    dataset = _write(tmp_path / "ds", _examples(6, 144), 2, block_size=3, shard_size=24)  # listings of 144; 8 blocks a shard: a dictionary
     exported = _export(dataset, tmp_path / "export")
     _index(dataset, dataset / ".atlasfs-tables")  # where a mount finds them
     mnt, log = tmp_path / "mnt", tmp_path / "daemon.log"
@@ -651,5 +664,7 @@ def test_tables_read_from_their_files_answer_random_readers_over_more_tables_tha
         shards = len(exported)
         assert answered["lookup"][1] <= 5 * shards and answered["read"][1] <= 4 * shards, answered
         assert answered["located"][0] >= files - 4 * shards
+        # The 6 shards' located reads share the dataset's one zstd dictionary.
+        assert "zstd dictionaries held: 1" in log.read_text()
     else:
         assert answered["lookup"][1] > 10 * len(exported) and answered["read"][1] > 0, answered

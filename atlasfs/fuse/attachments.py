@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import os
+import resource
 from typing import Any
 
 import numpy as np
@@ -20,11 +21,16 @@ import numpy as np
 log = logging.getLogger("atlasfs")
 
 #: Tables the engine reads from their files once the tree lets go of their maps, at most: each
-#: holds a descriptor of its table and, with its located reads, one of its data.bin and its zstd
-#: dictionary (~100 KiB of decompression tables), for as long as the mount lives. Past it,
+#: holds a few KiB (its blocks' starts, its locators' prefixes) and descriptors for as long as
+#: the mount lives; shards with the same zstd dictionary share one (dictionaries.c). Past it,
 #: tables are answered in C only while the tree holds them. (A held table is answered from its
 #: map: a lookup is then a binary search in memory, not three preads a step.)
-FILE_TABLES_MAX = 64
+FILE_TABLES_MAX = 4096
+#: Descriptors a table read from its file takes: its file and its data.bin in C, and its
+#: data.bin in the tree's storage (which the tree opened to read it at all).
+TABLE_DESCRIPTORS = 3
+#: Descriptors left to everything else (libfuse, the tree's other files, Python).
+OTHER_DESCRIPTORS = 256
 #: What ``Attachments`` records for a table attached from its file.
 _FROM_FILE = "file"
 #: The sections of a table's file attached in file mode, in ``Session.attach``'s order.
@@ -39,6 +45,7 @@ class Attachments:
     def __init__(self) -> None:
         self._attached: dict[int, Any] = {}
         self._by_file: dict[int, tuple[Any, Any, Any]] = {}
+        self.file_tables_max = file_tables_max()
 
     def attached(self, s: int, table: Any) -> bool:
         """Whether ``table`` is what the engine answers shard position ``s`` from already."""
@@ -57,7 +64,7 @@ class Attachments:
         self._attached[s] = table.size
         spans = found[1] if found is not None else None
         _locate(session, s, spans, _located_args(table, found, by_file=False))
-        if s not in self._by_file and _file_mode(table) and len(self._by_file) < FILE_TABLES_MAX:
+        if s not in self._by_file and _file_mode(table) and len(self._by_file) < self.file_tables_max:
             sections = table.sections  # nothing kept here is a view of the table's map
             self._by_file[s] = ((s, mtime, *(sections[name] for name in _FILE_COLUMNS),
                                  (os.fsencode(table.path), table.file_identity)),
@@ -80,6 +87,25 @@ class Attachments:
                 log.debug("shard %d: table not read from its file: %s", s, exc)
                 del self._by_file[s]
         session.detach(s)
+
+
+def file_tables_max() -> int:
+    """How many tables may be read from their files: :data:`FILE_TABLES_MAX`, or fewer when
+    the process may not open :data:`TABLE_DESCRIPTORS` for each beside
+    :data:`OTHER_DESCRIPTORS`. The soft limit on open files is raised first, within the hard
+    one, as far as that needs (a shell's soft limit is often 1,024, its hard one far more)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = TABLE_DESCRIPTORS * FILE_TABLES_MAX + OTHER_DESCRIPTORS
+    if soft != resource.RLIM_INFINITY and soft < want:
+        raised = want if hard == resource.RLIM_INFINITY else min(want, hard)
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (raised, hard))
+            soft = raised
+        except (ValueError, OSError) as exc:
+            log.debug("open files limit not raised to %d: %s", raised, exc)
+    if soft == resource.RLIM_INFINITY:
+        return FILE_TABLES_MAX
+    return max(0, min(FILE_TABLES_MAX, (soft - OTHER_DESCRIPTORS) // TABLE_DESCRIPTORS))
 
 
 def _file_mode(table: Any) -> bool:
