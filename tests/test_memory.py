@@ -144,6 +144,29 @@ def test_listings_and_lookups_keep_no_python_object_per_file(dataset: Path, monk
     assert grown < 2 * 64 + 20 * SHARDS, grown  # the memo's entries and refs, a listing object per folder
 
 
+def test_listings_under_way_keep_few_windows_of_entries(dataset: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The bridge keeps listings under way between their requests (no OPENDIR or RELEASEDIR
+    says when one ends), but only the WINDOWS_KEPT most recently used keep their window of
+    entries (~240 bytes each, KNOWN_WINDOW of them): listing every shard with attributes, as
+    `tar` does, leaves that many windows, not one a shard."""
+    from atlasfs.fuse import engine
+
+    monkeypatch.setattr(engine, "WINDOWS_KEPT", 2)
+    tree = BlockTree(AtlasDataset(dataset), cache_bytes=96 << 10)
+    for shard in tree.source.shards:  # every size known: a listing hands attributes out
+        tree.table(tree.placement.by_name[shard.name], sizes=True)
+    bridge = engine.NativeBridge(tree)  # no session: no table attached, every listing Python's
+    for shard in tree.source.shards:
+        node = bridge.lookup(engine.ROOT, shard.name.encode())
+        assert isinstance(node, tuple), node
+        assert len(bridge.readdir(node[0], 0, 64, True)) == 64
+    listings = list(bridge._listings.values())
+    assert len(listings) == SHARDS and all(listing.plus for listing in listings)
+    assert [bool(listing.window) for listing in listings] == [False] * (SHARDS - 2) + [True] * 2
+    again = bridge.readdir(bridge.lookup(engine.ROOT, tree.source.shards[0].name.encode())[0], 64, 64, True)
+    assert len(again) == 64 and all(entry[3] for entry in again)  # its window asked again: attributes
+
+
 def test_blocks_are_decoded_a_few_at_a_time(dataset: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A block being decoded is not in the cache yet (its pickle and its objects, beside
     each other): however many threads read, at most DECODERS are decoded at once."""

@@ -18,6 +18,7 @@ It is atlasfs's one FUSE engine: :func:`atlasfs.fuse.mount.serve` always mounts 
 from __future__ import annotations
 
 import errno
+import itertools
 import logging
 import os
 import signal
@@ -64,6 +65,9 @@ LISTINGS_KEPT = 256
 #: A listing with attributes asks the tree for this many children's entries at a time
 #: (about 240 bytes each while the folder is being listed).
 KNOWN_WINDOW = 1024
+#: Listings that keep their window of entries, the most recently used; the others let it go
+#: and ask again if they go on (every kept listing's window would be ~60 MiB).
+WINDOWS_KEPT = 8
 
 
 def native_module() -> Any:
@@ -95,6 +99,10 @@ class _Listing:
             self.window_start, at = i, 0
             self.window = tree.known_entries(self.path, i, i + KNOWN_WINDOW)
         return self.window[at] if at < len(self.window) else None
+
+    def forget_window(self) -> None:
+        """Let go of the window of entries (asked again by :meth:`known` if needed)."""
+        self.window, self.window_start = (), 0
 
 
 class NativeBridge:
@@ -217,8 +225,9 @@ class NativeBridge:
                 else:
                     out.append((name.encode("utf-8"), entry.is_dir, entry.ino, self._node(f"{prefix}/{name}", entry),
                                 entry.size, entry.mtime, i + 3))
-            if node >= TABLE_NODES:
-                self._attach(node)
+            if node >= TABLE_NODES and self._attach(node):
+                with self._lock:  # the engine answers the rest of this listing from the table
+                    self._listings.pop(node, None)
             return out
         except BaseException as exc:
             return self._failed("readdir", (node, offset), exc)
@@ -230,6 +239,7 @@ class NativeBridge:
             listing = self._listings.get(node) if offset > 0 else None
             if listing is not None:
                 self._listings.move_to_end(node)
+                self._forget_old_window()
                 return listing
         listing = _Listing(path, self.tree.names(path))  # ENOTDIR for a file
         if plus:
@@ -238,7 +248,14 @@ class NativeBridge:
             self._listings[node] = listing
             while len(self._listings) > LISTINGS_KEPT:
                 self._listings.popitem(last=False)
+            self._forget_old_window()
         return listing
+
+    def _forget_old_window(self) -> None:
+        """The listing that just fell out of the :data:`WINDOWS_KEPT` most recently used lets
+        its window go. Lock held."""
+        if len(self._listings) > WINDOWS_KEPT:
+            next(itertools.islice(reversed(self._listings.values()), WINDOWS_KEPT, None)).forget_window()
 
     def _hand_out_attributes(self, listing: _Listing) -> bool:
         """Whether to hand out the known entries of a folder when the kernel asks for them
@@ -256,17 +273,20 @@ class NativeBridge:
         except BaseException as exc:
             return self._failed("read", (node, offset, size), exc)
 
-    def _attach(self, folder: int) -> None:
+    def _attach(self, folder: int) -> bool:
         """Attach the table of the shard folder ``folder`` to the engine, if the tree holds it
-        and it is flat (:class:`~atlasfs.fuse.attachments.Attachments`)."""
+        and it is flat (:class:`~atlasfs.fuse.attachments.Attachments`): whether the engine
+        answers the folder's rows now."""
         s, row = (folder >> 32) - 1, folder & 0xFFFFFFFF
         if self.session is None or self._tables is None or row != 0:
-            return
+            return False
         table = self._tables.tables.get(s)
-        if table is None or not table.flat or self.attachments.attached(s, table):
-            return
-        self.attachments.attach(self.session, s, table, self.tree.lookup(self._path(folder)).mtime,
-                                getattr(self.tree, "native_spans", lambda _: None)(s))
+        if table is None or not table.flat:
+            return False
+        if not self.attachments.attached(s, table):
+            self.attachments.attach(self.session, s, table, self.tree.lookup(self._path(folder)).mtime,
+                                    getattr(self.tree, "native_spans", lambda _: None)(s))
+        return self.attachments.attached(s, table)
 
     def release(self, s: int) -> None:
         """The tree let go of shard position ``s``'s table (:meth:`Attachments.release`)."""
