@@ -22,6 +22,7 @@ import pytest
 
 from atlasfs.storage import (
     LOCAL,
+    LocalStorage,
     StorageChangedError,
     StorageOptions,
     StorageUnavailableError,
@@ -449,3 +450,20 @@ def test_http_urls_read_through_fsspec(tmp_path: Path):
     finally:
         process.terminate()
         process.wait()
+
+
+def test_a_local_descriptor_let_go_of_under_a_read_is_closed_after_it(tmp_path: Path) -> None:
+    """``close_file`` while a read uses the descriptor (export done with a shard its
+    read-ahead thread still reads) closes it only when that read is done: its number is not
+    given to another file under the read."""
+    path = tmp_path / "data.bin"
+    path.write_bytes(b"abcdef")
+    storage = LocalStorage()
+    under_way = storage._take(str(path))  # a read that has its descriptor, not yet pread
+    storage.close_file(str(path))
+    assert os.pread(under_way[0], 3, 0) == b"abc"  # still this file's
+    assert storage.pread(str(path), 3, 3) == b"def"  # a new read opens it again
+    storage._give(str(path), under_way)
+    with pytest.raises(OSError):
+        os.fstat(under_way[0])  # closed by its last read
+    storage.close()

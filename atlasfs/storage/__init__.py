@@ -193,14 +193,18 @@ class Storage(ABC):
 
 class LocalStorage(Storage):
     """The local file system, as the format layer has always read it: ``pread`` on
-    a descriptor kept per file, so one read costs one system call."""
+    a descriptor kept per file, so one read costs one system call. A descriptor let go of
+    (``close_file``, ``close``) is closed once no read is using it: its number could
+    otherwise be given to another file under a read (a tree's read-ahead thread may still
+    be reading a shard that ``export`` is done with)."""
 
     remote = False
 
     def __init__(self) -> None:
         import threading
 
-        self._fds: dict[str, int] = {}
+        #: path -> [descriptor, reads using it]
+        self._fds: dict[str, list[int]] = {}
         self._lock = threading.Lock()
 
     def listdir(self, path: str) -> list[tuple[str, bool]]:
@@ -228,15 +232,28 @@ class LocalStorage(Storage):
         with open(path, "rb") as f:
             return f.read() if limit is None else f.read(limit)
 
-    def _descriptor(self, path: str) -> int:
+    def _take(self, path: str) -> list[int]:
+        """``path``'s descriptor entry, counted as used by one more read."""
         with self._lock:
-            fd = self._fds.get(path)
-            if fd is None:
-                fd = self._fds[path] = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-            return fd
+            entry = self._fds.get(path)
+            if entry is None:
+                entry = self._fds[path] = [os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)), 0]
+            entry[1] += 1
+            return entry
+
+    def _give(self, path: str, entry: list[int]) -> None:
+        """A read is done with ``entry``: closed if it was let go of meanwhile and no read uses it."""
+        with self._lock:
+            entry[1] -= 1
+            if entry[1] == 0 and self._fds.get(path) is not entry:
+                os.close(entry[0])
 
     def pread(self, path: str, offset: int, size: int) -> bytes:
-        return os.pread(self._descriptor(path), size, offset)
+        entry = self._take(path)
+        try:
+            return os.pread(entry[0], size, offset)
+        finally:
+            self._give(path, entry)
 
     def write(self, path: str, data: bytes, mode: int | None = None) -> None:
         folder = os.path.dirname(path)
@@ -255,15 +272,16 @@ class LocalStorage(Storage):
 
     def close_file(self, path: str) -> None:
         with self._lock:
-            fd = self._fds.pop(path, None)
-        if fd is not None:
-            os.close(fd)
+            entry = self._fds.pop(path, None)
+            if entry is not None and entry[1] == 0:
+                os.close(entry[0])  # else by the last read using it (_give)
 
     def close(self) -> None:
         with self._lock:
-            fds, self._fds = list(self._fds.values()), {}
-        for fd in fds:
-            os.close(fd)
+            entries, self._fds = list(self._fds.values()), {}
+            for fd, users in entries:
+                if users == 0:
+                    os.close(fd)
 
 
 #: The local storage for whole-file reads, shared by the process. A reader that keeps
