@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import resource
 import shutil
 import tarfile
 from pathlib import Path
 
 import numpy as np
 
+from atlasfs import AtlasWriter
 from fusemount import atlasfs
 from helpers import REFERENCE
 
@@ -128,6 +130,24 @@ def test_export_writes_one_tar_per_shard(tmp_path: Path) -> None:
     assert result.stderr == f"atlasfs: {tmp_path / 'file'}: exists and is not a folder (OUTDIR is the folder " \
                             "the tars go in)\n"
     assert (tmp_path / "file").read_text() == "not a folder"
+
+
+def test_export_and_index_of_more_shards_than_open_files_allowed(tmp_path: Path) -> None:
+    """``export`` and ``index`` keep one shard's files open at a time: 80 shards go through a
+    process allowed 48 descriptors (each shard's data.bin stayed open until the end before)."""
+    dataset = tmp_path / "ds"
+    with AtlasWriter(dataset, shard_size=2, block_size=2, compression_strategy=1) as writer:
+        writer.add_examples([{"txt": f"example {i}", "cls": i} for i in range(160)])
+
+    def few_descriptors() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (48, 48))
+
+    result = atlasfs("export", "-j", "1", str(dataset), str(tmp_path / "out"), preexec_fn=few_descriptors)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert len(list((tmp_path / "out").glob("*.tar"))) == 80
+    result = atlasfs("index", "-j", "1", str(dataset), preexec_fn=few_descriptors)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "80 shards" in result.stdout + result.stderr
 
 
 def test_demo_writes_a_valid_dataset(tmp_path: Path) -> None:

@@ -66,7 +66,7 @@ LISTINGS_KEPT = 256
 #: (about 240 bytes each while the folder is being listed).
 KNOWN_WINDOW = 1024
 #: Listings that keep their window of entries, the most recently used; the others let it go
-#: and ask again if they go on (every kept listing's window would be ~60 MiB).
+#: and ask again if they go on (the windows of all LISTINGS_KEPT would be ~60 MiB).
 WINDOWS_KEPT = 8
 
 

@@ -93,10 +93,12 @@ class BlockTree(Tree):
 
     def forget(self, s: int) -> None:
         """Drop shard position ``s``'s table, listings and entries (see :meth:`Tables.forget
-        <atlasfs.tree.tables.Tables.forget>`): ``index`` and ``export`` keep one shard's at a time."""
+        <atlasfs.tree.tables.Tables.forget>`) and close its files (reopened if it is read again):
+        ``index`` and ``export`` keep one shard's at a time, and as many descriptors."""
         self.tables.forget(s)
         self.folders.forget(s)
         self._recent = {}
+        self.shards[s].close()
 
     def path_of_ino(self, ino: int) -> str | None:
         """The path of a shard folder's or a table row's inode number (they carry (shard, row):
