@@ -51,6 +51,9 @@ typedef struct {
     uint64_t at, len;
 } Column;
 
+/* `size` bytes at `at` of file `fd` into `buf` (pread, again after EINTR or a short read): 0,
+ * or -1 (an error, or the file ends first). */
+int read_full(int fd, char *buf, size_t size, uint64_t at);
 /* Bytes [from, from + size) of column `c` into `out`: 0, or -1 (out of the column, or the file
  * cut short: a table that lies). */
 int column_read(const Column *c, uint64_t from, void *out, size_t size);

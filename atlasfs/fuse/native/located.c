@@ -25,7 +25,6 @@
  */
 #include "engine.h"
 
-#include <errno.h>
 #include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
@@ -285,21 +284,6 @@ static int same_file(const char *path, int64_t size, int64_t mtime_ns)
     struct stat st;
     return stat(path, &st) == 0 && (int64_t)st.st_size == size
            && (int64_t)st.st_mtim.tv_sec * 1000000000 + st.st_mtim.tv_nsec == mtime_ns;
-}
-
-static int read_full(int fd, char *buf, size_t size, uint64_t at)
-{
-    while (size > 0) {
-        ssize_t got = pread(fd, buf, size, (off_t)at);
-        if (got < 0 && errno == EINTR)
-            continue;
-        if (got <= 0)
-            return -1;
-        buf += got;
-        size -= (size_t)got;
-        at += (uint64_t)got;
-    }
-    return 0;
 }
 
 static uint32_t crc(uint32_t seed, const char *data, size_t size)

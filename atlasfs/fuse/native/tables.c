@@ -31,6 +31,21 @@
 /* Bytes of a name compared or listed: NAME_MAX (a longer one is no name the kernel asks for). */
 #define NAME_BYTES 255
 
+int read_full(int fd, char *buf, size_t size, uint64_t at)
+{
+    while (size > 0) {
+        ssize_t got = pread(fd, buf, size, (off_t)at);
+        if (got < 0 && errno == EINTR)
+            continue;
+        if (got <= 0)
+            return -1;
+        buf += got;
+        size -= (size_t)got;
+        at += (uint64_t)got;
+    }
+    return 0;
+}
+
 int column_read(const Column *c, uint64_t from, void *out, size_t size)
 {
     if (from > c->len || size > c->len - from)
@@ -39,17 +54,7 @@ int column_read(const Column *c, uint64_t from, void *out, size_t size)
         memcpy(out, (const char *)c->view.buf + from, size);
         return 0;
     }
-    while (size > 0) {
-        ssize_t got = pread(c->fd, out, size, (off_t)(c->at + from));
-        if (got < 0 && errno == EINTR)
-            continue;
-        if (got <= 0)
-            return -1;
-        out = (char *)out + got;
-        size -= (size_t)got;
-        from += (uint64_t)got;
-    }
-    return 0;
+    return read_full(c->fd, out, size, c->at + from);
 }
 
 int column_from(PyObject *obj, Column *c, int fd, uint64_t file_size, const char *what)
