@@ -31,16 +31,19 @@ test: install
 test-sanitized: install
 	./scripts/test-sanitized.sh $(VENV)
 
-# The benchmark suite (docs/performance.md), then the FUSE floor and the tar view in the same run:
-# about a quarter of an hour on 2 cores; installs ratarmount, the peer it compares with, into
-# bench/.venv-ratarmount (never into $(VENV)). Each writes its report into bench/results
-# (latest.*, floor.*, tarview.*). BENCH_ARGS go to all three (the harness's flags, bench/harness.py:
-# --smoke, --repeat N, --out DIR, --workdir DIR), RUN_ARGS to bench/run.py alone; e.g.
-# make bench BENCH_ARGS="--smoke" or BENCH_ARGS="--repeat 5" RUN_ARGS="--datasets image".
+# The benchmark suite (docs/performance.md), then the FUSE floor, the tar view and the shuffled
+# epoch over real media in the same run: installs ratarmount, the peer of the suite, into
+# bench/.venv-ratarmount and Pillow into bench/.venv-media (never into $(VENV)), and the Debian
+# packages squashfuse and squashfs-tools (the shuffle's peer, squashfuse_ll). Each writes its report
+# into bench/results (latest.*, floor.*, tarview.*, shuffle.*). BENCH_ARGS go to all four (the
+# harness's flags, bench/harness.py: --smoke, --repeat N, --out DIR, --workdir DIR), RUN_ARGS to
+# bench/run.py alone, SHUFFLE_ARGS to bench/shuffle.py alone; e.g. make bench BENCH_ARGS="--smoke"
+# or BENCH_ARGS="--repeat 5" RUN_ARGS="--datasets image" SHUFFLE_ARGS="--samples 2000".
 bench: install
 	$(BIN)/python bench/run.py $(BENCH_ARGS) $(RUN_ARGS)
 	$(BIN)/python bench/floor.py $(BENCH_ARGS)
 	$(BIN)/python bench/tarview.py $(BENCH_ARGS)
+	$(BIN)/python bench/shuffle.py $(BENCH_ARGS) $(SHUFFLE_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache
