@@ -6,9 +6,16 @@
 # the environment of the programs the tests run (coreutils' dd aborts under a preloaded ASan)
 # and tests/fusemount.py gives it back to the `atlasfs` commands, the mount daemons. A report
 # from any daemon is a file in the log folder: any such file fails this stage.
-# Usage: scripts/test-sanitized.sh VENV
+# Usage: scripts/test-sanitized.sh VENV [TEST_FILE...] (the FUSE tests below when none is given)
 set -euo pipefail
 venv=$(cd "$1" && pwd)
+shift
+tests=("$@")
+if [ ${#tests[@]} -eq 0 ]; then
+    tests=(tests/test_native.py tests/test_mount.py tests/test_hardening_mount.py tests/test_safety.py
+           tests/test_faults.py tests/test_tarview.py tests/test_located_reads.py tests/test_located_kinds.py
+           tests/test_order.py)
+fi
 repo=$(cd "$(dirname "$0")/.." && pwd)
 work=$(mktemp -d /tmp/atlasfs-sanitized-XXXXXX)
 trap 'rm -rf "$work"' EXIT
@@ -21,16 +28,23 @@ if ! ldd "$work"/atlasfs/fuse/_native*.so 2>/dev/null | grep -q libasan; then
 fi
 mkdir "$work/reports"
 cd "$repo"
-LD_PRELOAD="$(gcc -print-file-name=libasan.so):$(gcc -print-file-name=libubsan.so)" \
-PYTHONPATH="$work" ATLASFS_TEST_SANITIZED=1 \
-ASAN_OPTIONS="detect_leaks=0:abort_on_error=1:verify_asan_link_order=0:log_path=$work/reports/asan" \
-UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1:log_path=$work/reports/ubsan" \
-    "$venv/bin/python" -m pytest -q -p no:cacheprovider tests/test_native.py tests/test_mount.py \
-    tests/test_hardening_mount.py tests/test_safety.py tests/test_faults.py tests/test_tarview.py \
-    tests/test_located_reads.py tests/test_order.py
+# PYTHONSAFEPATH: the working folder (the repository, with its own unsanitized build) is not
+# put first on sys.path, so that the copy above is what pytest and the daemons import.
+export LD_PRELOAD="$(gcc -print-file-name=libasan.so):$(gcc -print-file-name=libubsan.so)"
+export PYTHONPATH="$work" PYTHONSAFEPATH=1 ATLASFS_TEST_SANITIZED=1
+export ASAN_OPTIONS="detect_leaks=0:abort_on_error=1:verify_asan_link_order=0:log_path=$work/reports/asan"
+export UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1:log_path=$work/reports/ubsan"
+native=$("$venv/bin/python" -c "import atlasfs.fuse._native as n; print(n.__file__)")
+case "$native" in
+    "$work"/*) ;;
+    *) echo "test-sanitized: the tests would import $native, not the sanitized build" >&2; exit 1 ;;
+esac
+status=0
+"$venv/bin/python" -m pytest -q -p no:cacheprovider "${tests[@]}" || status=$?
 if [ -n "$(ls -A "$work/reports")" ]; then
     echo "test-sanitized: sanitizer reports:" >&2
     cat "$work"/reports/* >&2
     exit 1
 fi
+[ "$status" -eq 0 ] || exit "$status"
 echo "test-sanitized: no sanitizer report"

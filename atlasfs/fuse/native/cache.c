@@ -259,7 +259,8 @@ static char *take_files(PyObject *r, CachedBlock *b, uint64_t row, size_t *lengt
     }
     if (kept != NULL) {
         memcpy(b->offsets, o, (size_t)offsets.len);
-        memcpy(kept, data.buf, (size_t)data.len);
+        if (data.len > 0)  /* an empty buffer's may be NULL */
+            memcpy(kept, data.buf, (size_t)data.len);
         b->first_row = first;
         b->count = count - 1;
         *length = (size_t)data.len;

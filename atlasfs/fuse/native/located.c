@@ -268,11 +268,12 @@ static int span_of(const Located *l, uint64_t row, Span *span)
     }
     if (number > l->nprefixes)
         return 0;
-    if (number) {
+    if (number) {  /* ends checked ascending and within prefixes at attach */
         const uint64_t *ends = l->prefix_ends.buf;
         uint64_t start = number > 1 ? ends[number - 2] : 0;
-        span->prefix = (const char *)l->prefixes.buf + start;
         span->prefix_len = (size_t)(ends[number - 1] - start);
+        if (span->prefix_len > 0)  /* else NULL: no arithmetic on a buffer that may be NULL */
+            span->prefix = (const char *)l->prefixes.buf + start;
     }
     span->offset = offset;
     span->length = length;
@@ -286,9 +287,11 @@ static int same_file(const char *path, int64_t size, int64_t mtime_ns)
            && (int64_t)st.st_mtim.tv_sec * 1000000000 + st.st_mtim.tv_nsec == mtime_ns;
 }
 
+/* The CRC-32 of `size` bytes at `data` after `seed`; nothing is `seed` (zlib answers 0 for a
+ * NULL buffer, whatever the seed; `data` may be NULL when size is 0). */
 static uint32_t crc(uint32_t seed, const char *data, size_t size)
 {
-    return (uint32_t)crc32_z(seed, (const Bytef *)data, size);
+    return size == 0 ? seed : (uint32_t)crc32_z(seed, (const Bytef *)data, size);
 }
 
 /* Whether `run` (span->length bytes) after the span's prefix is the file the locator recorded
@@ -642,7 +645,8 @@ static int serve_stored_run(Session *s, const Located *l, fuse_req_t req, uint64
         free(file);
         return 0;
     }
-    memcpy(file, span->prefix, span->prefix_len);
+    if (span->prefix_len > 0)  /* a run with no prefix has a NULL one: memcpy's arguments must not be NULL */
+        memcpy(file, span->prefix, span->prefix_len);
     reply_parts(req, file, length, NULL, 0, size, off);
     if (keep && (kept = cache_acquire(s, shard, KIND_RUN, row, &mine)) != NULL) {
         if (mine) {
