@@ -457,6 +457,10 @@ class FileTable:
             return "an unknown entry kind"
         if bool(np.any(self.block >= max(limits.blocks, 1))) or bool(np.any(self.pos >= max(limits.block_size, 1))):
             return "a position outside the shard"
+        # A file's bytes come from one block, which may not exceed max_block_bytes: a size past it
+        # is never true (2^62 would have tar pad with zeros without end).
+        if bool(np.any((self.size != UNKNOWN_SIZE) & (self.size > limits.max_file_bytes))):
+            return f"a file size past the {limits.max_file_bytes}-byte block bound"
         if not _is_permutation(self.by_path, n):
             return "the path order is not a permutation of the entries"
         if self._index is not None:
@@ -538,7 +542,9 @@ def _is_permutation(values: np.ndarray, n: int) -> bool:
 
 @dataclass(frozen=True)
 class Limits:
-    """What a stored table's positions must stay within."""
+    """What a stored table's positions and sizes must stay within (``max_file_bytes``: the
+    shard's ``max_block_bytes``, the most a block's files may take)."""
 
     blocks: int
     block_size: int
+    max_file_bytes: int = 1 << 30  # SourceShard.max_block_bytes' default

@@ -63,6 +63,11 @@ class _Unsized:
         return self._order[self._bounds.item(block):self._bounds.item(block + 1)].astype(np.intp)
 
 
+def _limits(shard: SourceShard) -> Limits:
+    """What a stored table of ``shard`` must stay within (its state restored first, if any)."""
+    return Limits(shard.num_blocks, shard.block_size, shard.max_block_bytes)
+
+
 def _distinct(values: np.ndarray) -> list[int]:
     """The distinct values, ascending. (np.unique would import numpy.ma on first use:
     10-20 ms of a daemon's first listing.)"""
@@ -262,7 +267,7 @@ class Tables:
         assert self.store is not None
         shard = self.shards[s]
         path = self.store.saved_path(shard.name)
-        mapped = self.store.reopen(path, key, Limits(shard.num_blocks, shard.block_size)) if path else None
+        mapped = self.store.reopen(path, key, _limits(shard)) if path else None
         return mapped if mapped is not None and len(mapped) == len(table) else table
 
     def _store_complete(self, s: int, key: dict[str, Any], table: FileTable) -> None:
@@ -288,7 +293,7 @@ class Tables:
             key = self.table_key(s)
             path = self._paths.get(s)
             if path is not None:  # mapped before, and let go: its state is the shard's already
-                table = self.store.reopen(path, key, Limits(shard.num_blocks, shard.block_size))
+                table = self.store.reopen(path, key, _limits(shard))
             if table is None:
                 table = self.stored(s, key)
         if table is None:
@@ -331,7 +336,7 @@ class Tables:
 
         def limits(state: bytes) -> Limits:  # the stored state first: a Dolma shard's blocks come from it
             shard.restore(state)
-            return Limits(shard.num_blocks, shard.block_size)
+            return _limits(shard)
 
         return self.store.load(shard.name, key or self.table_key(s), limits)
 
