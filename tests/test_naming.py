@@ -259,3 +259,108 @@ def test_key_problem_quick_path_agrees_with_the_rules(key: str, longest: int) ->
 def test_field_suffix_quick_path_agrees_with_the_rules(name: str, value: object) -> None:
     from atlasfs.tree.naming import _suffix_rules
     assert field_suffix(name, value) == _suffix_rules(name, value)
+
+
+# -- names shell tools would misread (issue #35, point 7): one rule, stated once
+
+#: Names no tool may be handed as a file name: options to tar/xargs/rm, names tools trim or
+#: split, a folder's own and parent's, separators, NUL and controls.
+HOSTILE_NAMES = ["-rf", "-C..", "-C.. ", "-Ctmp", "--checkpoint-action=exec=sh", "-", "--", "name ", " name",
+                 "name\u3000", "\u00a0name", "a\tb", "a\nb", "a\rb", "..", ".", "a/b", "/", "a\0b", "a\x85b", "",
+                 "x" * 256]
+#: Names that are fine, some close to the hostile ones.
+FINE_NAMES = ["rf", "a-C..", "a b", "x-", "C..", "_-rf", "ünï", "例子", "x" * 255, "0042", "a.b.c", ".hidden"]
+
+
+def _raw_table(path: str):
+    """A table holding the file ``path`` (its folders before it), its columns made directly
+    (no builder in between), saved and loaded: what a forged stored table gives."""
+    from atlasfs.tree.filetable import DIR, FILE, FileTable
+    parts = path.split("/")
+    paths = ["/".join(parts[:k]) for k in range(1, len(parts))] + [path]
+    kinds = [DIR] * (len(paths) - 1) + [FILE]
+    encoded = [p.encode("utf-8", "surrogatepass") for p in paths]
+    n = len(encoded)
+    return FileTable(b"".join(encoded), np.cumsum([0] + [len(p) for p in encoded]).astype(np.uint64),
+                     {"kind": np.array(kinds, np.uint8), "size": np.ones(n, np.uint64),
+                      "block": np.zeros(n, np.uint32), "pos": np.zeros(n, np.uint32), "file": np.zeros(n, np.uint16),
+                      "by_path": np.array(sorted(range(n), key=encoded.__getitem__), np.uint32)})
+
+
+def _table_refuses(path: str, folder: str) -> str | None:
+    """Why loading a stored table with the file ``path`` fails, or None if it loads."""
+    from atlasfs.tree.filetable import FileTable, Limits, TableError
+    stored = os.path.join(folder, "t.table")
+    _raw_table(path).save(stored, {"layout": 2})
+    try:
+        FileTable.load(stored, {"layout": 2}, Limits(blocks=1, block_size=1))
+    except TableError as exc:
+        return str(exc)
+    return None
+
+
+@pytest.mark.parametrize("name", HOSTILE_NAMES)
+def test_hostile_names_are_refused_as_names_keys_and_fields(name: str) -> None:
+    from atlasfs.tree.naming import field_name_problem, name_problem
+    assert name_problem(name) is not None
+    if "/" not in name:  # a key may have folders: "a/b"
+        assert key_problem(name, 3) is not None
+        assert key_problem(f"k/{name}", 3) is not None and key_problem(f"{name}/k", 3) is not None
+    assert field_name_problem(name) is not None
+    files, note = example_files({"__key__": "k", name: b"x", "txt": "t"}, 200)
+    assert [suffix for suffix, _ in files] == ["pickle"] and note is not None
+    if "/" not in name:
+        key, note = KeyAssigner(6).assign(name, 7, 3)
+        assert key == "000007" and note is not None and "using index key 000007" in note
+
+
+@pytest.mark.parametrize("name", FINE_NAMES)
+def test_names_close_to_hostile_ones_stay(name: str) -> None:
+    from atlasfs.tree.naming import field_name_problem, name_problem
+    assert name_problem(name) is None
+    if "." not in name and len(name) < 200:
+        assert key_problem(name, 3) is None and KeyAssigner(6).assign(name, 7, 3) == (name, None)
+    if not name.startswith("."):
+        assert field_name_problem(name) is None
+
+
+@pytest.mark.parametrize("path", HOSTILE_NAMES + FINE_NAMES + ["a/-rf", "-C../x", "a /b", "a/ b", "a//b", "a/./b",
+                                                                "a/../b", "ok/fine.jpg", "x" * 300 + "/y"])
+def test_a_stored_table_is_checked_by_the_naming_layers_rule(path: str, tmp_path) -> None:
+    """The table validator and the naming layer agree: a stored table may hold exactly the
+    paths every component of which the naming layer would show."""
+    from atlasfs.tree.naming import path_problem
+    refused = _table_refuses(path, str(tmp_path)) if path else "empty"
+    problem = path_problem(path)
+    assert (refused is not None) == (problem is not None), (path, refused)
+    if refused is not None and "unsafe name" in refused:  # else a check before names' (NUL, empty) refused it
+        assert refused == f"is corrupt (an unsafe name: {problem})"
+    if any(part.startswith("-") or part != part.strip() for part in path.split("/")):
+        assert refused is not None and "unsafe name" in refused
+
+
+def test_every_name_the_naming_layer_makes_loads_as_a_stored_table(tmp_path) -> None:
+    """Files named by KeyAssigner and example_files, hostile keys and fields included, make a
+    table that loading accepts."""
+    from atlasfs.tree.filetable import FILE, FileTable, Limits
+    assigner = KeyAssigner(6)
+    rows = []
+    for i, name in enumerate(HOSTILE_NAMES + FINE_NAMES + ["a/b", "a/-rf", "-C../x"]):
+        example = {"__key__": name, name if name else "f": b"x", "txt": "t"}
+        files, _ = example_files(example, 120)
+        key, _ = assigner.assign(name, i, max(len(s.encode()) for s, _ in files))
+        rows += [(f"{key}.{suffix}", FILE, 1, 0, i, j) for j, (suffix, _) in enumerate(files)]
+    FileTable.build(rows).save(str(tmp_path / "t"), {"layout": 2})
+    loaded = FileTable.load(str(tmp_path / "t"), {"layout": 2}, Limits(blocks=1, block_size=len(rows)))
+    assert loaded is not None and len(loaded) >= len(rows)
+
+
+_PATH_CHARS = st.sampled_from(list("aZ09_-./ é例\t\n\x85\u3000\u00a0\u0301") + ["x" * 120])
+
+
+@given(st.lists(st.lists(_PATH_CHARS, max_size=8).map("".join), min_size=1, max_size=4))
+@settings(max_examples=1000)
+def test_paths_problem_quick_path_agrees_with_the_rules(paths: list[str]) -> None:
+    from atlasfs.tree.naming import path_problem, paths_problem
+    first = next((p for p in (path_problem(path) for path in paths) if p), None)
+    assert paths_problem([path.encode() for path in paths]) == first

@@ -47,6 +47,7 @@ import zstandard
 
 from atlasfs.formats.source import Locator
 from atlasfs.tree import tablefile
+from atlasfs.tree.naming import paths_problem
 
 FILE, DIR, UNREADABLE = 0, 1, 2
 #: The size of a file whose bytes have not been encoded yet: a table can name
@@ -494,25 +495,17 @@ class FileTable:
             if not all(map(operator.lt, in_path_order, in_path_order[1:])):
                 return "paths out of order or repeated"
             previous = in_path_order[-1]
-        if self.flat:  # one flat folder, the usual shard: the per-path checks below, at once
-            for start in range(0, n, _CHECK_CHUNK):
-                chunk = self._chunk(start)
-                if b"." in chunk or b".." in chunk:
-                    return "an unsafe name"
-            if n and int(np.max(np.diff(offsets))) > 255:
-                return "an unsafe name"
-            for start in range(0, n, _CHECK_CHUNK):
-                bytes(names[int(offsets[start]):int(offsets[min(start + _CHECK_CHUNK, n)])]).decode("utf-8")
+        for start in range(0, n, _CHECK_CHUNK):  # every name by the naming layer's own rule
+            problem = paths_problem(self._chunk(start))
+            if problem:
+                return f"an unsafe name: {problem}"
+        if self.flat:  # one flat folder, the usual shard: no folders to check
             return None
         open_folders: list[bytes] = []  # the folders the walk is inside, outermost first
         for start in range(0, n, _CHECK_CHUNK):
             paths = self._chunk(start)
-            for path in paths:
-                path.decode("utf-8")
             kinds = self.kind[start:start + _CHECK_CHUNK].tolist()
             for path, kind in zip(paths, kinds):
-                if any(part in (b"", b".", b"..") or len(part) > 255 for part in path.split(b"/")):
-                    return "an unsafe name"
                 parent = path.rpartition(b"/")[0]
                 while open_folders and open_folders[-1] != parent:
                     open_folders.pop()

@@ -25,7 +25,8 @@ import numpy as np
 
 #: Bumped whenever the rules below change what a dataset's files are named or
 #: hold, so that file tables stored by an older atlasfs are rebuilt.
-LAYOUT_VERSION = 1
+#: 2: no name may start with ``-`` or start or end with whitespace (:func:`name_problem`).
+LAYOUT_VERSION = 2
 #: Index keys have at least this many digits (WebDataset's habit).
 INDEX_KEY_MIN_WIDTH = 6
 #: Longest file name component Linux accepts (NAME_MAX).
@@ -317,6 +318,107 @@ def encode_value(value: Any) -> tuple[str, bytes]:
 # ---------------------------------------------------------------- names
 
 
+def name_problem(name: str) -> str | None:
+    """Why ``name`` cannot be the name of a file or folder atlasfs shows, or None if it can.
+
+    The one rule every shown name passes, stated once: each component of a key, each field
+    name, and each component of every path of a stored file table (:func:`paths_problem`,
+    what loading one checks). A name is not empty, ``.`` or ``..``; has no ``/``, NUL or
+    other control character; is valid UTF-8 of at most :data:`MAX_NAME_BYTES` bytes; and
+    holds nothing shell tools take for an option or trim away: it does not start with
+    ``-`` (``tar -T``, ``xargs``, ``rm *`` read ``-rf`` or ``-C..`` as options) and does
+    not start or end with whitespace (``read``, ``tar -T`` and the like strip it).
+    """
+    if _PLAIN_NAME.fullmatch(name):
+        return None  # the usual name (letters, digits, _ first; then also . and -): every rule holds
+    return _name_rules(name)
+
+
+def _name_rules(name: str) -> str | None:
+    """:func:`name_problem`, rule by rule."""
+    if not name:
+        return "a name is empty"
+    if name in (".", ".."):
+        return f"name {name!r} is a folder's own or parent's"
+    if "/" in name or _has_control(name):
+        return f"name {name!r} contains '/', NUL or a control character"
+    encoded = _utf8(name)
+    if encoded is None:
+        return f"name {name!r} is not valid UTF-8"
+    if len(encoded) > MAX_NAME_BYTES:
+        return f"name {name[:40]!r}... is too long (more than {MAX_NAME_BYTES} bytes)"
+    if name.startswith("-"):
+        return f"name {name!r} starts with '-', which tools take for an option"
+    if name[0].isspace() or name[-1].isspace():
+        return f"name {name!r} starts or ends with whitespace, which tools trim"
+    return None
+
+
+def path_problem(path: str) -> str | None:
+    """Why the relative ``path`` cannot be shown, or None: :func:`name_problem` of each of
+    its ``/``-separated components (so no absolute path, no empty component)."""
+    for part in path.split("/"):
+        problem = name_problem(part)
+        if problem:
+            return problem
+    return None
+
+
+def paths_problem(paths: list[bytes]) -> str | None:
+    """Why one of ``paths`` (relative, UTF-8 encoded: a stored table's) cannot be shown, or
+    None: :func:`path_problem` of each. Paths of the usual kind (every component a word
+    character first, then word characters, ``.`` and ``-``), which the rules accept, are
+    told at once by a few passes over all of them; any other path is checked by the rules."""
+    if not paths:
+        return None
+    if not _plain_paths(paths):
+        for path in paths:
+            try:
+                decoded = path.decode("utf-8")
+            except UnicodeDecodeError:
+                return f"name {path[:40]!r} is not valid UTF-8"
+            problem = path_problem(decoded)
+            if problem:
+                return problem
+    return None
+
+
+def _plain_paths(paths: list[bytes]) -> bool:
+    """True if every one of ``paths`` is of the usual kind (see :func:`paths_problem`), and
+    so passes :func:`path_problem`; False if some may not."""
+    joined = b"\n".join(paths)
+    rest = joined.translate(None, _PLAIN_ASCII)  # what is not a letter, digit, _ . - / or newline
+    if rest and rest.translate(None, _NON_ASCII):
+        return False  # another ASCII character (space, control...)
+    if joined.count(b"\n") != len(paths) - 1:
+        return False  # a newline inside a path
+    if any(mark in joined for mark in _BAD_STARTS) or joined[:1] in _BAD_FIRST or joined.endswith((b"/", b"\n")):
+        return False  # a component empty or starting with - or .
+    if max(map(len, paths)) > MAX_NAME_BYTES and _LONG_COMPONENT.search(joined):
+        return False
+    if rest:  # non-ASCII: valid UTF-8, and word characters only (no whitespace, no control)
+        try:
+            text = joined.decode("utf-8")
+        except UnicodeDecodeError:
+            return False
+        if _NOT_WORD.search(text):
+            return False
+    return True
+
+
+#: Names that pass every rule of :func:`name_problem` at a glance.
+_PLAIN_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,254}")
+_PLAIN_ASCII = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.-/\n"
+_NON_ASCII = bytes(range(128, 256))
+#: In newline-separated paths: an empty component, or one starting with ``-`` or ``.``.
+_BAD_STARTS = (b"\n\n", b"\n/", b"/\n", b"//", b"\n-", b"/-", b"\n.", b"/.")
+_BAD_FIRST = (b"/", b"-", b".", b"\n", b"")
+#: A component longer than :data:`MAX_NAME_BYTES` bytes, in newline-separated encoded paths.
+_LONG_COMPONENT = re.compile(rb"[^/\n]{%d}" % (MAX_NAME_BYTES + 1))
+#: A character other than a word character (letters, digits and _ of any script), . - / or newline.
+_NOT_WORD = re.compile(r"[^\w.\-/\n]")
+
+
 def field_name_problem(name: object) -> str | None:
     """Why ``name`` cannot be a file name suffix as it is, or None if it can."""
     if not isinstance(name, str):
@@ -334,7 +436,8 @@ def _str_field_name_problem(name: str) -> str | None:
         return f"field name {name!r} contains '/', NUL or a control character"
     if _utf8(name) is None:
         return f"field name {name!r} is not valid UTF-8"
-    return None
+    problem = name_problem(name)  # a file name ends with its field's name
+    return f"field {problem}" if problem else None
 
 
 def example_fields(example: Any, max_suffix_bytes: int) -> tuple[list[tuple[str, Any]], str | None]:
@@ -409,11 +512,13 @@ def key_problem(key: object, longest_suffix_bytes: int) -> str | None:
     Safe: a string, valid UTF-8, no control characters, relative, no empty,
     ``.`` or ``..`` component, no ``.`` inside a component (WebDataset splits
     names at the first dot), not starting with a ``__name__`` component, each
-    component within NAME_MAX together with the longest file suffix.
+    component within NAME_MAX together with the longest file suffix, and each
+    component a name :func:`name_problem` accepts (no leading ``-``, no leading
+    or trailing whitespace).
     """
     if type(key) is str and _PLAIN_KEY.fullmatch(key) and len(key) + 1 + longest_suffix_bytes <= MAX_NAME_BYTES \
             and not (key.startswith("__") and key.endswith("__") and len(key) > 4):
-        return None  # the usual key (letters, digits, - and _; short): every rule below holds
+        return None  # the usual key (letters, digits, - and _, not - first; short): every rule below holds
     return _key_rules(key, longest_suffix_bytes)
 
 
@@ -441,11 +546,12 @@ def _key_rules(key: object, longest_suffix_bytes: int) -> str | None:
         return f"__key__ {key[:40]!r}... has a component longer than {MAX_NAME_BYTES} bytes"
     if len(parts[-1].encode("utf-8")) + 1 + longest_suffix_bytes > MAX_NAME_BYTES:
         return f"__key__ {key[:40]!r}... is too long for its file names"
-    return None
+    problem = path_problem(key)  # every component a shown name (a file name starts with the last)
+    return f"__key__ {key!r}: {problem}" if problem else None
 
 
 #: Keys that pass every rule of :func:`key_problem` but the length and ``__name__`` ones at a glance.
-_PLAIN_KEY = re.compile(r"[A-Za-z0-9_\-]{1,255}")
+_PLAIN_KEY = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_\-]{0,254}")
 
 #: Stands for the ``__key__`` of an example that has none.
 NO_KEY = object()

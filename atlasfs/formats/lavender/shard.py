@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from atlasfs.formats.lavender.source import LavenderSource
 
 #: Uids surely safe as keys, told apart without :func:`naming.key_problem`'s full check.
-_PLAIN_UID = re.compile(r"(?!__)[A-Za-z0-9_+=,@:~-]{1,200}")
+_PLAIN_UID = re.compile(r"(?!__|-)[A-Za-z0-9_+=,@:~-]{1,200}")
 #: Most samples in a block.
 BLOCK_ROWS = 2048
 #: Version of what :meth:`LavenderShard.prepare` returns (:mod:`.state`); a stored state of another is not restored.
