@@ -35,8 +35,8 @@ cat "$sample.cls"; echo
 cat "$sample.json"; echo
 
 step "archiving shard 0 with tar, keys clean (no ./ prefix); find lists it label folder by label folder:"
-echo "    find $mnt/0 -type f -printf '%P\n' | tar cf $work/0.tar -C $mnt/0 --no-recursion -T -"
-find "$mnt/0" -type f -printf '%P\n' | tar cf "$work/0.tar" -C "$mnt/0" --no-recursion -T -
+echo "    find $mnt/0 -type f -printf '%P\0' | tar cf $work/0.tar -C $mnt/0 --null --no-recursion -T -"
+find "$mnt/0" -type f -printf '%P\0' | tar cf "$work/0.tar" -C "$mnt/0" --null --no-recursion -T -
 ls -l "$work/0.tar"
 
 step "exporting it in the dataset's example order, without FUSE: atlasfs export $work/dataset $work/export --shards 0"
