@@ -23,19 +23,23 @@ positions). A file found valid once is remembered by its identity (device, inode
 size, mtime) so that mapping it again after its table was unmapped costs no pass.
 
 Why mapping is safe from SIGBUS: a table is mapped only from a local file of the
-daemon's own user (the user's cache or a folder they own); atlasfs writes those by
-rename, never in place, so a mapped file is never truncated under the map (deleting
-or replacing it leaves the mapped inode alone). A table stored by another user
-(beside a shared dataset, or in a bucket) is first copied into the user's cache and
-the copy is mapped (:mod:`atlasfs.tree.tablestore`).
+daemon's own user (the user's cache or a folder they own), checked on the descriptor it is
+mapped from (opened with :data:`OPEN_FLAGS`: never through a symbolic link, whose target
+another user could change between two opens); atlasfs writes those by rename, never in
+place, so a mapped file is never truncated under the map (deleting or replacing it leaves
+the mapped inode alone). A table stored by another user (beside a shared dataset, or in a
+bucket) is first copied into the user's cache, by the size its header states
+(:func:`read_stated`), and the copy is mapped (:mod:`atlasfs.tree.tablestore`).
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import mmap
 import os
+import stat
 import threading
 import zlib
 from typing import TYPE_CHECKING, Any, Callable
@@ -59,7 +63,7 @@ LOCATOR_SECTIONS: tuple[tuple[str, str], ...] = (
 #: Sections mapped on their own (sliced as bytes), so page-aligned.
 _PAGED = ("names", "inline", "kept")
 #: Files found valid (identity -> the limits they were checked against), so that mapping one again costs no pass.
-_VALIDATED: dict[tuple[int, ...], tuple[int, int]] = {}
+_VALIDATED: dict[tuple[int, ...], "Limits"] = {}
 _VALIDATED_MAX = 1 << 16
 _validated_lock = threading.Lock()
 
@@ -262,57 +266,135 @@ def _identity(st: os.stat_result) -> tuple[int, ...]:
     return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
 
 
-def open_mapped(path: str, key: dict[str, Any], limits: "Limits | LimitsOf") -> "FileTable | None":
-    """The table stored in the local file ``path``, mapped (its arrays and names are views
-    of the map: nothing is copied), or None if there is no such file. The size column
-    is a copy in memory if some sizes are unknown (they are filled in at lookup)."""
-    from atlasfs.tree.filetable import UNKNOWN_SIZE, Limits, TableError
+#: Flags every table file is opened with: never through a symlink (its last component), never
+#: blocking on a FIFO or a device put in its place, never kept by a child process.
+OPEN_FLAGS = (os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
+              | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOCTTY", 0))
+
+
+def open_table(path: str) -> int | None:
+    """A descriptor of the local table file ``path`` (:data:`OPEN_FLAGS`), or None if there is
+    no such file; :class:`TableError` if it is a symbolic link (never followed: a link's target
+    can be changed by whoever owns the link, whatever its owner's) or cannot be opened."""
+    from atlasfs.tree.filetable import TableError
 
     try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-    except FileNotFoundError:
+        return os.open(path, OPEN_FLAGS)
+    except (FileNotFoundError, NotADirectoryError):
         return None
     except OSError as exc:
-        raise TableError(f"cannot be read ({exc.strerror})") from None
+        if exc.errno == errno.ELOOP:
+            raise TableError("is a symbolic link (never followed)") from None
+        raise TableError(f"cannot be read ({exc.strerror or exc})") from None
+
+
+def stated_size(head: bytes) -> tuple[int, int]:
+    """(bytes of the header's prefix, bytes of the file) a table's first bytes state: call with
+    16 bytes to learn how many to pass (``head`` holding the header whole), then with those.
+    Raises :class:`TableError` if they are no table's. Lets a table be read by what it says
+    it is, never whole before anything is checked (another user's file may be 2 GiB of zeros)."""
+    from atlasfs.tree.filetable import TableError
+
+    if len(head) < 16 or head[:8] != MAGIC:
+        raise TableError("is not a file table of this atlasfs version")
+    length = int.from_bytes(head[8:12], "little")
+    if length > _HEADER_MAX:
+        raise TableError(f"is corrupt (a header of {length} bytes)")
+    if len(head) < 16 + length:
+        return 16 + length, -1
+    header_bytes = head[16:16 + length]
+    if zlib.crc32(header_bytes) != int.from_bytes(head[12:16], "little"):
+        raise TableError("is corrupt (its header's checksum does not match)")
     try:
-        st = os.fstat(fd)
-        if st.st_size < 16:
-            raise TableError(f"is corrupt (only {st.st_size} bytes)")
-        data = mmap.mmap(fd, st.st_size, access=mmap.ACCESS_READ)
+        sections = json.loads(header_bytes)["sections"]
+        end = max([16 + length] + [section[1] + section[2] for section in sections])
+    except (ValueError, KeyError, TypeError, IndexError):
+        raise TableError("is corrupt (its header is not a table's)") from None
+    if type(end) is not int:
+        raise TableError("is corrupt (its header is not a table's)")
+    return 16 + length, end
 
-        maps = [data]
 
-        def blob(offset: int, count: int) -> mmap.mmap:
-            maps.append(mmap.mmap(fd, count, access=mmap.ACCESS_READ, offset=offset))
-            return maps[-1]
+def read_stated(pread: Callable[[int, int], bytes], size: int, bound: int) -> bytes:
+    """The bytes of a table whose file is ``size`` bytes, read with ``pread(offset, count)``:
+    its header first, then (if the header states exactly ``size`` bytes, at most ``bound``)
+    the rest. :class:`TableError` otherwise, before anything past the header is read."""
+    from atlasfs.tree.filetable import TableError
 
-        identity = _identity(st)
-        known = _VALIDATED.get(identity)
-        checked = known is not None and isinstance(limits, Limits) and known == (limits.blocks, limits.block_size)
-        try:
-            if checked:
-                table = parse(data, key, limits, blob, validated=True)
-            else:
-                # The checks read every page of the file: one table at a time, and its pages
-                # out of this process's memory after (a lookup touches a few; they come back
-                # from the page cache). Sixteen readers of sixteen shards each validating one
-                # held 16 tables of 13 MiB at once.
-                with _validating:
-                    table = parse(data, key, limits, blob, validated=False)
-                    _drop_pages(maps)
-        except (ValueError, KeyError, TypeError, UnicodeDecodeError, IndexError) as exc:
-            if isinstance(exc, TableError):
-                raise
-            raise TableError(f"is corrupt ({exc})") from None
-        except OSError as exc:
-            raise TableError(f"cannot be read ({exc.strerror or exc})") from None
+    head = pread(0, 16)
+    wanted, end = stated_size(head)
+    if end < 0:
+        head += pread(16, wanted - 16)
+        wanted, end = stated_size(head)
+        if end < 0:
+            raise TableError("is corrupt (cut short in its header)")
+    if end != size:
+        raise TableError(f"is corrupt ({size} bytes where its header means {end})")
+    if size > bound:
+        raise TableError(f"is {size} bytes, more than the table cache's bound of {bound} (ATLASFS_TABLE_CACHE_SIZE)")
+    data = head + pread(len(head), size - len(head)) if size > len(head) else head[:size]
+    if len(data) != size:
+        raise TableError(f"is corrupt (cut short while read: {len(data)} bytes of {size})")
+    return data
+
+
+def open_mapped(path: str, key: dict[str, Any], limits: "Limits | LimitsOf") -> "FileTable | None":
+    """The table stored in the local file ``path`` (opened with :data:`OPEN_FLAGS`: a symbolic
+    link is refused), mapped (:func:`map_descriptor`), or None if there is no such file."""
+    fd = open_table(path)
+    if fd is None:
+        return None
+    try:
+        return map_descriptor(fd, path, key, limits)
     finally:
         os.close(fd)  # the maps keep the file
+
+
+def map_descriptor(fd: int, path: str, key: dict[str, Any], limits: "Limits | LimitsOf") -> "FileTable":
+    """The table stored in the file open as ``fd`` (a regular file; ``path``: where it was opened,
+    for the native engine and messages), mapped (its arrays and names are views of the map:
+    nothing is copied). The size column is a copy in memory if some sizes are unknown (they are
+    filled in at lookup). The caller closes ``fd`` (the maps keep the file)."""
+    from atlasfs.tree.filetable import UNKNOWN_SIZE, Limits, TableError
+
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        raise TableError("is not a regular file")
+    if st.st_size < 16:
+        raise TableError(f"is corrupt (only {st.st_size} bytes)")
+    data = mmap.mmap(fd, st.st_size, access=mmap.ACCESS_READ)
+
+    maps = [data]
+
+    def blob(offset: int, count: int) -> mmap.mmap:
+        maps.append(mmap.mmap(fd, count, access=mmap.ACCESS_READ, offset=offset))
+        return maps[-1]
+
+    identity = _identity(st)
+    known = _VALIDATED.get(identity)
+    checked = known is not None and isinstance(limits, Limits) and known == limits
+    try:
+        if checked:
+            table = parse(data, key, limits, blob, validated=True)
+        else:
+            # The checks read every page of the file: one table at a time, and its pages
+            # out of this process's memory after (a lookup touches a few; they come back
+            # from the page cache). Sixteen readers of sixteen shards each validating one
+            # held 16 tables of 13 MiB at once.
+            with _validating:
+                table = parse(data, key, limits, blob, validated=False)
+                _drop_pages(maps)
+    except (ValueError, KeyError, TypeError, UnicodeDecodeError, IndexError) as exc:
+        if isinstance(exc, TableError):
+            raise
+        raise TableError(f"is corrupt ({exc})") from None
+    except OSError as exc:
+        raise TableError(f"cannot be read ({exc.strerror or exc})") from None
     if not checked and table.limits is not None:
         with _validated_lock:
             if len(_VALIDATED) >= _VALIDATED_MAX:
                 _VALIDATED.clear()
-            _VALIDATED[identity] = (table.limits.blocks, table.limits.block_size)
+            _VALIDATED[identity] = table.limits
     table.mapped_bytes = st.st_size
     table.path = path
     table.file_identity = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)

@@ -17,10 +17,25 @@ ignored with one log line and built again. Tables are written atomically
 each leave a whole table. The user's cache is bounded in bytes: after each
 save, the tables used least recently go until it fits.
 
+Whose local tables are used at all (issue #35; OpenSSH's StrictModes and git's
+safe.directory decide alike): a table file is opened without following a symbolic link
+(``O_NOFOLLOW``, and ``O_NONBLOCK`` against a FIFO put in its place), and the opened file must
+be a regular file that only someone who can change the dataset anyway can change: owned by
+the daemon's user, by root, or by the owner of the dataset's root (its folder, or its file for
+a one-file dataset: whoever owns it can replace every shard under it), and writable by its
+owner alone (no group or other write bit). Any other table is ignored with one log line
+saying which file and why, and built again from the data: a table more people can write than
+the data could otherwise serve any bytes as a file without touching the data. Everything
+after the check (map, copy, read, ``fchmod``) goes through the descriptor checked, never the
+path again. Tables in a bucket come from the store the data comes from, and are trusted as
+it is.
+
 A table is mapped from its file, not read (:mod:`atlasfs.tree.tablefile`), if it is a local
-file of the daemon's own user, which atlasfs only ever replaces by rename; another user's
-table, or one in a bucket, is copied into the user's cache first and the copy mapped (the
-copy counts in the cache's bound), so that no one can cut a mapped file short under a mount.
+file of the daemon's own user, which atlasfs only ever replaces by rename; another (trusted)
+user's table, or one in a bucket, is copied into the user's cache first and the copy mapped
+(the copy counts in the cache's bound), so that no one can cut a mapped file short under a
+mount. Such a table is read by the size its header states, after the header is checked and
+found to state the file's size, at most the cache's bound: never whole before any check.
 
 Tables stored for others (beside the dataset, or in ``--index-dir``) are
 readable by every user whatever the umask: files 0644, and the folders atlasfs
@@ -35,6 +50,8 @@ import hashlib
 import json
 import logging
 import os
+import stat
+import tempfile
 import time
 import urllib.parse
 from dataclasses import dataclass
@@ -42,6 +59,7 @@ from typing import Any
 
 from atlasfs.sizes import parse_size
 from atlasfs.storage import LOCAL, Storage, StorageUnavailableError, is_url, redact
+from atlasfs.tree import tablefile
 from atlasfs.tree.filetable import FileTable, Limits, LimitsOf, TableError
 
 log = logging.getLogger("atlasfs")
@@ -54,6 +72,8 @@ SHARED_FILE_MODE = 0o644
 SHARED_FOLDER_MODE = 0o755
 _SOURCE_FILE = "dataset.json"
 _SUFFIX = ".table"
+#: Bytes copied at a time from another user's table into the user's cache.
+_COPY_CHUNK = 1 << 20
 
 
 def cache_root() -> str:
@@ -122,6 +142,14 @@ class TableStore:
         if beside:  # `atlasfs index`: a table found elsewhere (the cache) would not be stored where asked
             self.folders = [self.save_folder]
         self._beside_only = beside
+        #: Who may own a local table that is used (module docstring): this user, root, and the
+        #: owner of the dataset's root, who can change the dataset anyway.
+        self.trusted_owners = {os.geteuid(), 0}
+        if not storage.remote:
+            try:
+                self.trusted_owners.add(os.stat(self.dataset_root).st_uid)
+            except OSError:  # the dataset's own opening says why
+                pass
         self._cache_bytes: int | None = None  # the cache's size as last counted, kept up to date by saves
         #: Tables that could not be stored (each logged).
         self.failures = 0
@@ -136,21 +164,13 @@ class TableStore:
 
     def load(self, shard: str, key: dict[str, Any], limits: Limits | LimitsOf) -> FileTable | None:
         """The stored table of ``shard`` built from ``key``, from the first place holding a valid one
-        (``limits``: see :meth:`FileTable.from_bytes`)."""
+        that may be used (module docstring; ``limits``: see :meth:`FileTable.from_bytes`)."""
         unavailable: StorageUnavailableError | None = None
         for folder in self.folders:
             path = self._path(folder, shard)
             store = self._store_of(folder)
             try:
-                if not store.isfile(path):
-                    continue
-                # Touched before it is mapped: a file is mapped again without a pass only while
-                # its size and mtime are those it had when checked (tablefile.open_mapped).
-                if folder == self.cache_folder:
-                    _touch(path)  # eviction goes by last use
-                elif self._beside_only and not store.remote:
-                    _share(path)  # `atlasfs index` keeps it: stored 0600 by an older atlasfs, it becomes 0644
-                table = self._open(folder, path, key, limits)
+                table = self._remote(path, key, limits) if store.remote else self._local(folder, path, key, limits)
             except StorageUnavailableError as exc:  # transient, and building it would wait for the same store
                 unavailable = exc
                 continue
@@ -158,26 +178,83 @@ class TableStore:
                 why = str(exc) if isinstance(exc, TableError) else f"cannot be read ({exc.strerror or exc})"
                 log.info("ignoring the stored file table %s: it %s; building it again", store.describe(path), why)
                 continue
-            return table
+            if table is not None:
+                return table
         if unavailable is not None:  # not "no table": it is there, and read on a later look
             raise unavailable
         return None
 
-    def _open(self, folder: str, path: str, key: dict[str, Any], limits: Limits | LimitsOf) -> FileTable:
-        """The table at ``path``, mapped if it is a local file of ours (atlasfs replaces those by
-        rename, never in place, so a mapped one is never truncated under its map); else (a bucket,
-        another user's file, which its owner may change in place) read and copied into the
-        user's cache, and the copy mapped (the bytes read are used as they are if it cannot be
-        written)."""
-        store = self._store_of(folder)
-        if not store.remote and _owned(path):
-            table = FileTable.load(path, key, limits)
-            if table is None:
-                raise TableError("is gone")
+    def _distrust(self, st: os.stat_result, mapped: bool = False) -> str | None:
+        """Why the opened table file ``st`` must not be used (see the module docstring), or None;
+        ``mapped``: it is to be mapped in place, so it must be the daemon's user's own."""
+        if not stat.S_ISREG(st.st_mode):
+            return "is not a regular file"
+        owners = {os.geteuid()} if mapped else self.trusted_owners
+        if st.st_uid not in owners:
+            return f"is owned by uid {st.st_uid}, who cannot change the dataset"
+        if st.st_mode & 0o022:
+            return f"can be changed by users other than its owner (mode {stat.S_IMODE(st.st_mode):04o})"
+        return None
+
+    def _local(self, folder: str, path: str, key: dict[str, Any], limits: Limits | LimitsOf) -> FileTable | None:
+        """The table in the local file ``path`` if there is one and it may be used; every use of
+        it through the one descriptor checked."""
+        fd = tablefile.open_table(path)
+        if fd is None:
+            return None
+        try:
+            st = os.fstat(fd)
+            why = self._distrust(st)
+            if why is not None:
+                raise TableError(why)
+            # Touched before it is mapped: a file is mapped again without a pass only while
+            # its size and mtime are those it had when checked (tablefile.map_descriptor).
+            if folder == self.cache_folder and st.st_uid == os.geteuid():
+                _touch(fd)  # eviction goes by last use
+            table = self._open(folder, fd, path, st, key, limits)
+            if self._beside_only:
+                _share(fd, path, st)  # `atlasfs index` keeps it: stored 0600 by an older atlasfs, it becomes 0644
             return table
-        data = store.read(path)
+        finally:
+            os.close(fd)  # a map keeps its file
+
+    def _open(self, folder: str, fd: int, path: str, st: os.stat_result, key: dict[str, Any],
+              limits: Limits | LimitsOf) -> FileTable:
+        """The table open as ``fd`` (at ``path``, ``st`` its fstat), mapped if it is a local file of
+        ours (atlasfs replaces those by rename, never in place, so a mapped one is never
+        truncated under its map); else (another trusted user's file, which its owner may change
+        in place) copied into the user's cache by the size its header states, and the copy mapped
+        (read into memory instead if the copy cannot be written)."""
+        if st.st_uid == os.geteuid():
+            return tablefile.map_descriptor(fd, path, key, limits)
+        bound = cache_bound()
         if folder == self.cache_folder:  # not ours, in our cache: read, not mapped
-            return FileTable.from_bytes(data, key, limits)
+            return FileTable.from_bytes(_read_stated(fd, st, bound), key, limits)
+        size = _stated(fd, st, bound)
+        try:
+            os.makedirs(self.cache_folder, exist_ok=True)
+            _write_source(self.cache_folder, self.dataset_root)
+            copy_fd, copy = _copy_into(fd, size, self.cache_folder, path.rsplit("/", 1)[-1])
+        except OSError:
+            return FileTable.from_bytes(_read_stated(fd, st, bound), key, limits)
+        try:
+            table = tablefile.map_descriptor(copy_fd, copy, key, limits)
+        except TableError:
+            _unlink(copy)
+            raise
+        finally:
+            os.close(copy_fd)
+        self._keep_cache_bound(copy)
+        return table
+
+    def _remote(self, path: str, key: dict[str, Any], limits: Limits | LimitsOf) -> FileTable | None:
+        """The table at ``path`` in the dataset's bucket (trusted as the data is), read by the size
+        its header states, copied into the user's cache and the copy mapped."""
+        store = self._storage
+        found = store.stat(path)
+        if found is None:
+            return None
+        data = tablefile.read_stated(lambda offset, count: store.pread(path, offset, count), found[0], cache_bound())
         copy = os.path.join(self.cache_folder, path.rsplit("/", 1)[-1])
         try:
             os.makedirs(self.cache_folder, exist_ok=True)
@@ -202,11 +279,23 @@ class TableStore:
 
     def reopen(self, path: str, key: dict[str, Any], limits: Limits) -> FileTable | None:
         """The table mapped from ``path`` again (a table unmapped to bound memory), or None
-        if it is gone (evicted from the cache) or no longer valid (logged)."""
+        if it is gone (evicted from the cache) or no longer valid or ours (logged): the file
+        there now is checked as at first (a symbolic link, or a file of another user put in its
+        place, is never mapped)."""
         try:
-            return FileTable.load(path, key, limits)
-        except TableError as exc:
-            log.info("ignoring the stored file table %s: it %s; building it again", path, exc)
+            fd = tablefile.open_table(path)
+            if fd is None:
+                return None
+            try:
+                why = self._distrust(os.fstat(fd), mapped=True)
+                if why is not None:
+                    raise TableError(why)
+                return tablefile.map_descriptor(fd, path, key, limits)
+            finally:
+                os.close(fd)
+        except (TableError, OSError) as exc:
+            why = str(exc) if isinstance(exc, TableError) else f"cannot be read ({exc.strerror or exc})"
+            log.info("ignoring the stored file table %s: it %s; building it again", path, why)
             return None
 
     def save(self, shard: str, key: dict[str, Any], table: FileTable) -> str | None:
@@ -256,7 +345,12 @@ def make_shared_folder(folder: str) -> None:
             os.mkdir(path, SHARED_FOLDER_MODE)
         except FileExistsError:  # made meanwhile (another index run), or a file: the write says which
             continue
-        os.chmod(path, SHARED_FOLDER_MODE)  # mkdir's mode is cut by the umask
+        # mkdir's mode is cut by the umask; set on the folder made, never through a link put in its place
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0))
+        try:
+            os.fchmod(fd, SHARED_FOLDER_MODE)
+        finally:
+            os.close(fd)
 
 
 @dataclass(frozen=True)
@@ -341,21 +435,65 @@ def _remove_if_empty(folder: str) -> None:
         pass
 
 
-def _share(path: str) -> None:
-    """Give a stored table :data:`SHARED_FILE_MODE` if it has other bits (logged if not allowed)."""
+def _share(fd: int, path: str, st: os.stat_result) -> None:
+    """Give the table open as ``fd`` (checked, and found valid) :data:`SHARED_FILE_MODE` if it
+    has other bits (logged if not allowed): through the descriptor, so never the mode of a file
+    a link points at, and only of a file with no other name (a hard link to a private file)."""
+    if stat.S_IMODE(st.st_mode) == SHARED_FILE_MODE:
+        return
+    if st.st_nlink != 1:
+        log.warning("%s: not made readable by every user: it has %d names (hard links)", path, st.st_nlink)
+        return
     try:
-        if os.stat(path).st_mode & 0o7777 != SHARED_FILE_MODE:
-            os.chmod(path, SHARED_FILE_MODE)
+        os.fchmod(fd, SHARED_FILE_MODE)
     except OSError as exc:
         log.warning("%s: cannot make it readable by every user (%s)", path, exc.strerror or exc)
 
 
-def _owned(path: str) -> bool:
-    """True if the local file ``path`` belongs to this process's user (who alone may change it)."""
+def _stated(fd: int, st: os.stat_result, bound: int) -> int:
+    """The size of the table open as ``fd`` (``st``: its fstat), once its header is found to
+    state exactly that size, at most ``bound`` (:class:`TableError` if not): only the header
+    is read (a sparse file of 2 GiB costs 16 bytes)."""
+    head = os.pread(fd, 16, 0)
+    wanted, end = tablefile.stated_size(head)
+    if end < 0:
+        wanted, end = tablefile.stated_size(head + os.pread(fd, wanted - 16, 16))
+        if end < 0:
+            raise TableError("is corrupt (cut short in its header)")
+    if end != st.st_size:
+        raise TableError(f"is corrupt ({st.st_size} bytes where its header means {end})")
+    if end > bound:
+        raise TableError(f"is {end} bytes, more than the table cache's bound of {bound} (ATLASFS_TABLE_CACHE_SIZE)")
+    return end
+
+
+def _read_stated(fd: int, st: os.stat_result, bound: int) -> bytes:
+    """The bytes of the table open as ``fd``, read by the size its header states (:func:`tablefile.read_stated`)."""
+    return tablefile.read_stated(lambda offset, count: os.pread(fd, count, offset), st.st_size, bound)
+
+
+def _copy_into(fd: int, size: int, folder: str, name: str) -> tuple[int, str]:
+    """Copy ``size`` bytes of the file open as ``fd`` to ``folder/name``, a megabyte at a time
+    (never the whole in memory), replacing it atomically; returns a descriptor of the copy
+    (what is mapped: not the path again) and its path."""
+    copy = os.path.join(folder, name)
+    out, tmp = tempfile.mkstemp(prefix=".copy-", dir=folder)
     try:
-        return os.stat(path).st_uid == os.geteuid()
-    except OSError:
-        return False
+        at = 0
+        while at < size:
+            chunk = os.pread(fd, min(_COPY_CHUNK, size - at), at)
+            if not chunk:  # cut short meanwhile: the copy fails its checks
+                break
+            view = memoryview(chunk)
+            while view:
+                view = view[os.write(out, view):]
+            at += len(chunk)
+        os.replace(tmp, copy)
+    except BaseException:
+        os.close(out)
+        _unlink(tmp)
+        raise
+    return out, copy
 
 
 def _unlink(path: str) -> None:
@@ -365,9 +503,9 @@ def _unlink(path: str) -> None:
         pass
 
 
-def _touch(path: str) -> None:
+def _touch(fd: int) -> None:
     try:
-        os.utime(path)
+        os.utime(fd)
     except OSError:  # a read-only cache still serves
         pass
 
