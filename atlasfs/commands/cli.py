@@ -1,4 +1,10 @@
-"""The ``atlasfs`` command line."""
+"""The ``atlasfs`` command line.
+
+Ctrl-C or SIGTERM in ``pack``, ``export``, ``index`` or ``verify``: status 130 within 2 s,
+one line saying what was kept (:mod:`atlasfs.commands.interrupts`). The modules of the
+commands are imported once :func:`main` handles those signals, so that one arriving
+while they load is that line too, not a traceback.
+"""
 
 from __future__ import annotations
 
@@ -9,19 +15,20 @@ import sys
 from typing import TYPE_CHECKING, Callable, Sequence
 
 from atlasfs import __version__
+from atlasfs.commands import interrupts
+from atlasfs.commands.interrupts import Interrupted
 from atlasfs.errors import AtlasFormatError
-from atlasfs.formats.factory import open_source
-from atlasfs.formats.source import Source
-from atlasfs.fuse.mount import MountError, mount, unmount
-from atlasfs.options import MountOptions, OptionError, add_flags, from_args, mount_option_names
-from atlasfs.progress import progress_bar
-from atlasfs.sizes import format_size
-from atlasfs.storage import set_default_options
 
 if TYPE_CHECKING:
     from tqdm import tqdm
 
     from atlasfs.commands.jobs import Opener
+    from atlasfs.formats.source import Source
+    from atlasfs.options import MountOptions
+
+#: The commands that stop on Ctrl-C or SIGTERM as :mod:`~atlasfs.commands.interrupts` says
+#: (the others keep Python's handling: mount has its own).
+INTERRUPTIBLE = ("pack", "export", "index", "verify")
 
 log = logging.getLogger("atlasfs")
 
@@ -32,6 +39,7 @@ class UsageError(Exception):
 
 def _source(args: argparse.Namespace) -> Source:
     """The dataset as a source, as a mount would open it."""
+    from atlasfs.formats.factory import open_source
     return open_source(args.dataset, args.settings.format, args.settings.source_options())
 
 
@@ -44,7 +52,8 @@ def cmd_info(args: argparse.Namespace) -> int:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    from atlasfs.commands.inspection import verify
+    from atlasfs.commands.inspection import VerifyReport, verify
+    from atlasfs.progress import progress_bar
     progress: tqdm | None = None
 
     def on_total(total: int) -> None:
@@ -52,8 +61,21 @@ def cmd_verify(args: argparse.Namespace) -> int:
         progress = progress_bar("verify", total, "blocks")
 
     on_block = lambda: progress.update(1) if progress else None  # noqa: E731
-    # a folder of no known format is verify's finding too, on stdout like the others
-    report = verify(lambda: _source(args), on_total=on_total, on_block=on_block)
+    report = VerifyReport()
+
+    def status() -> str:
+        found = (f"{len(report.problems)} problem(s) found so far" if report.problems
+                 else "no problem found so far")
+        return f"verify interrupted after {report.shards} of {report.total} shards: {found}"
+    interrupts.set_status(status)
+    try:  # a folder of no known format is verify's finding too, on stdout like the others
+        verify(lambda: _source(args), on_total=on_total, on_block=on_block, report=report)
+    except KeyboardInterrupt:
+        if progress:
+            progress.close()
+        for line in report.problems:  # what was found so far is said
+            print(line)
+        raise Interrupted(status() + (" (above)" if report.problems else "")) from None
     if progress:
         progress.close()
     for line in report.warnings:
@@ -83,18 +105,40 @@ def cmd_show(args: argparse.Namespace) -> int:
 
 
 def cmd_mount(args: argparse.Namespace) -> int:
+    from atlasfs.fuse.mount import mount
     options: MountOptions = args.settings
     options.foreground = args.foreground
     return mount(args.dataset, args.mountpoint, options)
 
 
 def cmd_umount(args: argparse.Namespace) -> int:
+    from atlasfs.fuse.mount import unmount
     unmount(args.mountpoint, lazy=args.lazy)
     return 0
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from atlasfs.commands.export import export_all, write_index
+    from atlasfs.commands.export import Exported, export_all, write_index
+    from atlasfs.tree.tarview import INDEX_NAME
+    result = Exported()
+    asked: list[int] = []
+    index = {"written": False}
+
+    def status() -> str:
+        tars = (f"{len(result.samples)} of {len(asked)} tars written in {args.outdir}" if asked
+                else "no tar written")
+        if index["written"]:
+            return f"{tars}, {INDEX_NAME} written"
+        return f"{tars}, {INDEX_NAME} not written; run the same command again to write them all"
+    interrupts.set_status(status)
+    try:
+        return _export(args, export_all, write_index, result, asked, index)
+    except KeyboardInterrupt:
+        raise Interrupted(f"interrupted: {status()}") from None
+
+
+def _export(args: argparse.Namespace, export_all: Callable, write_index: Callable, result: object,
+            asked: list[int], index: dict[str, bool]) -> int:
     with _source(args) as source:
         names = [s.name for s in source.shards]
         chosen = args.shards or names
@@ -108,9 +152,13 @@ def cmd_export(args: argparse.Namespace) -> int:
         # shard) and is named once, in export's words; the others are written.
         position = {n: s for s, n in enumerate(names)}
         positions = [position[n] for n in dict.fromkeys(chosen)]
-        result = export_all(source, _opener(args), positions, args.outdir, args.settings.cache_bytes, _jobs(args))
+        asked.extend(positions)
+        result = export_all(source, _opener(args), positions, args.outdir, args.settings.cache_bytes, _jobs(args),
+                            result)
         if result.written:
-            print(f"{write_index(args.outdir, result.written)}: wids index of {len(result.written)} shards")
+            path = write_index(args.outdir, result.written)
+            index["written"] = True
+            print(f"{path}: wids index of {len(result.written)} shards")
         if result.failed:
             print(f"atlasfs: {result.failed} of {len(positions)} shards not written (named above)", file=sys.stderr)
         return 1 if result.failed else 0
@@ -129,9 +177,24 @@ def _jobs(args: argparse.Namespace) -> int:
 
 
 def cmd_pack(args: argparse.Namespace) -> int:
-    from atlasfs.commands.pack import PackError, PackSettings, pack, temporary_folder
+    from atlasfs.commands.pack import PackError, PackReport, PackSettings, finished_shards, pack, temporary_folder
+    from atlasfs.progress import progress_bar
     settings = PackSettings(args.shard_size, args.block_size, args.strategy, args.level, args.dict_size, args.decode)
     bar: list[tqdm] = []
+    report = PackReport(os.path.abspath(args.outdir))
+
+    def status() -> str:
+        kept = temporary_folder(args.outdir)
+        done = finished_shards(kept)
+        of = f" of {report.shards}" if report.shards else ""
+        if done:
+            return f"{done}{of} shards packed, kept in {kept}; the same command resumes"
+        if os.path.isdir(report.path) and not os.path.lexists(kept):
+            return f"{report.path} was written"
+        if not report.shards:
+            return "stopped while counting the source's samples; nothing kept"
+        return f"0{of} shards packed, nothing kept"
+    interrupts.set_status(status)
 
     def progress(total: int):  # noqa: ANN202 (tqdm's update)
         bar.append(progress_bar("pack", total, "shards"))
@@ -139,7 +202,11 @@ def cmd_pack(args: argparse.Namespace) -> int:
 
     try:
         report = pack(args.dataset, args.outdir, settings, args.settings.format, args.settings.source_options(),
-                      args.settings.storage, _jobs(args), progress)
+                      args.settings.storage, _jobs(args), progress, report)
+    except KeyboardInterrupt:
+        for b in bar:
+            b.close()
+        raise Interrupted(f"interrupted: {status()}") from None
     except PackError as exc:
         kept = temporary_folder(args.outdir)
         resume = (f"; the shards finished are kept in {kept}: pack again to go on from them, or delete it"
@@ -159,6 +226,23 @@ def cmd_pack(args: argparse.Namespace) -> int:
 
 
 def cmd_index(args: argparse.Namespace) -> int:
+    from atlasfs.commands.indexing import IndexReport
+    report = IndexReport()
+    where: dict[str, object] = {}
+
+    def status() -> str:
+        if "shards" not in where:
+            return "no file table stored"
+        return (f"{report.stored_before + report.built} of {where['shards']} file tables stored in {where['folder']}; "
+                "the same command builds the rest")
+    interrupts.set_status(status)
+    try:
+        return _index(args, report, where)
+    except KeyboardInterrupt:
+        raise Interrupted(f"interrupted: {status()}") from None
+
+
+def _index(args: argparse.Namespace, report: object, where: dict[str, object]) -> int:
     from atlasfs.commands.indexing import index_all, make_store
     from atlasfs.tree.tablestore import make_shared_folder
     with _source(args) as dataset:
@@ -171,7 +255,8 @@ def cmd_index(args: argparse.Namespace) -> int:
                                  "choose a writable folder with --index-dir DIR") from None
             if not os.access(store.save_folder, os.W_OK):
                 raise UsageError(f"{store.save_folder}: not writable; choose a writable folder with --index-dir DIR")
-        report = index_all(dataset, _opener(args), args.settings.index_dir, _jobs(args))
+        where.update(shards=len(dataset.shards), folder=store.save_folder)
+        report = index_all(dataset, _opener(args), args.settings.index_dir, _jobs(args), result=report)
         shards = len(dataset.shards)
         if report.unstored:
             raise UsageError(f"{store.save_folder}: {report.unstored} of {shards} file tables "
@@ -184,6 +269,7 @@ def cmd_index(args: argparse.Namespace) -> int:
 
 
 def cmd_cache(args: argparse.Namespace) -> int:
+    from atlasfs.sizes import format_size
     from atlasfs.tree import tablestore
     if args.clear:
         freed = tablestore.clear(args.dataset)
@@ -211,6 +297,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``atlasfs``."""
+    from atlasfs.options import add_flags, mount_option_names
     parser = argparse.ArgumentParser(
         prog="atlasfs",
         description="Read, check, export and mount Atlas datasets as WebDataset-style file trees.")
@@ -321,8 +408,28 @@ def mount_helper(argv: Sequence[str] | None = None) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``atlasfs``; returns the exit code."""
+    previous = interrupts.install()  # first: a Ctrl-C while the commands' modules load is one line too
+    try:
+        return _main(argv, previous)
+    except Interrupted as exc:
+        interrupts.say(f"atlasfs: {exc.line}")
+        return interrupts.STATUS
+    except KeyboardInterrupt:  # before a command said what it keeps
+        interrupts.say("atlasfs: interrupted before anything was written")
+        return interrupts.STATUS
+    finally:
+        interrupts.set_status(None)
+        interrupts.restore(previous)
+
+
+def _main(argv: Sequence[str] | None, previous: dict[int, object]) -> int:
+    from atlasfs.fuse.mount import MountError
+    from atlasfs.options import OptionError, from_args
+    from atlasfs.storage import set_default_options
     args = build_parser().parse_args(argv)
     _setup_logging(args.verbose)
+    if args.command not in INTERRUPTIBLE:
+        interrupts.restore(previous)
     try:
         if hasattr(args, "dataset") and args.command != "cache":
             args.settings = from_args(args)  # every setting: -o options, then flags
@@ -336,6 +443,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         where = f"{exc.filename}: " if exc.filename else ""
         print(f"atlasfs: {where}{exc.strerror or exc}", file=sys.stderr)
     except KeyboardInterrupt:
+        if args.command in INTERRUPTIBLE:
+            raise
         print("atlasfs: interrupted", file=sys.stderr)
         return 130
     return 1

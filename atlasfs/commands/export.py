@@ -15,6 +15,7 @@ dataset; every tar is the same bytes whatever the number of processes.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import sys
@@ -54,19 +55,26 @@ def write_index(outdir: str, shards: Sequence[tuple[str, int]]) -> str:
     """Write ``shards.json`` (the wids index of ``(tar name, samples)`` pairs) into ``outdir``."""
     path = os.path.join(outdir, INDEX_NAME)
     partial = path + ".partial"
-    with open(partial, "wb") as f:
-        f.write(shard_index(shards))
-    os.replace(partial, path)
+    try:
+        with open(partial, "wb") as f:
+            f.write(shard_index(shards))
+        os.replace(partial, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(partial)
+        raise
     return path
 
 
 @dataclass
 class Exported:
     """What an export run wrote: ``(tar name, samples)`` of each shard written, in the order
-    asked, and how many shards failed (each said in one line as it came)."""
+    asked, and how many shards failed (each said in one line as it came). ``samples``: the
+    samples of each shard position written so far (as they come: an interrupted run's)."""
 
     written: list[tuple[str, int]] = field(default_factory=list)
     failed: int = 0
+    samples: dict[int, int] = field(default_factory=dict)
 
 
 def _setup(source: Source, cache_bytes: int, outdir: str) -> tuple[BlockTree, str]:
@@ -124,13 +132,30 @@ def _export_shard(state: tuple[BlockTree, str], s: int, report: Report) -> Done:
 
 
 def export_all(source: Source, opener: Opener, shards: Sequence[int], outdir: str, cache_bytes: int,
-               jobs: int) -> Exported:
+               jobs: int, result: Exported | None = None) -> Exported:
     """Write the tars of shard positions ``shards`` of ``source`` into ``outdir`` in ``jobs``
     processes (each with a ``cache_bytes / jobs`` block cache), saying each as it is written
-    (failures in one line on stderr), with a progress bar of samples on a terminal."""
-    result = Exported()
+    (failures in one line on stderr), with a progress bar of samples on a terminal; fills and
+    returns ``result``. Interrupted (KeyboardInterrupt), it stops the workers and leaves no
+    partial tar: the tars written are in ``result.samples``."""
+    result = Exported() if result is None else result
     names = [shard.name for shard in source.shards]
-    samples: dict[int, int] = {}
+    samples = result.samples
+    running: set[int] = set()
+    try:
+        _export(source, opener, shards, outdir, cache_bytes, jobs, result, running)
+    except BaseException:
+        for s in running:  # the shards in hand: a worker killed before it removed its partial tar
+            with contextlib.suppress(OSError):
+                os.unlink(os.path.join(outdir, f"{names[s]}.tar.partial"))
+        raise
+    result.written = [(f"{names[s]}.tar", samples[s]) for s in shards if s in samples]
+    return result
+
+
+def _export(source: Source, opener: Opener, shards: Sequence[int], outdir: str, cache_bytes: int, jobs: int,
+            result: Exported, running: set[int]) -> None:
+    names = [shard.name for shard in source.shards]
     setup = functools.partial(_setup, cache_bytes=cache_bytes // max(jobs, 1), outdir=outdir)
     with progress_bar("export", None, "samples") as bar:
 
@@ -141,17 +166,22 @@ def export_all(source: Source, opener: Opener, shards: Sequence[int], outdir: st
             else:
                 bar.update(n)
 
-        for done in run(source, opener, setup, _export_shard, shards, jobs, report):
-            name = names[done.shard]
-            if done.error is not None:
-                result.failed += 1
-                partial = os.path.join(outdir, f"{name}.tar.partial")
-                if os.path.exists(partial):  # its worker died: no one else removes what it left
-                    os.unlink(partial)
-                others = "; the other shards are written" if len(shards) > 1 and done.error != LOST else ""
-                say(f"atlasfs: export of shard {name} failed: {done.error}{others}")
-                continue
-            out, samples[done.shard], files, size = done.value
-            say(f"{out}: {samples[done.shard]} samples, {files} files, {format_size(size)}", sys.stdout)
-    result.written = [(f"{names[s]}.tar", samples[s]) for s in shards if s in samples]
-    return result
+        with contextlib.closing(run(source, opener, setup, _export_shard, shards, jobs, report, running)) as dones:
+            for done in dones:
+                _said(done, names, outdir, len(shards), result)
+
+
+def _said(done: Done, names: list[str], outdir: str, shards: int, result: Exported) -> None:
+    """Say what became of one shard, and count it."""
+    name = names[done.shard]
+    if done.error is not None:
+        result.failed += 1
+        partial = os.path.join(outdir, f"{name}.tar.partial")
+        if os.path.exists(partial):  # its worker died: no one else removes what it left
+            os.unlink(partial)
+        others = "; the other shards are written" if shards > 1 and done.error != LOST else ""
+        say(f"atlasfs: export of shard {name} failed: {done.error}{others}")
+        return
+    out, samples, files, size = done.value
+    result.samples[done.shard] = samples
+    say(f"{out}: {samples} samples, {files} files, {format_size(size)}", sys.stdout)

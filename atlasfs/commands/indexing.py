@@ -9,6 +9,7 @@ it counts as done at once, so an interrupted run picks up where it stopped.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -74,14 +75,17 @@ def _index_shard(state: tuple[BlockTree, TableStore], s: int, report: Report) ->
 
 
 def index_all(source: Source, opener: Opener, index_dir: str | None, jobs: int,
-              on_failure: Callable[[str, str], None] | None = None) -> IndexReport:
+              on_failure: Callable[[str, str], None] | None = None, result: IndexReport | None = None) -> IndexReport:
     """Build and store the table of every shard of ``source`` in ``jobs`` processes, with a
-    progress bar on a terminal; each failure is said in one line as it comes."""
-    result = IndexReport()
+    progress bar on a terminal; each failure is said in one line as it comes. Fills and
+    returns ``result`` (as shards are done: an interrupted run's counts are in it)."""
+    result = IndexReport() if result is None else result
     names = [shard.name for shard in source.shards]
     setup = functools.partial(_setup, index_dir=index_dir)
-    with progress_bar("index", len(names), "shards") as bar:
-        for done in run(source, opener, setup, _index_shard, range(len(names)), jobs, lambda what, n: None):
+    with progress_bar("index", len(names), "shards") as bar, \
+            contextlib.closing(run(source, opener, setup, _index_shard, range(len(names)), jobs,
+                                   lambda what, n: None)) as dones:
+        for done in dones:
             if done.error is not None:
                 result.failed += 1
                 say(f"atlasfs: index of shard {names[done.shard]} failed: {done.error}")

@@ -63,26 +63,30 @@ def info_lines(source: Source) -> tuple[list[str], int]:
 
 @dataclass
 class VerifyReport:
-    """What ``verify`` found: problems (each one line naming a file) and what was checked."""
+    """What ``verify`` found: problems (each one line naming a file) and what was checked
+    (``shards`` of the dataset's ``total``: an interrupted verify's are those done so far)."""
 
     problems: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     shards: int = 0
+    total: int = 0
     blocks: int = 0
     examples: int = 0
 
 
 def verify(opener: Callable[[], Source], *, on_block: Callable[[], None] | None = None,
-           on_total: Callable[[int], None] | None = None) -> VerifyReport:
+           on_total: Callable[[int], None] | None = None, report: VerifyReport | None = None) -> VerifyReport:
     """Check a source of any format: open it, make every shard's pass, decode every block.
-    Every problem is reported (one line each) and the check goes on."""
-    report = VerifyReport()
+    Every problem is reported (one line each) and the check goes on. Fills and returns
+    ``report`` (as it goes: what an interrupted check found is in it)."""
+    report = VerifyReport() if report is None else report
     try:
         source = opener()
     except AtlasFormatError as exc:
         report.problems.append(str(exc))
         return report
     with source:
+        report.total = len(source.shards)
         ready = []
         for shard in source.shards:
             try:
@@ -96,7 +100,6 @@ def verify(opener: Callable[[], Source], *, on_block: Callable[[], None] | None 
         if on_total is not None:
             on_total(sum(shard.num_blocks for shard in ready))
         for shard in ready:
-            report.shards += 1
             for b in range(shard.num_blocks):
                 try:
                     report.examples += len(shard.decode_block(b)[0])
@@ -105,6 +108,7 @@ def verify(opener: Callable[[], Source], *, on_block: Callable[[], None] | None 
                 report.blocks += 1
                 if on_block is not None:
                     on_block()
+            report.shards += 1
     return report
 
 

@@ -1,38 +1,49 @@
 """Work on shards in parallel processes, for the commands that go over a whole dataset
-(``index``, ``export``).
+(``index``, ``export``; ``pack`` uses :class:`Workers` too).
 
 Each worker process opens the dataset itself (an :class:`Opener` says how, as the command
 line did), makes its own state from it once (a tree with a small cache...), then does one
 shard at a time and sends back one small :class:`Done` for it: a shard that fails is one
-line in it, never an exception crossing processes. The parent keeps only a few shards in
-flight at a time and nothing of theirs but those results, so its memory does not grow
+line in it, never an exception crossing processes. The parent gives each worker one shard
+at a time and keeps nothing of theirs but those results, so its memory does not grow
 with the dataset. With one job everything runs in the calling process, on the source it
 already has open.
 
-Progress within a shard (files written) comes back through two shared counters that
-the parent polls, so that a bar moves while a large shard is worked on.
+Progress within a shard (files written) comes back as messages on the worker's pipe, so
+that a bar moves while a large shard is worked on.
+
+:class:`Workers` is a small pool of our own rather than ``ProcessPoolExecutor``: a worker
+that dies loses its own shard only, and the pool can be stopped at once on Ctrl-C (its
+workers asked with SIGTERM to drop the shard in hand, killed if they do not within
+:data:`GRACE`), with no management thread to wait for (:mod:`.interrupts`).
 """
 
 from __future__ import annotations
 
+import collections
+import contextlib
 import logging
 import multiprocessing
+import multiprocessing.connection
 import os
 import signal
 import sys
+import time
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
-from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from typing import Any
+
+from atlasfs.commands import interrupts
 
 from atlasfs.errors import AtlasFormatError
 from atlasfs.formats.factory import SourceOptions, open_source
 from atlasfs.formats.source import Source
 from atlasfs.storage import StorageOptions, set_default_options
 
-#: Seconds between looks at the workers' progress counters.
+#: Seconds between looks at the workers when none answers.
 POLL_SECONDS = 0.2
+#: Seconds workers asked to stop (SIGTERM) have to drop their shard and end before SIGKILL.
+GRACE = 0.5
 #: Why a shard failed whose worker process died, the shard alone in its pool.
 LOST = "a worker process ended without a result (killed, or out of memory?)"
 
@@ -77,20 +88,262 @@ Setup = Callable[[Source], Any]
 #: Does shard ``s`` with the worker's state, reporting progress; returns its :class:`Done`.
 Work = Callable[[Any, int, Report], Done]
 
-# A worker process's own: its source, its state, its work, and the counters it reports to.
+
+
+# -- the pool
+
+
+class _Child:
+    """A worker process: its pid and its end of the pipe to it (the pipe's EOF: it ended)."""
+
+    def __init__(self, pid: int, conn: Any) -> None:
+        self.pid, self.conn = pid, conn
+        self.returncode: int | None = None
+        self.tag: Any = None
+        self.busy = False
+
+    def poll(self, block: bool = False) -> int | None:
+        """Its exit status once it ended (reaped then), else None."""
+        if self.returncode is None:
+            try:
+                pid, status = os.waitpid(self.pid, 0 if block else os.WNOHANG)
+            except ChildProcessError:
+                pid, status = self.pid, 0
+            if pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+                interrupts.children.discard(self.pid)
+        return self.returncode
+
+    def signal(self, signum: int) -> None:
+        if self.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, signum)
+
+
+#: A worker process's pipe to its parent (None in the parent).
+_conn: Any = None
+#: The file descriptor a worker process finds its pipe on.
+CHILD_FD = 3
+
+
+def _child() -> None:
+    """A worker process's life (``python -c`` runs it, with SIGINT and SIGTERM blocked: see
+    :meth:`Workers._start`): the parent's ``sys.path``, then ``(initializer, initargs)``; the
+    initializer runs once, then each ``(func, arg)`` received is answered ``("ok",
+    func(arg))`` or ``("error", exception)``; ends at EOF."""
+    global _conn
+    import pickle
+    interrupts.worker_signals(_stop)  # first: until now both were blocked
+    conn = _conn = multiprocessing.connection.Connection(CHILD_FD)
+    try:
+        sys.path[:] = conn.recv()
+        initializer, initargs = pickle.loads(conn.recv_bytes())
+    except (EOFError, OSError):
+        return
+    try:
+        initializer(*initargs)
+        broken: BaseException | None = None
+    except Exception as exc:  # each call is answered with it
+        broken = exc
+    while True:
+        try:
+            func, arg = conn.recv()
+        except (EOFError, OSError):
+            return
+        try:
+            if broken is not None:
+                raise broken
+            reply: tuple[str, Any] = ("ok", func(arg))
+        except Exception as exc:
+            reply = ("error", exc)
+        try:
+            conn.send(reply)
+        except (BrokenPipeError, EOFError):
+            return
+        except Exception as exc:  # an answer that does not pickle
+            conn.send(("error", RuntimeError(f"{reply[1]!r}: {exc}")))
+
+
+def _stop(signum: int, frame: object) -> None:
+    """SIGTERM in a worker: the parent stops the pool (or the whole group was sent it): the
+    shard in hand is unwound (its partial output removed) and the process ends quietly."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    raise SystemExit(0)
+
+
+def _send(message: Any) -> None:
+    """Send ``message`` to the parent (from a worker's main thread)."""
+    _conn.send(message)
+
+
+class Workers:
+    """Up to ``size`` worker processes, each a new interpreter (not a copy of this process,
+    which has threads and open files) running ``initializer(*initargs)`` once, then one call
+    at a time. Used as a context manager: leaving it on an exception (Ctrl-C) stops the
+    workers at once (:meth:`stop`), else lets them end (:meth:`close`). ``on_message(*message)``
+    is given what workers :func:`_send` besides their answers.
+
+    A worker is started with ``posix_spawn`` and SIGINT and SIGTERM blocked, a mask the new
+    interpreter keeps until :func:`_child` has set its handlers: a Ctrl-C to the process
+    group while it starts (imports) is dropped, never a traceback (multiprocessing's spawn
+    does not pass the mask on)."""
+
+    def __init__(self, size: int, initializer: Callable[..., None], initargs: tuple[Any, ...],
+                 on_message: Callable[..., None] | None = None) -> None:
+        import pickle
+        self.size = max(1, size)
+        self._payload = pickle.dumps((initializer, initargs))
+        self._on_message = on_message
+        self._workers: list[_Child] = []
+
+    def __enter__(self) -> Workers:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, *rest: object) -> None:
+        if kind is None:
+            self.close()
+        else:
+            self.stop()
+
+    def _start(self) -> _Child:
+        import subprocess
+        ours, theirs = multiprocessing.Pipe()
+        argv = [sys.executable, *subprocess._args_from_interpreter_flags(),  # type: ignore[attr-defined]
+                "-c", "from atlasfs.commands.jobs import _child; _child()"]
+        actions = [(os.POSIX_SPAWN_DUP2, theirs.fileno(), CHILD_FD),
+                   (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0)]
+        with interrupts.deferred():  # a start is never cut in half: a Ctrl-C now is taken after it
+            try:
+                pid = os.posix_spawn(sys.executable, argv, dict(os.environ), file_actions=actions,
+                                     setsigmask=interrupts.SIGNALS)
+            finally:
+                theirs.close()
+            interrupts.children.add(pid)
+            child = _Child(pid, ours)
+            self._workers.append(child)
+        try:
+            ours.send(sys.path)
+            ours.send_bytes(self._payload)
+        except OSError:  # it died already: wait() finds it so
+            pass
+        return child
+
+    def idle(self) -> bool:
+        """Whether :meth:`submit` can give a call to a worker now."""
+        return len(self._workers) < self.size or any(not w.busy for w in self._workers)
+
+    def busy(self) -> list[Any]:
+        """The tags of the calls under way."""
+        return [w.tag for w in self._workers if w.busy]
+
+    def submit(self, tag: Any, func: Callable[[Any], Any], arg: Any) -> None:
+        """Give ``func(arg)`` to an idle worker (one is started if there are fewer than
+        ``size``); its answer comes back from :meth:`wait` with ``tag``."""
+        worker = next((w for w in self._workers if not w.busy), None) or self._start()
+        worker.tag, worker.busy = tag, True
+        try:
+            worker.conn.send((func, arg))
+        except OSError:  # it died: wait() finds it so
+            pass
+
+    def wait(self, timeout: float = POLL_SECONDS) -> list[tuple[Any, str, Any]]:
+        """Answers that came within ``timeout`` seconds: ``(tag, "ok", value)``, ``(tag,
+        "error", exception)``, or ``(tag, "lost", None)`` for a call whose worker died."""
+        busy = {w.conn: w for w in self._workers if w.busy}
+        if not busy:
+            return []
+        answers = []
+        for conn in multiprocessing.connection.wait(list(busy), timeout):
+            w = busy[conn]
+            answer = self._receive(w)
+            while answer is None and self._readable(w):  # messages first, then the answer
+                answer = self._receive(w)
+            if answer is not None:
+                answers.append((w.tag, *answer))
+                w.tag, w.busy = None, False
+                if answer[0] == "lost":
+                    self._forget(w)
+        return answers
+
+    @staticmethod
+    def _readable(w: _Child) -> bool:
+        try:
+            return bool(w.conn.poll(0))
+        except (OSError, EOFError):
+            return True
+
+    def _receive(self, w: _Child) -> tuple[str, Any] | None:
+        """The answer on ``w``'s pipe if that is what comes (a message is handed on: None)."""
+        try:
+            if not w.conn.poll(0):
+                return None
+            message = w.conn.recv()
+        except Exception:  # noqa: BLE001 (EOF, or a message cut short: it died)
+            return ("lost", None)
+        if message[0] in ("ok", "error"):
+            return message
+        if self._on_message is not None:
+            self._on_message(*message[1:])
+        return None
+
+    def _forget(self, w: _Child) -> None:
+        with interrupts.deferred():
+            self._workers.remove(w)
+            self._end([w], graceful=False)
+
+    def close(self) -> None:
+        """Let the workers end (their pipes close: they return) and wait for them."""
+        with interrupts.deferred():
+            workers, self._workers = self._workers, []
+            for w in workers:
+                with contextlib.suppress(OSError):
+                    w.conn.close()
+            deadline = time.monotonic() + 60
+            while any(w.poll() is None for w in workers) and time.monotonic() < deadline:
+                time.sleep(0.005)
+            self._end(workers)
+
+    def stop(self) -> None:
+        """End the workers now: SIGTERM (each drops its shard in hand, removing what it
+        wrote of it), SIGKILL for those still there after :data:`GRACE` seconds."""
+        with interrupts.deferred():
+            workers, self._workers = self._workers, []
+            self._end(workers)
+
+    @staticmethod
+    def _end(workers: list[_Child], graceful: bool = True) -> None:
+        if graceful:
+            for w in workers:
+                w.signal(signal.SIGTERM)
+            deadline = time.monotonic() + GRACE
+            left = [w for w in workers if w.poll() is None]
+            while left and time.monotonic() < deadline:
+                time.sleep(0.005)
+                left = [w for w in left if w.poll() is None]
+        for w in workers:
+            w.signal(signal.SIGKILL)
+        deadline = time.monotonic() + GRACE
+        for w in workers:
+            while w.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.002)
+            with contextlib.suppress(OSError):
+                w.conn.close()
+
+
+# -- shards in workers
+
+# A worker process's own: its source, its state and its work.
 _worker: dict[str, Any] = {}
 
 
-def _init_worker(opener: Opener, setup: Setup, work: Work, total: Any, done: Any) -> None:
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle: it stops us
-    signal.signal(signal.SIGTERM, _stop)  # ...with SIGTERM, which unwinds the shard in hand (no partial tar)
+def _init_worker(opener: Opener, setup: Setup, work: Work) -> None:
     set_default_options(opener.storage)
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("atlasfs: %(message)s"))
     root = logging.getLogger("atlasfs")
     root.handlers[:] = [handler]
     root.setLevel(logging.DEBUG if opener.verbose else logging.INFO)
-    _worker.update(work=work, total=total, done=done)
+    _worker.update(work=work)
     try:  # a worker that cannot open the dataset fails each shard it is given, in one line
         source = opener.open()
         _worker.update(source=source, state=setup(source))
@@ -98,14 +351,8 @@ def _init_worker(opener: Opener, setup: Setup, work: Work, total: Any, done: Any
         _worker["broken"] = f"{exc}" if isinstance(exc, (AtlasFormatError, OSError)) else f"{exc!r}"
 
 
-def _stop(signum: int, frame: object) -> None:
-    raise SystemExit(128 + signum)
-
-
 def _report(what: str, n: int) -> None:
-    counter = _worker["total" if what == "total" else "done"]
-    with counter.get_lock():
-        counter.value += n
+    _send(("progress", what, n))
 
 
 def _run_in_worker(s: int) -> Done:
@@ -117,105 +364,60 @@ def _run_in_worker(s: int) -> Done:
         return Done(s, f"{exc!r}")
 
 
-def _context() -> multiprocessing.context.BaseContext:
-    """forkserver where there is one: workers start from a clean process, not a copy of one
-    that has threads (a remote store's) or open files; else spawn."""
-    methods = multiprocessing.get_all_start_methods()
-    return multiprocessing.get_context("forkserver" if "forkserver" in methods else "spawn")
-
-
 def run(source: Source, opener: Opener, setup: Setup, work: Work, shards: Iterable[int], jobs: int,
-        report: Report) -> Iterator[Done]:
+        report: Report, running: set[int] | None = None) -> Iterator[Done]:
     """Do ``work`` on each shard position of ``shards`` in ``jobs`` processes; yields each
     :class:`Done` as it comes (in shard order with one job, else as they finish).
-    ``report`` is called in this process with the workers' progress."""
+    ``report`` is called in this process with the workers' progress; ``running`` (if given)
+    holds the shards under way. Close the iterator (``contextlib.closing``) when leaving
+    early: that stops the workers."""
+    running = set() if running is None else running
     if jobs <= 1:
         state = setup(source)
         for s in shards:
+            running.add(s)
             try:
-                yield work(state, s, report)
+                done = work(state, s, report)
             except Exception as exc:
-                yield Done(s, f"{exc!r}")
+                done = Done(s, f"{exc!r}")
+            running.discard(s)
+            yield done
         return
-    yield from _run_pool(opener, setup, work, list(shards), jobs, report)
+    yield from _run_pool(opener, setup, work, list(shards), jobs, report, running)
 
 
-def _run_pool(opener: Opener, setup: Setup, work: Work, shards: list[int], jobs: int,
-              report: Report) -> Iterator[Done]:
+def _run_pool(opener: Opener, setup: Setup, work: Work, shards: list[int], jobs: int, report: Report,
+              running: set[int]) -> Iterator[Done]:
     """:func:`run` in processes. A worker that dies (killed, out of memory, a crash in a
-    decoder) breaks its pool and every shard in flight with it: those shards are done again
-    one at a time, each in a pool of its own, so that only the shard that kills its worker is
-    lost; the others go on in a new pool."""
-    context = _context()
-    total, done = context.Value("q", 0), context.Value("q", 0)
-    seen = {"total": 0, "done": 0}
-
-    def poll() -> None:
-        for what, counter in (("total", total), ("done", done)):
-            value = counter.value
-            if value != seen[what]:
-                report(what, value - seen[what])
-                seen[what] = value
-
-    def start(workers: int) -> ProcessPoolExecutor:
-        return ProcessPoolExecutor(workers, mp_context=context, initializer=_init_worker,
-                                   initargs=(opener, setup, work, total, done))
-
-    todo = list(reversed(shards))  # popped from the end: in the order given
-    while todo:
-        suspects: list[int] = []
-        yield from _pool_pass(start(min(jobs, len(todo)) or 1), todo, jobs, poll, suspects)
-        for s in suspects:  # each alone: a second death is that shard's own
-            alone: list[int] = []
-            yield from _pool_pass(start(1), [s], 1, poll, alone)
-            if alone:
+    decoder) loses the shard it had: once the others are done, that shard is done again
+    alone (no other in flight), and if its worker dies again it fails, :data:`LOST`."""
+    todo = collections.deque(shards)
+    suspects: list[int] = []
+    with Workers(min(jobs, len(shards)), _init_worker, (opener, setup, work), report) as workers:
+        yield from _drive(workers, todo, len(shards), running, suspects)
+        for s in suspects:
+            again: list[int] = []
+            yield from _drive(workers, collections.deque([s]), 1, running, again)
+            if again:
                 yield Done(s, LOST)
 
 
-def _pool_pass(executor: ProcessPoolExecutor, todo: list[int], jobs: int, poll: Callable[[], None],
-               suspects: list[int]) -> Iterator[Done]:
-    """Run shards popped from ``todo`` in ``executor`` until done or until a worker dies: then
-    the shards that were in flight are put in ``suspects`` (the rest stay in ``todo``)."""
-    pending: dict[Future[Done], int] = {}
-    try:
-        while True:
-            while len(pending) < 2 * jobs and todo:  # a few in flight: the parent holds no more than that
-                s = todo.pop()
-                try:
-                    pending[executor.submit(_run_in_worker, s)] = s
-                except BrokenProcessPool:
-                    todo.append(s)
-                    break
-            if not pending:
-                break
-            finished, _ = wait(pending, timeout=POLL_SECONDS, return_when=FIRST_COMPLETED)
-            poll()
-            broken = False
-            for future in finished:
-                s = pending.pop(future)
-                try:
-                    yield future.result()
-                except BrokenProcessPool:
-                    suspects.append(s)
-                    broken = True
-                except Exception as exc:  # a worker that could not start (the dataset could not be opened)
-                    yield Done(s, f"{exc}")
-            if broken:
-                suspects.extend(pending.values())
-                pending.clear()
-                break
-        poll()
-    except BaseException:
-        # Ctrl-C or an error here: stop the workers now rather than after the shards in flight
-        _stop_workers(executor)
-        raise
-    if suspects:
-        _stop_workers(executor)
-    else:
-        executor.shutdown(wait=True)
-
-
-def _stop_workers(executor: ProcessPoolExecutor) -> None:
-    for process in list(getattr(executor, "_processes", {}).values()):
-        process.terminate()
-    executor.shutdown(wait=False, cancel_futures=True)
+def _drive(workers: Workers, todo: collections.deque[int], at_once: int, running: set[int],
+           lost: list[int]) -> Iterator[Done]:
+    """Shards from ``todo``, ``at_once`` at most under way, until all are answered; those
+    whose worker died go in ``lost``."""
+    while True:
+        while todo and workers.idle() and len(running) < at_once:
+            s = todo.popleft()
+            running.add(s)
+            workers.submit(s, _run_in_worker, s)
+        if not running:
+            return
+        for s, kind, value in workers.wait():
+            running.discard(s)
+            if kind == "ok":
+                yield value
+            elif kind == "lost":
+                lost.append(s)
+            else:
+                yield Done(s, f"{value}")

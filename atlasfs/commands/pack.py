@@ -21,14 +21,13 @@ strategy 2: the others need its dictionary).
 
 from __future__ import annotations
 
-import concurrent.futures
+import collections
+import contextlib
 import fcntl
 import json
 import logging
-import multiprocessing
 import os
 import shutil
-import signal
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -36,6 +35,7 @@ from typing import Any
 
 import zstandard
 
+from atlasfs.commands.jobs import Workers
 from atlasfs.commands.packexamples import ExampleMaker, PackError, shard_samples
 from atlasfs.errors import AtlasFormatError
 from atlasfs.formats.atlas.dataset import DICT_NAME
@@ -52,7 +52,7 @@ PARTIAL = ".partial"
 #: Bytes of decoded blocks each process caches while packing.
 PACK_CACHE_BYTES = 64 << 20
 
-__all__ = ["PackError", "PackReport", "PackSettings", "pack", "temporary_folder"]
+__all__ = ["PackError", "PackReport", "PackSettings", "finished_shards", "pack", "temporary_folder"]
 
 
 @dataclass(frozen=True)
@@ -124,8 +124,7 @@ _worker: dict[str, Any] = {}
 
 def _start(context: _Context, in_pool: bool = False) -> None:
     """Open the source in this process (a pool's initializer, or the parent with one job)."""
-    if in_pool:  # Ctrl-C is the parent's to handle: it lets the running shards finish, kept for the next run
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if in_pool:
         logger = logging.getLogger("atlasfs")
         if not logger.handlers:  # what the source notes (a member left out) is said as the parent says it
             handler = logging.StreamHandler()
@@ -226,6 +225,15 @@ def temporary_folder(outdir: str) -> str:
     return os.path.join(parent, f".{name}.pack-partial")
 
 
+def finished_shards(folder: str) -> int:
+    """Shards completed in the temporary folder ``folder`` (kept for the next run)."""
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return 0
+    return sum(os.path.isfile(os.path.join(folder, name, "meta.json")) for name in names)
+
+
 class _Folder:
     """The temporary folder, locked while a pack writes in it, its leftover shards kept
     if ``pack.json`` says they were written from the same source with the same settings."""
@@ -270,6 +278,18 @@ class _Folder:
             raise PackError(f"{outdir}: appeared while the dataset was being written")
         os.rename(self.path, outdir)
 
+    def remove_partials(self) -> None:
+        """Remove what a stopped worker left half written (the next run would)."""
+        with contextlib.suppress(OSError):
+            for name in os.listdir(self.path):
+                if name.endswith(PARTIAL):
+                    target = os.path.join(self.path, name)
+                    if os.path.isdir(target) and not os.path.islink(target):
+                        shutil.rmtree(target, ignore_errors=True)
+                    else:
+                        with contextlib.suppress(OSError):
+                            os.unlink(target)
+
     def close(self, keep_if_any: bool = False) -> None:
         """Unlock; with ``keep_if_any`` (a pack that stopped) remove the folder unless it
         holds a finished shard for the next run."""
@@ -302,49 +322,68 @@ def _plan(counts: Sequence[int], shard_size: int | None) -> list[list[tuple[int,
 
 
 class _Runner:
-    """Runs jobs in this process (``jobs`` 1) or in a pool of processes."""
+    """Runs jobs in this process (``jobs`` 1) or in worker processes (:class:`Workers`)."""
 
     def __init__(self, context: _Context, jobs: int) -> None:
-        self.pool = None
+        self.pool: Workers | None = None
         if jobs > 1:
-            self.pool = concurrent.futures.ProcessPoolExecutor(
-                jobs, mp_context=multiprocessing.get_context("spawn"), initializer=_start, initargs=(context, True))
+            self.pool = Workers(jobs, _start, (context, True))
         else:
             _start(context)
 
     def map(self, func: Callable[[Any], Any], items: Iterable[Any], each: Callable[[Any], None]) -> None:
         """``func`` of every item; ``each`` of every result as it comes. The first failure
-        cancels what has not started and is raised once the running ones end."""
+        gives out no more items and is raised once the running ones end (their shards are
+        kept). Interrupted, the workers are stopped at once (:meth:`close`)."""
         if self.pool is None:
             for item in items:
                 each(func(item))
             return
-        futures = [self.pool.submit(func, item) for item in items]
-        try:
-            for future in concurrent.futures.as_completed(futures):
-                each(future.result())
-        except BaseException:
-            for future in futures:
-                future.cancel()
-            concurrent.futures.wait(futures)
-            raise
+        todo = collections.deque(items)
+        failure: BaseException | None = None
+        while True:
+            while todo and failure is None and self.pool.idle():
+                item = todo.popleft()
+                self.pool.submit(item, func, item)
+            if not self.pool.busy():
+                break
+            for item, kind, value in self.pool.wait():
+                if kind == "ok":
+                    each(value)
+                elif failure is None:
+                    failure = value if kind == "error" else PackError(
+                        f"a worker process ended without a result while packing {_what(item)} "
+                        "(killed, or out of memory?)")
+        if failure is not None:
+            raise failure
 
-    def close(self) -> None:
+    def close(self, interrupted: bool = False) -> None:
+        """Let the workers end, or with ``interrupted`` stop them now; in this process, close the source."""
         if self.pool is not None:
-            self.pool.shutdown(cancel_futures=True)
-            self.pool = None
+            pool, self.pool = self.pool, None
+            if interrupted:
+                pool.stop()
+            else:
+                pool.close()
         else:
             _stop()
 
 
+def _what(item: Any) -> str:
+    return f"shard {item.name}" if isinstance(item, _Job) else f"source shard position {item}"
+
+
 def pack(dataset: str, outdir: str, settings: PackSettings, kind: str | None = None,
          options: SourceOptions | None = None, storage: StorageOptions | None = None, jobs: int = 1,
-         progress: Callable[[int], Any] | None = None) -> PackReport:
+         progress: Callable[[int], Any] | None = None, report: PackReport | None = None) -> PackReport:
     """Write ``dataset`` (any format atlasfs mounts) as an Atlas dataset at ``outdir``.
 
     ``progress(total)`` is called once with the number of shards and returns a callable
     called once per shard written (``tqdm(total=...).update`` fits). Raises
     :class:`PackError` saying why a pack stops (the shards finished are kept for the next run).
+    ``report`` (if given) is filled and returned: its ``shards`` are known once the source's
+    samples are counted (an interrupted pack's total). Interrupted (KeyboardInterrupt), the
+    workers are stopped at once and the shards finished kept.
     """
     settings.check()
     outdir = os.path.abspath(outdir)
@@ -368,8 +407,9 @@ def pack(dataset: str, outdir: str, settings: PackSettings, kind: str | None = N
                  "settings": asdict(settings)}
     folder = _Folder(temporary_folder(outdir), signature)
     context = _Context(os.fspath(dataset), kind, options, storage, settings, folder.path)
-    runner = _Runner(context, max(1, min(jobs, len(shards))))
+    runner: _Runner | None = None
     try:
+        runner = _Runner(context, max(1, min(jobs, len(shards))))
         counts = [0] * len(shards)
 
         def counted(item: tuple[int, int]) -> None:
@@ -384,8 +424,10 @@ def pack(dataset: str, outdir: str, settings: PackSettings, kind: str | None = N
             firsts.append(firsts[-1] + sum(b - a for _, a, b in pieces))
         context = _Context(context.dataset, kind, options, storage, settings, folder.path, index_key_width(total))
         runner.close()
+        runner = None
         runner = _Runner(context, max(1, min(jobs, len(plan))))
-        report = PackReport(outdir, len(plan), total)
+        report = report if report is not None else PackReport(outdir)
+        report.path, report.shards, report.examples = outdir, len(plan), total
         advance = progress(len(plan)) if progress else (lambda n=1: None)
 
         def written(result: tuple[str, int, Counter[str]]) -> None:
@@ -420,11 +462,14 @@ def pack(dataset: str, outdir: str, settings: PackSettings, kind: str | None = N
         folder.finish(outdir)
         return report
     except BaseException:
-        runner.close()
+        if runner is not None:
+            runner.close(interrupted=True)
+        folder.remove_partials()
         folder.close(keep_if_any=True)
         raise
     finally:
-        runner.close()
+        if runner is not None:
+            runner.close()
         folder.close()
 
 
