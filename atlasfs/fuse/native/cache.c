@@ -28,11 +28,13 @@ int cache_init(Session *s, size_t bound)
     s->cache_bound = bound;
     s->cache_bytes = 0;
     s->cache_evicted = s->cache_trimmed_at = 0;
+    s->cache_flight = 0;
     s->cache_head = s->cache_tail = NULL;
     s->cache_buckets = calloc(BUCKETS, sizeof *s->cache_buckets);
     if (s->cache_buckets == NULL)
         return -1;
-    if (pthread_mutex_init(&s->cache_lock, NULL) != 0 || pthread_cond_init(&s->cache_filled, NULL) != 0)
+    if (pthread_mutex_init(&s->cache_lock, NULL) != 0 || pthread_cond_init(&s->cache_filled, NULL) != 0
+        || pthread_cond_init(&s->cache_room, NULL) != 0)
         return -1;
     return 0;
 }
@@ -130,13 +132,21 @@ void cache_free(Session *s)
     s->cache_buckets = NULL;
     pthread_mutex_destroy(&s->cache_lock);
     pthread_cond_destroy(&s->cache_filled);
+    pthread_cond_destroy(&s->cache_room);
 }
 
-/* Evict ready entries no one reads, least recently used first, to stay within the bound. */
+/* Whether the entries and the payloads in flight are past the bound. */
+static int over(const Session *s)
+{
+    return s->cache_flight > s->cache_bound || s->cache_bytes > s->cache_bound - s->cache_flight;
+}
+
+/* Evict ready entries no one reads, least recently used first, to stay within the bound (what
+ * is left of it beside the payloads in flight). */
 static void shrink(Session *s)
 {
     CachedBlock *b = s->cache_tail;
-    while (s->cache_bytes > s->cache_bound && b != NULL) {
+    while (over(s) && b != NULL) {
         CachedBlock *prev = b->prev;
         if (b->state == READY && b->readers == 0)
             drop(s, b);
@@ -211,6 +221,29 @@ void cache_abandon(Session *s, CachedBlock *b)
     drop(s, b);
     pthread_cond_broadcast(&s->cache_filled);
     pthread_mutex_unlock(&s->cache_lock);
+}
+
+void cache_reserve(Session *s, size_t bytes)
+{
+    pthread_mutex_lock(&s->cache_lock);
+    /* Room if the others' payloads and this one fit the bound; none in flight: room whatever
+     * this one's size (a worker reserves only while it holds no other entry: it never waits
+     * for itself, and every payload in flight is given back once served). */
+    while (s->cache_flight > 0 && (bytes > s->cache_bound || s->cache_flight > s->cache_bound - bytes))
+        pthread_cond_wait(&s->cache_room, &s->cache_lock);
+    s->cache_flight += bytes;
+    shrink(s);
+    pthread_mutex_unlock(&s->cache_lock);
+}
+
+void cache_unreserve(Session *s, size_t bytes)
+{
+    pthread_mutex_lock(&s->cache_lock);
+    s->cache_flight -= bytes < s->cache_flight ? bytes : s->cache_flight;
+    pthread_cond_broadcast(&s->cache_room);
+    shrink(s);
+    pthread_mutex_unlock(&s->cache_lock);
+    give_back(s);
 }
 
 void cache_release(Session *s, CachedBlock *b)

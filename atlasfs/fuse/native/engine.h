@@ -22,6 +22,7 @@
 
 #include <pthread.h>
 #include <stdint.h>
+#include <sys/stat.h>
 #include <sys/types.h>
 #include <zstd.h>
 
@@ -51,6 +52,11 @@ typedef struct {
     uint64_t at, len;
 } Column;
 
+/* `path` opened for reading (O_NONBLOCK: a FIFO or a device in its place never blocks the
+ * open; O_CLOEXEC; `flags` more), the GIL released meanwhile, and fstat'd into `st`: its
+ * descriptor if it is a regular file, else -1 with a Python error (OSError, or ValueError: not
+ * a regular file). GIL held. */
+int open_regular(const char *path, int flags, struct stat *st);
 /* `size` bytes at `at` of file `fd` into `buf` (pread, again after EINTR or a short read): 0,
  * or -1 (an error, or the file ends first). */
 int read_full(int fd, char *buf, size_t size, uint64_t at);
@@ -67,6 +73,7 @@ void column_release(Column *c);
  * the table's file in file mode (else -1). */
 typedef struct {
     pthread_rwlock_t lock;
+    uint64_t generation;  /* attached or detached this many times (under the lock, GIL held) */
     Column names, offsets, kind, size, by_path, block;
     uint64_t n, file_size;
     uint64_t hint;  /* the row a lookup tries first: the one after the last found (tables.c) */
@@ -120,9 +127,10 @@ typedef struct {
     Py_ssize_t ntables;
     /* The byte cache (cache.c). */
     pthread_mutex_t cache_lock;
-    pthread_cond_t cache_filled;
+    pthread_cond_t cache_filled, cache_room;
     CachedBlock *cache_head, *cache_tail, **cache_buckets;
     size_t cache_bytes, cache_bound;
+    size_t cache_flight;  /* bytes reserved for payloads being made and served (cache_reserve) */
     size_t cache_evicted, cache_trimmed_at;  /* bytes evicted so far, and when memory was last given back */
 } Session;
 
@@ -164,6 +172,12 @@ CachedBlock *cache_peek(Session *s, uint64_t shard, int kind, uint64_t block);
 void cache_complete(Session *s, CachedBlock *b, char *data, size_t length);
 void cache_abandon(Session *s, CachedBlock *b);
 void cache_release(Session *s, CachedBlock *b);
+/* `bytes` of the bound reserved for a block's payload being made and served by this worker
+ * (located.c): what no reader holds is evicted to make room, and while other workers' payloads
+ * leave none, this one waits; a payload larger than the bound waits for none to be in flight,
+ * and goes alone. Given back by cache_unreserve. */
+void cache_reserve(Session *s, size_t bytes);
+void cache_unreserve(Session *s, size_t bytes);
 
 /* located.c */
 PyObject *located_attach(Session *self, PyObject *args);
@@ -173,11 +187,13 @@ int located_read(Session *s, ShardTable *t, fuse_req_t req, uint64_t shard, uint
 
 /* dictionaries.c: one decompression dictionary for every shard made with the same bytes. */
 typedef struct SharedDict SharedDict;
-/* The dictionary of these bytes, counted once more (made at its first take), or NULL: not a
- * dictionary, or no memory. */
-SharedDict *dictionary_take(const void *bytes, size_t len);
+/* The dictionary of the bytes of `obj` (a buffer), counted once more (made at its first take:
+ * it refers to `obj` itself when it is a bytes object, held until its last drop, else to one
+ * copy), or NULL with a Python error: not a dictionary, or no memory. GIL held. */
+SharedDict *dictionary_take(PyObject *obj);
 const ZSTD_DDict *dictionary_ddict(const SharedDict *d);
-/* Counted once less; freed with its last (NULL: nothing). */
+/* Counted once less; freed with its last (NULL: nothing). GIL held (its bytes may be a Python
+ * object); no reader may use it any more (the shard's lock was taken since it was replaced). */
 void dictionary_drop(SharedDict *d);
 /* Dictionaries held now (Python: _native.dictionaries()). */
 size_t dictionary_count(void);

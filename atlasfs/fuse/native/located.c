@@ -131,6 +131,7 @@ PyObject *located_attach(Session *self, PyObject *args)
     Py_buffer view;
     Located *l;
     ShardTable *t;
+    uint64_t generation;
     if (!PyArg_ParseTuple(args, "nOOOOOOOOOyy(LLLL)OpOK", &shard, &offset, &length, &check, &prefix, &prefix_ends,
                           &prefixes, &inline_bytes, &kept, &kept_ends, &data_path, &index_path, &sig[0], &sig[1],
                           &sig[2], &sig[3], &starts, &compressed, &dictionary, &max_block_bytes))
@@ -145,7 +146,8 @@ PyObject *located_attach(Session *self, PyObject *args)
         return PyErr_NoMemory();
     l->fd = -1;
     l->offset.fd = l->length.fd = l->check.fd = l->prefix.fd = l->inline_bytes.fd = l->kept.fd = -1;
-    l->rows = t->n;  /* attach() came first, holding the GIL as this does: no other writer */
+    l->rows = t->n;  /* attach() came first, holding the GIL as this does */
+    generation = t->generation;  /* the columns below may be ranges of t->fd: that table's */
     if (!t->attached) {
         PyErr_SetString(PyExc_ValueError, "locate: no table attached");
         goto fail;
@@ -203,27 +205,28 @@ PyObject *located_attach(Session *self, PyObject *args)
     l->index_mtime_ns = sig[3];
     l->compressed = compressed;
     l->max_block_bytes = max_block_bytes;
-    if (dictionary != Py_None) {
-        if (PyObject_GetBuffer(dictionary, &view, PyBUF_C_CONTIGUOUS) != 0)
+    if (dictionary != Py_None && (l->dictionary = dictionary_take(dictionary)) == NULL)
+        goto fail;
+    {
+        /* Never a blocking open (a FIFO in its place), never anything but the regular file of
+         * the size and mtime the control plane checked when it opened the dataset. */
+        struct stat st;
+        if ((l->fd = open_regular(data_path, 0, &st)) < 0)
             goto fail;
-        l->dictionary = dictionary_take(view.buf, (size_t)view.len);
-        PyBuffer_Release(&view);
-        if (l->dictionary == NULL) {
-            PyErr_SetString(PyExc_ValueError, "locate: not a zstd dictionary");
+        if ((int64_t)st.st_size != l->data_size
+            || (int64_t)st.st_mtim.tv_sec * 1000000000 + st.st_mtim.tv_nsec != l->data_mtime_ns) {
+            PyErr_Format(PyExc_ValueError, "locate: %s changed since the dataset was opened", data_path);
             goto fail;
         }
-    }
-    l->fd = open(data_path, O_RDONLY | O_CLOEXEC);
-    if (l->fd < 0) {
-        PyErr_SetFromErrnoWithFilename(PyExc_OSError, data_path);
-        goto fail;
     }
     {
         Located *old;
         Py_BEGIN_ALLOW_THREADS
         pthread_rwlock_wrlock(&t->lock);
         Py_END_ALLOW_THREADS
-        if (t->n != l->rows) {  /* attached again meanwhile (cannot happen under the GIL): refuse */
+        if (t->generation != generation || t->n != l->rows) {
+            /* attached again or detached while the GIL was released (the open, the lock): the
+             * columns may be ranges of a file closed since: refuse */
             pthread_rwlock_unlock(&t->lock);
             PyErr_SetString(PyExc_ValueError, "locate: the table changed");
             goto fail;
@@ -482,6 +485,46 @@ static CachedBlock *acquire_made(Session *s, const Located *l, uint64_t shard, i
     return b;
 }
 
+/* What making block `block`'s payload holds at most: its stored bytes, and, for a zstd frame,
+ * the content size its header says (within the bound; else the load fails anyway). */
+static size_t payload_cost(const Located *l, uint64_t block)
+{
+    uint64_t start = l->starts[block], stored = l->starts[block + 1] - start;
+    unsigned char head[18];  /* ZSTD_FRAMEHEADERSIZE_MAX */
+    size_t n = stored < sizeof head ? (size_t)stored : sizeof head;
+    unsigned long long content;
+    if (!l->compressed || n == 0 || read_full(l->fd, (char *)head, n, start) != 0)
+        return (size_t)stored;
+    content = ZSTD_getFrameContentSize(head, n);
+    if (content == ZSTD_CONTENTSIZE_ERROR || content == ZSTD_CONTENTSIZE_UNKNOWN || content > l->max_block_bytes)
+        return (size_t)stored;
+    return (size_t)stored + (size_t)content;
+}
+
+/* Block `block`'s payload held for reading, made by this worker if it is the first to ask: then
+ * with *reserved bytes of the cache's bound reserved for it (cache_reserve), to give back once
+ * the worker released it (a payload is kept only as the bound allows, however many workers make
+ * one at once). NULL: no room, or not loadable. */
+static CachedBlock *acquire_payload(Session *s, const Located *l, uint64_t shard, uint64_t block, size_t *reserved)
+{
+    int mine;
+    CachedBlock *b = cache_acquire(s, shard, KIND_PAYLOAD, block, &mine);
+    *reserved = 0;
+    if (b != NULL && mine) {
+        size_t cost = payload_cost(l, block), length;
+        char *data;
+        cache_reserve(s, cost);
+        if (load_payload(l, block, &data, &length) != 0) {
+            cache_abandon(s, b);
+            cache_unreserve(s, cost);
+            return NULL;
+        }
+        cache_complete(s, b, data, length);
+        *reserved = cost;
+    }
+    return b;
+}
+
 /* A kept file, sliced from its block's kept files (decompressed once, kept in the byte cache),
  * once its block's fingerprint ties it to the block: 1, or 0. */
 static int serve_kept(Session *s, const Located *l, fuse_req_t req, uint64_t shard, uint64_t block,
@@ -666,6 +709,8 @@ static int serve_run(Session *s, const Located *l, fuse_req_t req, uint64_t shar
 {
     CachedBlock *b = NULL;
     const char *run;
+    size_t reserved = 0;
+    int ok = 0;
     if (span->length == 0) {
         if (!run_checks(span, ""))  /* not NULL: zlib answers 0 for a NULL buffer */
             return 0;
@@ -696,25 +741,22 @@ static int serve_run(Session *s, const Located *l, fuse_req_t req, uint64_t shar
             return 1;
         }
     }
-    b = b != NULL ? b : acquire_made(s, l, shard, KIND_PAYLOAD, block, load_payload);
+    b = b != NULL ? b : acquire_payload(s, l, shard, block, &reserved);
     if (b == NULL)
         return 0;
-    if (span->offset + span->length > b->length) {
-        cache_release(s, b);
-        return 0;
-    }
-    run = b->data + span->offset;
-    /* A file read in several requests is checked once, at its first. */
-    if (__atomic_load_n(&b->verified, __ATOMIC_ACQUIRE) != row + 1) {
-        if (!run_checks(span, run)) {
-            cache_release(s, b);
-            return 0;
+    if (span->offset + span->length <= b->length) {
+        run = b->data + span->offset;
+        /* A file read in several requests is checked once, at its first. */
+        ok = __atomic_load_n(&b->verified, __ATOMIC_ACQUIRE) == row + 1 || run_checks(span, run);
+        if (ok) {
+            __atomic_store_n(&b->verified, row + 1, __ATOMIC_RELEASE);
+            reply_parts(req, span->prefix, span->prefix_len, run, (size_t)span->length, size, off);
         }
-        __atomic_store_n(&b->verified, row + 1, __ATOMIC_RELEASE);
     }
-    reply_parts(req, span->prefix, span->prefix_len, run, (size_t)span->length, size, off);
     cache_release(s, b);
-    return 1;
+    if (reserved)
+        cache_unreserve(s, reserved);
+    return ok;
 }
 
 int located_read(Session *s, ShardTable *t, fuse_req_t req, uint64_t shard, uint64_t row, uint64_t block,

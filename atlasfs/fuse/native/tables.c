@@ -137,17 +137,40 @@ void tables_free(Session *s)
     s->ntables = 0;
 }
 
-/* The table file `path` opened, if it is still the file the control plane checked
- * (`identity`: device, inode, size, mtime in ns): its descriptor and size, or -1 with a Python error. */
-static int open_table_file(const char *path, const long long identity[4], uint64_t *size)
+int open_regular(const char *path, int flags, struct stat *st)
 {
-    struct stat st;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    int fd, err = 0;
+    Py_BEGIN_ALLOW_THREADS  /* a slow file system's open or fstat waits without the GIL */
+    fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC | flags);
+    if (fd >= 0 && fstat(fd, st) != 0) {
+        err = errno;
+        close(fd);
+        fd = -1;
+        errno = err;
+    }
+    Py_END_ALLOW_THREADS
     if (fd < 0) {
         PyErr_SetFromErrnoWithFilename(PyExc_OSError, path);
         return -1;
     }
-    if (fstat(fd, &st) != 0 || (long long)st.st_dev != identity[0] || (long long)st.st_ino != identity[1]
+    if (!S_ISREG(st->st_mode)) {
+        close(fd);
+        PyErr_Format(PyExc_ValueError, "%s is not a regular file", path);
+        return -1;
+    }
+    return fd;
+}
+
+/* The table file `path` opened (never following a last symbolic link), if it is still the
+ * regular file the control plane checked (`identity`: device, inode, size, mtime in ns): its
+ * descriptor and size, or -1 with a Python error. */
+static int open_table_file(const char *path, const long long identity[4], uint64_t *size)
+{
+    struct stat st;
+    int fd = open_regular(path, O_NOFOLLOW, &st);
+    if (fd < 0)
+        return -1;
+    if ((long long)st.st_dev != identity[0] || (long long)st.st_ino != identity[1]
         || (long long)st.st_size != identity[2]
         || (long long)st.st_mtim.tv_sec * 1000000000LL + st.st_mtim.tv_nsec != identity[3]) {
         close(fd);
@@ -209,6 +232,7 @@ PyObject *tables_attach(Session *self, PyObject *args)
     Py_END_ALLOW_THREADS
     old = *t;
     memcpy(&t->names, &fresh.names, sizeof fresh - offsetof(ShardTable, names));
+    t->generation++;
     pthread_rwlock_unlock(&t->lock);
     release_columns(&old);  /* no reader holds them: it would hold the lock */
     Py_RETURN_NONE;
@@ -229,6 +253,7 @@ PyObject *tables_detach(Session *self, PyObject *args)
     old = *t;
     memset(&t->names, 0, sizeof *t - offsetof(ShardTable, names));
     t->fd = -1;
+    t->generation++;
     pthread_rwlock_unlock(&t->lock);
     release_columns(&old);
     Py_RETURN_NONE;
