@@ -7,7 +7,9 @@ bucket. Paths are strings: OS paths for :class:`LocalStorage`, URLs
 both are joined with ``os.path.join``, which is ``/``-joining on POSIX.
 
 Errors keep the shape the format layer already handles: ``FileNotFoundError``,
-``NotADirectoryError`` and other ``OSError`` with a ``strerror``.
+``NotADirectoryError`` and other ``OSError`` with a ``strerror``. A local file that is no
+regular file (a FIFO, a device: opened without blocking, then refused) or is past the bound
+its reader states raises :class:`UnfitFileError`, whose message names it and what it is.
 A store that does not answer in time (a cut network, a throttling storm that
 outlasts the deadline) raises :class:`StorageUnavailableError`, an ``OSError``
 with errno ``EIO`` that callers must treat as *transient*: the same read may work
@@ -22,6 +24,7 @@ import errno
 import io
 import os
 import re
+import stat
 import tempfile
 import urllib.parse
 from abc import ABC, abstractmethod
@@ -29,9 +32,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from atlasfs.sizes import format_size
+
 __all__ = [
     "Storage", "LocalStorage", "StorageOptions", "StorageUnavailableError", "StorageChangedError",
-    "is_url", "redact", "open_storage", "set_default_options", "default_options", "LOCAL",
+    "UnfitFileError", "open_regular", "is_url", "redact", "open_storage", "set_default_options",
+    "default_options", "LOCAL",
 ]
 
 #: ``scheme://`` at the start of a location: what tells a URL from a local path
@@ -62,6 +68,67 @@ class StorageChangedError(OSError):
 
     def __str__(self) -> str:
         return str(self.strerror)
+
+
+class UnfitFileError(OSError):
+    """A file atlasfs will not read as it is: not a regular file (a FIFO, a socket, a device,
+    a folder), or larger than the bound its reader states. Its message names the file and
+    what it is, ``X: not a regular file (a FIFO)``, so that every error path turns it into
+    that one line (a shard's, or a block's, EIO in a mount), never a hang or a huge read."""
+
+    def __init__(self, path: str, problem: str, code: int = errno.EINVAL) -> None:
+        super().__init__(code, problem, path)
+
+    def __str__(self) -> str:
+        return f"{self.filename}: {self.strerror}"
+
+
+#: What a file is, by its type bits, for :class:`UnfitFileError`'s message.
+_KINDS = {stat.S_IFIFO: "a FIFO", stat.S_IFSOCK: "a socket", stat.S_IFCHR: "a character device",
+          stat.S_IFBLK: "a block device", stat.S_IFDIR: "a folder", stat.S_IFLNK: "a symbolic link"}
+
+#: How every file of a dataset is opened. O_NONBLOCK: a FIFO standing for a file would hang
+#: open() until some writer came (every first look into a shard, in a mount), and with it
+#: opens at once so that fstat can refuse it (on a regular file the flag changes nothing).
+#: O_NOCTTY: a terminal standing for a file must not become the controlling one. O_CLOEXEC:
+#: not inherited by the programs a mount runs. Links are followed (no O_NOFOLLOW): a dataset
+#: may be assembled from links (Hugging Face's cache is), and what a link leads to is checked
+#: like any file.
+OPEN_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | getattr(os, "O_CLOEXEC", 0)
+
+
+def _refuse_unless_regular(path: str, mode: int) -> None:
+    if not stat.S_ISREG(mode):
+        kind = _KINDS.get(stat.S_IFMT(mode), "not a file")
+        raise UnfitFileError(path, f"not a regular file ({kind})",
+                             errno.EISDIR if stat.S_ISDIR(mode) else errno.EINVAL)
+
+
+def refuse_over(path: str, size: int, max_bytes: int, what: str) -> None:
+    """:class:`UnfitFileError` if ``size`` (of file ``path``, read as ``what``) passes ``max_bytes``."""
+    if size > max_bytes:
+        raise UnfitFileError(path, f"{size} bytes, past the bound of {what} ({format_size(max_bytes)}, "
+                                   f"{max_bytes} bytes)", errno.EFBIG)
+
+
+def open_regular(path: str) -> tuple[int, os.stat_result]:
+    """A descriptor of the local regular file ``path`` (links followed) and its ``fstat``,
+    never blocking: anything else raises :class:`UnfitFileError` naming it and what it is.
+
+    The file is looked at (``stat``) before it is opened, so that a FIFO, socket or device is
+    never opened at all (opening some devices does something: a tape rewinds, a watchdog
+    arms), and its descriptor checked again (``fstat``) after, so that a file swapped for
+    another kind in between is refused all the same. ``FileNotFoundError`` and other
+    ``OSError`` as ``os.open`` raises them."""
+    _refuse_unless_regular(path, os.stat(path).st_mode)
+    fd = os.open(path, OPEN_FLAGS)
+    try:
+        st = os.fstat(fd)
+        _refuse_unless_regular(path, st.st_mode)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, st
 
 
 def is_url(location: str | os.PathLike[str]) -> bool:
@@ -151,6 +218,30 @@ class Storage(ABC):
     def read(self, path: str, limit: int | None = None) -> bytes:
         """The bytes of file ``path``, or its first ``limit`` bytes."""
 
+    def read_bounded(self, path: str, max_bytes: int, what: str) -> bytes:
+        """The whole of file ``path``, which a reader of ``what`` (``"a zstd dictionary"``)
+        never takes past ``max_bytes``: a larger one raises :class:`UnfitFileError` naming
+        the file and the bound before anything is read (a store's object by its listed size,
+        and the bytes read are bounded all the same)."""
+        found = self.stat(path)
+        if found is None:
+            raise FileNotFoundError(errno.ENOENT, f"{self.describe(path)}: no such file", path)
+        refuse_over(self.describe(path), found[0], max_bytes, what)
+        data = self.read(path, max_bytes + 1)
+        refuse_over(self.describe(path), len(data), max_bytes, what)  # it grew since it was listed
+        return data
+
+    def check_file(self, path: str, max_bytes: int | None = None, what: str = "") -> None:
+        """Raise as :meth:`read_bounded` would for file ``path``, without reading it:
+        ``FileNotFoundError``, or :class:`UnfitFileError` for anything but a regular file
+        or one past ``max_bytes`` (a reader opening a dataset checks the files it reads
+        later, so that the problem is said at once)."""
+        found = self.stat(path)
+        if found is None:
+            raise FileNotFoundError(errno.ENOENT, f"{self.describe(path)}: no such file", path)
+        if max_bytes is not None:
+            refuse_over(self.describe(path), found[0], max_bytes, what)
+
     @abstractmethod
     def pread(self, path: str, offset: int, size: int) -> bytes:
         """``size`` bytes of file ``path`` from ``offset`` (fewer only at its end)."""
@@ -196,7 +287,11 @@ class LocalStorage(Storage):
     a descriptor kept per file, so one read costs one system call. A descriptor let go of
     (``close_file``, ``close``) is closed once no read is using it: its number could
     otherwise be given to another file under a read (a tree's read-ahead thread may still
-    be reading a shard that ``export`` is done with)."""
+    be reading a shard that ``export`` is done with).
+
+    Every file is opened by :func:`open_regular` (``open``, ``read``, ``pread``): never
+    blocking, links followed, and only a regular file read; a FIFO, socket, device or folder
+    standing for one raises :class:`UnfitFileError` (``X: not a regular file (a FIFO)``)."""
 
     remote = False
 
@@ -225,19 +320,38 @@ class LocalStorage(Storage):
         return os.path.isfile(path)
 
     def open(self, path: str, buffer_bytes: int = 64 << 10, ranged: bool = False) -> Any:
-        """The file, opened by the OS (its own buffering)."""
-        return open(path, "rb")
+        """The file, opened by the OS (its own buffering; its ``name`` the path, as libraries
+        reading it say), if it is a regular file (:func:`open_regular`)."""
+        return open(path, "rb", opener=lambda name, _flags: open_regular(name)[0])
 
     def read(self, path: str, limit: int | None = None) -> bytes:
-        with open(path, "rb") as f:
+        fd, _ = open_regular(path)
+        with open(fd, "rb") as f:
             return f.read() if limit is None else f.read(limit)
+
+    def read_bounded(self, path: str, max_bytes: int, what: str) -> bytes:
+        """As :meth:`Storage.read_bounded`: the size checked on the descriptor read (fstat),
+        so the file checked is the file read."""
+        fd, st = open_regular(path)
+        with open(fd, "rb") as f:
+            refuse_over(path, st.st_size, max_bytes, what)
+            data = f.read(max_bytes + 1)
+        refuse_over(path, len(data), max_bytes, what)  # it grew since the fstat
+        return data
+
+    def check_file(self, path: str, max_bytes: int | None = None, what: str = "") -> None:
+        """As :meth:`Storage.check_file`, by ``stat`` (links followed); nothing is opened."""
+        st = os.stat(path)
+        _refuse_unless_regular(path, st.st_mode)
+        if max_bytes is not None:
+            refuse_over(path, st.st_size, max_bytes, what)
 
     def _take(self, path: str) -> list[int]:
         """``path``'s descriptor entry, counted as used by one more read."""
         with self._lock:
             entry = self._fds.get(path)
             if entry is None:
-                entry = self._fds[path] = [os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)), 0]
+                entry = self._fds[path] = [open_regular(path)[0], 0]
             entry[1] += 1
             return entry
 
