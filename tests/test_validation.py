@@ -182,7 +182,7 @@ def test_root_meta_is_a_folder(dataset: Callable[[int], Path]) -> None:
     root = dataset(1)
     (root / "meta.json").unlink()
     (root / "meta.json").mkdir()
-    fails(root / "meta.json", lambda: AtlasDataset(root), "cannot read")
+    fails(root / "meta.json", lambda: AtlasDataset(root), "not a regular file (a folder)")
 
 
 def test_huge_root_meta_is_not_read_whole(dataset: Callable[[int], Path]) -> None:

@@ -10,11 +10,10 @@ or not). :class:`~.dataset.AtlasDataset` reads one and is its own
 from __future__ import annotations
 
 import os
-import stat
 from typing import TYPE_CHECKING
 
 from atlasfs.errors import AtlasFormatError
-from atlasfs.storage import LOCAL, Storage
+from atlasfs.storage import LOCAL, Storage, UnfitFileError, open_regular
 from atlasfs.storage.files import listdir_or_empty
 
 if TYPE_CHECKING:
@@ -55,13 +54,14 @@ def _break_unreadable(dataset: "AtlasDataset") -> None:
         if shard.error is not None or not shard.data_size:
             continue
         try:
-            # O_NONBLOCK: a FIFO standing for data.bin must not hang the mount
-            fd = os.open(shard.data_path, os.O_RDONLY | os.O_NONBLOCK)
+            # never blocking: a FIFO standing for data.bin must not hang the mount
+            os.close(open_regular(shard.data_path)[0])
+        except UnfitFileError as exc:  # "data.bin: not a regular file (a FIFO)"
+            problem: str | None = exc.strerror
         except OSError as exc:
             problem = f"cannot be read ({exc.strerror})"
         else:
-            problem = None if stat.S_ISREG(os.fstat(fd).st_mode) else "not a regular file"
-            os.close(fd)
+            problem = None
         if problem is not None:
             broken = BrokenShard(shard.path, shard.number, AtlasFormatError(f"{shard.data_path}: {problem}"),
                                  len(shard))

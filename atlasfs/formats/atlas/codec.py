@@ -12,12 +12,23 @@ import zstandard
 from atlasfs.errors import AtlasFormatError
 from atlasfs.formats import safepickle
 from atlasfs.formats.atlas.meta import CompressionStrategy, read_file
-from atlasfs.storage import LOCAL, Storage
+from atlasfs.storage import LOCAL, Storage, StorageUnavailableError, UnfitFileError
 
 #: Default bound on one decompressed block. Real blocks are KBs to tens of MBs;
 #: a frame claiming more is treated as a decompression bomb.
 DEFAULT_MAX_BLOCK_BYTES = 1 << 30
 _READ_CHUNK = 1 << 20
+
+#: Bound of a ``zstd_dict.bin``, checked before it is read (its size by ``fstat``, or a
+#: store's listing), and at open by ``stat``: a larger one fails its shard (strategy 3) or
+#: the dataset (strategy 2) in one line naming the file and this bound. Unbounded, a sparse
+#: 1 GiB file took a mount's daemon to 2 GiB. Real dictionaries are far smaller: zstd's
+#: trainer makes 110 KiB by default, and atlasfs's writer (like the reference's) 1% of a
+#: shard's pickled bytes, so 16 MiB is the dictionary of a 1.6 GiB shard. A daemon holds a
+#: dictionary it uses about three times (the file's bytes, zstandard's copy, the native
+#: engine's), so one at the bound stays within the 100 MiB fixed overhead the daemon states
+#: (docs/reliability.md, Load).
+MAX_DICTIONARY_BYTES = 16 << 20
 
 
 #: Idle zstd decompression contexts kept for reuse, over every codec and thread of the
@@ -58,7 +69,14 @@ _IDLE = _ContextPool(IDLE_CONTEXTS)
 
 
 class ZstdDictionary:
-    """A zstd dictionary file, read (through ``storage``) on first use and shared by every reader."""
+    """A zstd dictionary file, read (through ``storage``) on first use and shared by every reader.
+
+    Never more than :data:`MAX_DICTIONARY_BYTES` is read, and only from a regular file: a
+    FIFO or device put in its place fails every read needing it (:class:`AtlasFormatError`,
+    the blocks' EIO in a mount) at once rather than hanging it."""
+
+    #: What the bound's message calls it.
+    WHAT = "a zstd dictionary"
 
     def __init__(self, path: str, storage: Storage = LOCAL) -> None:
         self.path = path
@@ -66,12 +84,38 @@ class ZstdDictionary:
         self._lock = threading.Lock()
         self._dict: zstandard.ZstdCompressionDict | None = None
         self._data = b""
+        self._checked: AtlasFormatError | None = None
+        self._was_checked = False
+
+    def check(self, missing: str = "") -> None:
+        """Raise :class:`AtlasFormatError` now if the file is missing (``missing``: why it is
+        needed, for the message), not a regular file, or past the bound, without reading it:
+        what a dataset's opening calls, so that the shard (or dataset) fails at once in one
+        line rather than at its first read. The answer is kept: one look per file, however
+        many shards share it. A store that does not answer stays transient (raised, not kept)."""
+        with self._lock:
+            if not self._was_checked:
+                try:
+                    self._storage.check_file(self.path, MAX_DICTIONARY_BYTES, self.WHAT)
+                except StorageUnavailableError:
+                    raise
+                except FileNotFoundError:
+                    self._checked = AtlasFormatError(f"{self.path}: missing{missing and f' ({missing})'}")
+                except UnfitFileError as exc:
+                    self._checked = AtlasFormatError(str(exc))
+                except OSError as exc:
+                    self._checked = AtlasFormatError(f"{self.path}: cannot read {self.WHAT} ({exc.strerror})")
+                self._was_checked = True
+            if self._checked is not None:
+                raise self._checked
 
     def get(self) -> zstandard.ZstdCompressionDict:
-        """The loaded dictionary; raises :class:`AtlasFormatError` if unreadable."""
+        """The loaded dictionary; raises :class:`AtlasFormatError` if unreadable (not a
+        regular file, past :data:`MAX_DICTIONARY_BYTES`, empty). A failure is not kept: the
+        file may be put right while a mount runs, and each try costs a stat and an open."""
         with self._lock:
             if self._dict is None:
-                data = read_file(self.path, self._storage, what="dictionary")
+                data = read_file(self.path, self._storage, what=self.WHAT, max_bytes=MAX_DICTIONARY_BYTES)
                 if not data:
                     raise AtlasFormatError(f"{self.path}: dictionary is empty")
                 self._dict = zstandard.ZstdCompressionDict(data)
@@ -165,7 +209,10 @@ class BlockCodec:
             raise AtlasFormatError(
                 f"{where}: frame needs zstd dictionary {frame_dict_id}, but compression "
                 f"strategy {int(self.strategy)} uses none")
-        own_id = self.dictionary.get().dict_id()
+        try:
+            own_id = self.dictionary.get().dict_id()
+        except AtlasFormatError as exc:  # the dictionary's own problem (a FIFO, past its bound), said of the block
+            raise AtlasFormatError(f"{where}: {exc}") from None
         if own_id != frame_dict_id:
             raise AtlasFormatError(
                 f"{where}: frame needs zstd dictionary {frame_dict_id}, but "

@@ -29,7 +29,8 @@ from atlasfs.formats.atlas.codec import DEFAULT_MAX_BLOCK_BYTES, BlockCodec, Zst
 from atlasfs.formats.atlas.meta import CompressionStrategy, RootMeta, ShardMeta, parse_root_meta, parse_shard_meta
 from atlasfs.formats.atlas.spans import LocatedReads
 from atlasfs.formats.source import Source, SourceShard, file_signature, refused_in_one_line
-from atlasfs.storage import LOCAL, LocalStorage, Storage, StorageChangedError, StorageUnavailableError, open_storage
+from atlasfs.storage import (LOCAL, LocalStorage, Storage, StorageChangedError, StorageUnavailableError, UnfitFileError,
+                             open_storage)
 from atlasfs.tree.blockcache import BlockCache
 from atlasfs.tree.naming import index_key_width
 
@@ -44,11 +45,12 @@ def _stat_signature(path: str, storage: Storage = LOCAL) -> tuple[int, int] | No
 
 
 def _open_index(path: str, storage: Storage) -> io.BufferedIOBase:
-    """``index.npy`` as a file object: the file itself, or its bytes fetched from a store
-    (it is small: 8 bytes a block, so one GET)."""
+    """``index.npy`` as a file object: the file itself (a regular file, opened without
+    blocking: :meth:`LocalStorage.open`), or its bytes fetched from a store (it is small:
+    8 bytes a block, so one GET). Read by its header: nothing past what it states."""
     if storage.remote:
         return io.BytesIO(storage.read(path))
-    return open(path, "rb")
+    return storage.open(path)
 
 
 def _load_index(path: str, num_blocks: int, mmap: bool, storage: Storage = LOCAL) -> np.ndarray:
@@ -93,6 +95,8 @@ def _load_index(path: str, num_blocks: int, mmap: bool, storage: Storage = LOCAL
         raise
     except FileNotFoundError:
         raise AtlasFormatError(f"{path}: missing") from None
+    except UnfitFileError as exc:  # a FIFO, a device...: its message names the file and what it is
+        raise AtlasFormatError(str(exc)) from None
     except OSError as exc:
         raise AtlasFormatError(f"{path}: cannot read ({exc.strerror})") from None
     if index[0] != 0:
@@ -133,6 +137,13 @@ class Shard(LocatedReads, SourceShard):  # LocatedReads: files read without thei
         self._signature = self._read_signature()
         data_size = self._signature[0][0] if self._signature[0] else None
         expected = int(self.index[-1])
+        if data_size is not None:  # a FIFO or device stands for it: say so, not "0 bytes" (a stat, no open)
+            try:
+                storage.check_file(self.data_path)
+            except UnfitFileError as exc:
+                raise AtlasFormatError(str(exc)) from None
+            except OSError:
+                pass  # gone since the stat, or unreadable: said as before (or by _break_unreadable)
         # Unchecked, each block is checked when read (read_raw): the intact ones read.
         if check_data_size and data_size is None and expected:
             raise AtlasFormatError(f"{self.data_path}: missing ({self.meta.stored_examples} examples in meta.json)")
@@ -149,16 +160,18 @@ class Shard(LocatedReads, SourceShard):  # LocatedReads: files read without thei
 
     def _dictionary(self, shared: ZstdDictionary | None) -> ZstdDictionary | None:
         strategy = self.meta.compression_strategy
+        # The dictionary is read at the shard's first decode, but looked at now (a stat: a
+        # FIFO, a device or a file past MAX_DICTIONARY_BYTES fails the shard in one line).
         if strategy == CompressionStrategy.DICTIONARY_COMPRESSION:
-            path = os.path.join(self.path, DICT_NAME)
-            if not self.storage.isfile(path):
-                raise AtlasFormatError(f"{path}: missing (shard uses compression strategy 3, per-shard dictionary)")
-            return ZstdDictionary(path, self.storage)
+            dictionary = ZstdDictionary(os.path.join(self.path, DICT_NAME), self.storage)
+            dictionary.check("shard uses compression strategy 3, per-shard dictionary")
+            return dictionary
         if strategy == CompressionStrategy.SHARED_DICTIONARY_COMPRESSION:
             if shared is None:
                 raise AtlasFormatError(
                     f"{os.path.join(os.path.dirname(self.path), DICT_NAME)}: missing "
                     f"(shard {self.name} uses compression strategy 2, shared dictionary)")
+            shared.check()  # looked at once for every shard (a root of another strategy did not)
             return shared
         return None
 
@@ -258,6 +271,8 @@ class Shard(LocatedReads, SourceShard):  # LocatedReads: files read without thei
             raise
         except StorageChangedError:
             raise AtlasFormatError(f"{self.data_path}: {changed}") from None
+        except UnfitFileError as exc:  # data.bin replaced by a FIFO, a device...: said as it is
+            raise AtlasFormatError(str(exc)) from None
         except OSError as exc:
             raise AtlasFormatError(f"{self.data_path}: read of block {block} failed ({exc.strerror})") from None
 
@@ -408,12 +423,18 @@ def find_shard_dirs(root: str, storage: Storage = LOCAL) -> list[tuple[int, str]
 def shared_dictionary(root: str, meta: RootMeta, storage: Storage = LOCAL) -> ZstdDictionary | None:
     """The root ``zstd_dict.bin`` (strategy 2), or None if there is none.
 
-    Raises :class:`AtlasFormatError` if the root meta says strategy 2 and it is missing.
+    Raises :class:`AtlasFormatError` if the root meta says strategy 2 and it is missing, not
+    a regular file (a FIFO...) or past :data:`~.codec.MAX_DICTIONARY_BYTES`. Under another
+    root strategy such a file fails only the shards of strategy 2 (:meth:`Shard._dictionary`).
     """
     path = os.path.join(root, DICT_NAME)
-    if storage.isfile(path):
-        return ZstdDictionary(path, storage)
-    if meta.compression_strategy == CompressionStrategy.SHARED_DICTIONARY_COMPRESSION:
+    shared = meta.compression_strategy == CompressionStrategy.SHARED_DICTIONARY_COMPRESSION
+    if storage.stat(path) is not None:  # there is something (a FIFO too; a dangling link is nothing)
+        dictionary = ZstdDictionary(path, storage)
+        if shared:
+            dictionary.check()
+        return dictionary
+    if shared:
         raise AtlasFormatError(f"{path}: missing (meta.json says compression strategy 2, shared dictionary)")
     return None
 

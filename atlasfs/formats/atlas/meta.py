@@ -9,7 +9,7 @@ from enum import IntEnum
 from typing import Any
 
 from atlasfs.errors import AtlasFormatError
-from atlasfs.storage import LOCAL, Storage, StorageUnavailableError
+from atlasfs.storage import LOCAL, Storage, StorageUnavailableError, UnfitFileError
 
 FORMAT_VERSION = 1
 #: A meta.json is a few hundred bytes; refuse to read a huge one into memory.
@@ -75,17 +75,24 @@ SHARD_KEYS = ("version", "block_size", "stored_examples", "compression_strategy"
               "compression_level", "compression_dict_size")
 
 
-def read_file(path: str, storage: Storage = LOCAL, limit: int | None = None, what: str = "") -> bytes:
+def read_file(path: str, storage: Storage = LOCAL, limit: int | None = None, what: str = "",
+              max_bytes: int | None = None) -> bytes:
     """The bytes of ``path`` (its first ``limit``) through ``storage``, or
-    :class:`AtlasFormatError` naming it (``what``: what it is, for the message). A store
-    that does not answer raises :class:`StorageUnavailableError` (transient, not a fault
-    of the file)."""
+    :class:`AtlasFormatError` naming it (``what``: what it is, for the message). With
+    ``max_bytes``, the whole file, refused unread if it is larger (``what`` names the bound:
+    ``"a zstd dictionary"``). Anything but a regular file is refused unread, never waited
+    on (``X: not a regular file (a FIFO)``). A store that does not answer raises
+    :class:`StorageUnavailableError` (transient, not a fault of the file)."""
     try:
+        if max_bytes is not None:
+            return storage.read_bounded(path, max_bytes, what or "the file")
         return storage.read(path, limit)
     except StorageUnavailableError:
         raise
     except FileNotFoundError:
         raise AtlasFormatError(f"{path}: missing") from None
+    except UnfitFileError as exc:  # its message names the file and what it is
+        raise AtlasFormatError(str(exc)) from None
     except OSError as exc:
         raise AtlasFormatError(f"{path}: cannot read{what and ' ' + what} ({exc.strerror})") from None
 

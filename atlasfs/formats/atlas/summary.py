@@ -8,7 +8,9 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING
 
+from atlasfs.errors import AtlasFormatError
 from atlasfs.formats.atlas.meta import CompressionStrategy
+from atlasfs.storage import UnfitFileError, open_regular
 
 if TYPE_CHECKING:
     from atlasfs.formats.atlas.dataset import AtlasDataset, Shard
@@ -28,8 +30,16 @@ def decoded_size(shard: "Shard") -> int | None:
     if shard.storage.remote:  # the headers of every block, in a few coalesced GETs
         headers = shard.storage.read_ranges(shard.data_path, ranges)
     else:
-        with open(shard.data_path, "rb") as f:
-            headers = [os.pread(f.fileno(), size, start) for start, size in ranges]
+        try:  # a regular file, opened without blocking (a FIFO in its place is refused at once)
+            fd, _ = open_regular(shard.data_path)
+        except UnfitFileError as exc:
+            raise AtlasFormatError(str(exc)) from None
+        except OSError as exc:
+            raise AtlasFormatError(f"{shard.data_path}: cannot read ({exc.strerror})") from None
+        try:
+            headers = [os.pread(fd, size, start) for start, size in ranges]
+        finally:
+            os.close(fd)
     total: int | None = 0
     for b, header in enumerate(headers):
         size = shard.codec.check_header(header, f"{shard.data_path} block {b}")
