@@ -530,7 +530,8 @@ def find_pbin_files(path: str, storage: Storage = LOCAL) -> list[str]:
         raise
     except OSError as exc:
         raise PbinError(f"{path}: cannot list ({exc.strerror})") from None
-    return [os.path.join(path, n) for n in names if storage.isfile(os.path.join(path, n))]
+    # stat, not isfile: a FIFO or device named *.pbin is a shard that fails naming it, not left out
+    return [os.path.join(path, n) for n in names if storage.stat(os.path.join(path, n)) is not None]
 
 
 def write_pbin(path: str, documents: list[Any], token_width: int = 2, header: int = 12) -> None:

@@ -39,7 +39,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any, NamedTuple, Protocol
 
 from atlasfs.errors import AtlasFormatError
-from atlasfs.storage import LOCAL, Storage, StorageUnavailableError
+from atlasfs.storage import LOCAL, Storage, StorageUnavailableError, UnfitFileError
 from atlasfs.storage.files import listdir_or_empty, relative
 
 
@@ -122,12 +122,17 @@ def file_or_folder_of(path: str, suffix: str, storage: Storage = LOCAL) -> bool:
 
 def stat_shard_file(path: str, storage: Storage = LOCAL) -> tuple[float, int, str | None]:
     """``(mtime in seconds, size, None)`` of a shard's one file, or ``(0.0, 0, why)`` if it
-    cannot be stat'ed (missing, no permission); a store that does not answer raises
-    :class:`StorageUnavailableError` (transient, not the shard's fault)."""
+    cannot be stat'ed (missing, no permission) or is no regular file (a FIFO, a device: ``not a
+    regular file (a FIFO)``, said now rather than met by the pass); a store that does not answer
+    raises :class:`StorageUnavailableError` (transient, not the shard's fault)."""
     try:
         found = storage.stat(path)
+        if found is not None:
+            storage.check_file(path)  # a stat, nothing opened
     except StorageUnavailableError:
         raise
+    except UnfitFileError as exc:
+        return 0.0, 0, str(exc.strerror)
     except OSError as exc:
         return 0.0, 0, f"cannot be read ({exc.strerror or exc})"
     if found is None:

@@ -19,7 +19,7 @@ from atlasfs.formats.dolma.saved import STATE_VERSION, decode_state, encode_stat
 from atlasfs.formats.dolma.scan import LINES_PER_BLOCK, ODD_TEXT, Described, Scan, line_id, make_sample, scan_files
 from atlasfs.formats.dolma.seek import DolmaError, OpenFiles, Reader
 from atlasfs.formats.source import SourceShard
-from atlasfs.storage import LOCAL, Storage, StorageUnavailableError
+from atlasfs.storage import LOCAL, Storage, StorageUnavailableError, UnfitFileError
 from atlasfs.tree.naming import MAX_NAME_BYTES, NO_KEY, example_fields, index_key_width
 
 log = logging.getLogger("atlasfs")
@@ -49,11 +49,15 @@ class DolmaFile(SourceShard):
                 found = storage.stat(path)
                 if found is None:
                     raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), path)
+                storage.check_file(path)  # a FIFO or device in its place: said now (a stat), never opened
                 self._sizes[path] = found[0]
                 if path == self.path:
                     self.mtime = found[1] / 1e9
         except StorageUnavailableError:
             raise
+        except UnfitFileError as exc:
+            self.error = DolmaError(str(exc))
+            self._sizes = {}
         except OSError as exc:
             self.error = DolmaError(f"{exc.filename or self.path}: cannot be read ({exc.strerror})")
             self._sizes = {}
@@ -83,7 +87,10 @@ class DolmaFile(SourceShard):
         """One pass over the documents file and every attributes file (:func:`.scan.scan_files`)."""
         if self.error is not None:
             raise self.error
-        scan, described, gzip_file = scan_files(self.path, self.attributes, self.storage)
+        try:
+            scan, described, gzip_file = scan_files(self.path, self.attributes, self.storage)
+        except UnfitFileError as exc:  # one replaced by a FIFO or device since the dataset opened
+            raise DolmaError(str(exc)) from None
         self._drop_readers()
         if gzip_file is not None:  # keep the scan's zran index rather than importing it again
             with self._readers_lock:

@@ -49,7 +49,7 @@ class DolmaSource(Source):
             for name in self.sets:
                 # dolma's rule: the documents path with documents/ replaced by attributes/<set>/
                 path = os.path.join(self.sets_folder, name, rel)
-                if storage.isfile(path):
+                if storage.stat(path) is not None:  # a FIFO there too: its shard fails naming it
                     attributes[name] = path
                 else:
                     self.untagged.setdefault(name, []).append(rel)

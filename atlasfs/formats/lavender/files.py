@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import csv
 import io
+import os
 import re
 import threading
 from collections import OrderedDict
@@ -17,7 +18,7 @@ from typing import Any, Iterator
 import numpy as np
 
 from atlasfs.errors import AtlasFormatError
-from atlasfs.storage import LOCAL, Storage
+from atlasfs.storage import LOCAL, Storage, open_regular
 from atlasfs.storage.files import transient_failure
 
 SHARD_FILE = re.compile(r"shard\.([0-9]+)\.(csv|parquet)")
@@ -108,7 +109,8 @@ class ShardFile:
             import pyarrow.parquet as pq
             try:
                 # a file in a store is read by ranges (its footer, then the row groups asked for)
-                parquet = pq.ParquetFile(self.storage.open(self.path) if self.storage.remote else self.path)
+                parquet = pq.ParquetFile(self.storage.open(self.path)) if self.storage.remote else \
+                    _local_parquet(pq, self.path)
             except Exception as exc:  # pyarrow raises its own ArrowInvalid/OSError kinds
                 raise _failed(exc, f"{self.path}: cannot be read ({_reason(exc)})") from None
             metadata = parquet.metadata
@@ -325,6 +327,19 @@ class ShardFile:
         """Forget the open parquet file (reopened on the next read)."""
         with self._lock:
             self._parquet = None
+
+
+def _local_parquet(pq: Any, path: str) -> Any:
+    """``pq.ParquetFile`` of the local file ``path``, read by pyarrow's own file (no Python in
+    its reads), opened only once ``path`` is known to be a regular file: pyarrow's open would
+    wait forever on a FIFO. It opens the descriptor checked (``/proc/self/fd/N``, the same
+    file, whatever ``path`` names meanwhile); without ``/proc``, ``path`` itself, just checked."""
+    fd, _ = open_regular(path)
+    try:
+        alias = f"/proc/self/fd/{fd}"
+        return pq.ParquetFile(alias if os.path.exists(alias) else path)
+    finally:
+        os.close(fd)
 
 
 def _failed(exc: BaseException, message: str) -> Exception:

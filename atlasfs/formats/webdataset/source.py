@@ -282,12 +282,13 @@ class WebDatasetSource(Source):
 
 def find_tar_files(path: str, storage: Storage = LOCAL) -> list[str]:
     """The ``.tar`` files a source path stands for: the file itself, or those under the folder
-    (hidden ones left out), sorted by path."""
+    (hidden ones left out), sorted by path. A ``.tar`` that is no regular file (a FIFO) is one
+    too: its shard fails, naming it, rather than being left out without a word."""
     if storage.isfile(path):
         return [path]
     found = []
     for folder, dirs, names in walk_folders(storage, path):
         dirs[:] = sorted(d for d in dirs if not d.startswith("."))
         found.extend(os.path.join(folder, n) for n in sorted(names)
-                     if n.endswith(SUFFIX) and not n.startswith(".") and storage.isfile(os.path.join(folder, n)))
+                     if n.endswith(SUFFIX) and not n.startswith(".") and storage.stat(os.path.join(folder, n)))
     return sorted(found, key=lambda p: relative(p, path).split("/"))
