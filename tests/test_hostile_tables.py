@@ -419,6 +419,22 @@ def test_atlasfs_index_never_changes_the_mode_of_a_file_a_table_links_to(tmp_pat
     assert tree.cache.misses == 0  # the tables stored are used
 
 
+def test_atlasfs_index_never_writes_through_a_linked_table_folder(tmp_path: Path) -> None:
+    """``.atlasfs-tables -> elsewhere`` (made by whoever owns the dataset): `atlasfs index`, run
+    by root, wrote its tables into the folder the link names. The link is never followed: each
+    table is one line naming the folder, exit 1, and nothing is written there."""
+    require_root()
+    dataset = _dataset(tmp_path / "ds")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (dataset / BESIDE_DATASET).symlink_to(elsewhere)
+    result = atlasfs("index", str(dataset), env={**os.environ, "XDG_CACHE_HOME": str(tmp_path / "xdg")})
+    assert result.returncode == 1, result.stderr
+    assert list(elsewhere.iterdir()) == []
+    assert "Traceback" not in result.stderr
+    assert "is a symbolic link (never followed)" in result.stderr, result.stderr
+
+
 def test_a_mount_waits_for_no_fifo_put_in_place_of_a_table(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                           caplog: pytest.LogCaptureFixture) -> None:
     """A FIFO in place of a table: opened without blocking, refused as no regular file."""

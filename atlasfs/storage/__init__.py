@@ -20,12 +20,12 @@ a second later, so it must not be remembered as a property of the data.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import io
 import os
 import re
 import stat
-import tempfile
 import urllib.parse
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
@@ -370,18 +370,37 @@ class LocalStorage(Storage):
             self._give(path, entry)
 
     def write(self, path: str, data: bytes, mode: int | None = None) -> None:
-        folder = os.path.dirname(path)
+        """Written into a temporary file, then renamed into place: whole or nothing. The folder
+        is opened without following a link and both steps are done relative to it: a
+        ``.atlasfs-tables`` made a link to another folder (by whoever owns the dataset)
+        would have ``atlasfs index``, run by root, write there."""
+        folder = os.path.dirname(path) or "."
         os.makedirs(folder, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".write-", dir=folder)  # renamed into place: whole or nothing
         try:
-            if mode is not None:  # mkstemp makes it 0600; set before the rename, so never seen otherwise
+            dir_fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError as exc:
+            if exc.errno in (errno.ELOOP, errno.ENOTDIR) and os.path.islink(folder):
+                raise OSError(errno.ELOOP, "is a symbolic link (never followed)", folder) from None
+            raise
+        try:
+            self._write_in(dir_fd, os.path.basename(path), data, mode)
+        finally:
+            os.close(dir_fd)
+
+    @staticmethod
+    def _write_in(dir_fd: int, name: str, data: bytes, mode: int | None) -> None:
+        tmp = f".write-{os.getpid()}-{os.urandom(6).hex()}"
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+        fd = os.open(tmp, flags, 0o600, dir_fd=dir_fd)
+        try:
+            if mode is not None:  # made 0600; set before the rename, so never seen otherwise
                 os.fchmod(fd, mode)
             with os.fdopen(fd, "wb") as f:
                 f.write(data)
-            os.replace(tmp, path)
+            os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
         except BaseException:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
+            with contextlib.suppress(OSError):
+                os.unlink(tmp, dir_fd=dir_fd)
             raise
 
     def close_file(self, path: str) -> None:
