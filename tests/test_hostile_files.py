@@ -555,3 +555,100 @@ def test_a_bound_is_checked_before_anything_is_read(tmp_path: Path) -> None:
     assert storage.read_bounded(str(small), 100, "a test file") == b"x" * 100
     storage.check_file(str(small), 100, "a test file")
 
+
+
+# ---------------------------------------------------------------- sizes stated over sparse files (point 5)
+
+
+def sparse_index(dataset: Path, shard: str, blocks: int) -> Path:
+    """Shard ``shard``'s meta.json (and the root's shard_sizes) made to claim ``blocks`` blocks of
+    one example, over a sparse index.npy whose header states that shape (so its size matches
+    it) and a sparse data.bin: a forgery costing no disk."""
+    import numpy as np
+    root = json.loads((dataset / "meta.json").read_text())
+    root["shard_sizes"][int(shard)] = blocks
+    (dataset / "meta.json").write_text(json.dumps(root))
+    meta = json.loads((dataset / shard / "meta.json").read_text())
+    meta.update(stored_examples=blocks, block_size=1)
+    (dataset / shard / "meta.json").write_text(json.dumps(meta))
+    index = dataset / shard / "index.npy"
+    with open(index, "wb") as f:
+        np.lib.format.write_array_header_1_0(f, {"descr": "<u8", "fortran_order": False, "shape": (blocks + 1,)})
+        f.truncate(f.tell() + 8 * (blocks + 1))
+    sparse(dataset / shard / "data.bin", blocks + 100)
+    return index
+
+
+@pytest.mark.fuse
+def test_an_index_npy_claiming_a_huge_shape_over_a_sparse_file_is_refused_at_its_first_chunk(tmp_path: Path) -> None:
+    """A meta.json claiming 2^27 blocks beside a sparse 1 GiB index.npy of that shape: the
+    header matched the file's size, so info, verify and a mount's daemon read it whole (1.2 GB)
+    before finding entry 1 not after entry 0. Now the index is read and checked a chunk at a
+    time: one line, and memory for one chunk."""
+    dataset = atlas(tmp_path / "ds", 1)
+    index = sparse_index(dataset, "1", 1 << 27)
+    line = f"{index}: index is not increasing (entry 1 is 0, after 0)"
+    for command in ("info", "verify"):
+        result, peak = run_measured(tmp_path, command, str(dataset))
+        assert result.returncode == 1
+        one_line(result, line)
+        assert peak < PEAK, f"atlasfs {command} peaked at {peak >> 20} MiB"
+    with mounted(dataset, tmp_path) as daemon:
+        assert_eio(daemon.ls("1"))
+        assert_serves(daemon, "2")
+        assert daemon.peak() < PEAK, f"the daemon peaked at {daemon.peak() >> 20} MiB"
+    assert line in daemon.logged()
+
+
+def sparse_tar(path: Path, size: int) -> Path:
+    """A tar of one sample, ``big.bin`` of ``size`` bytes (sparse: no disk) and ``big.txt``."""
+    with open(path, "wb") as f:
+        for name, length in (("big.bin", size), ("big.txt", 2)):
+            member = tarfile.TarInfo(name)
+            member.size = length
+            f.write(member.tobuf(format=tarfile.GNU_FORMAT))
+            f.seek(-(-length // 512) * 512, os.SEEK_CUR)
+        f.write(b"\0" * 1024)
+    return path
+
+
+@pytest.mark.fuse
+def test_a_webdataset_member_past_the_block_bound_is_refused_unread(tmp_path: Path) -> None:
+    """A sparse tar whose one member states 1.5 GiB: verify and the daemon read the member
+    whole (3 GiB with its copy) before the block bound was applied to what was read. Now a
+    block whose members take more than max_block_bytes (1 GiB) fails unread, in one line."""
+    root = webdataset_tars(tmp_path / "wds")
+    tar = sparse_tar(root / "s1.tar", 3 * GIB // 2)
+    line = f"{tar} sample 'big': its members take {3 * GIB // 2 + 2} bytes, more than the block bound of {GIB} bytes"
+    result, peak = run_measured(tmp_path, "verify", str(root))
+    assert result.returncode == 1
+    one_line(result, line)
+    assert peak < PEAK, f"atlasfs verify peaked at {peak >> 20} MiB"
+    with mounted(root, tmp_path) as daemon:
+        assert_eio(daemon.cat("s1/big.txt"))
+        shown = daemon.cat("s0/k0_2.txt")
+        assert shown.returncode == 0 and shown.stdout == "hello 0 2", shown
+        assert daemon.peak() < PEAK, f"the daemon peaked at {daemon.peak() >> 20} MiB"
+    assert line in daemon.logged()
+
+
+def test_a_sparse_lavender_csv_is_read_a_bounded_line_at_a_time(tmp_path: Path) -> None:
+    """A csv grown sparse to 3 GiB (NULs, no newline) was read whole, then split: info and
+    verify took 6.3 GB. Now one line (verify) naming the file and the line past the bound."""
+    from atlasfs.formats.lavender import write_csv_shard
+    from atlasfs.formats.lavender.files import MAX_CSV_LINE_BYTES
+    lavender = tmp_path / "lavender"
+    for shardset in ("images", "labels"):
+        (lavender / shardset).mkdir(parents=True)
+        for s in range(2):
+            write_csv_shard(str(lavender / shardset / f"shard.{s:05d}.csv"),
+                            [{"uid": f"u{s}{i}", shardset: f"x{i}"} for i in range(4)])
+    csv_file = lavender / "labels" / "shard.00001.csv"
+    with open(csv_file, "r+b") as f:
+        f.truncate(3 * GIB)
+    result, peak = run_measured(tmp_path, "verify", str(lavender))
+    assert result.returncode == 1
+    one_line(result, f"{csv_file} line 6: longer than {MAX_CSV_LINE_BYTES} bytes")
+    assert peak < PEAK, f"atlasfs verify peaked at {peak >> 20} MiB"
+    result, peak = run_measured(tmp_path, "info", str(lavender))  # its rows are counted, so scanned
+    assert "Traceback" not in result.stderr and peak < PEAK, (result, peak >> 20)

@@ -87,10 +87,12 @@ def _load_index(path: str, num_blocks: int, mmap: bool, storage: Storage = LOCAL
                     f"{path}: {payload} bytes of data for {shape[0]} entries of {dtype.itemsize} bytes")
             if isinstance(f, io.BytesIO):  # fetched: already in memory, nothing to map
                 index = np.frombuffer(f.read(), dtype=dtype, count=shape[0])
+                _check_index(path, index)
             elif mmap:
                 index = np.memmap(f, dtype=dtype, mode="r", offset=offset, shape=shape)
+                _check_index(path, index)
             else:
-                index = np.fromfile(f, dtype=dtype, count=shape[0])
+                index = _read_index(path, f, dtype, shape[0])
     except StorageUnavailableError:
         raise
     except FileNotFoundError:
@@ -99,13 +101,50 @@ def _load_index(path: str, num_blocks: int, mmap: bool, storage: Storage = LOCAL
         raise AtlasFormatError(str(exc)) from None
     except OSError as exc:
         raise AtlasFormatError(f"{path}: cannot read ({exc.strerror})") from None
-    if index[0] != 0:
-        raise AtlasFormatError(f"{path}: index starts at {int(index[0])}, expected 0")
-    if num_blocks and not bool(np.all(index[1:] > index[:-1])):
-        bad = int(np.argmin(index[1:] > index[:-1]))
-        raise AtlasFormatError(
-            f"{path}: index is not increasing (entry {bad + 1} is {int(index[bad + 1])}, after {int(index[bad])})")
     return index
+
+
+#: Entries of ``index.npy`` read and checked at a time (1 MiB of 8-byte entries).
+_INDEX_CHUNK = 1 << 17
+
+
+def _read_index(path: str, f: Any, dtype: np.dtype, count: int) -> np.ndarray:
+    """The ``count`` entries of ``f`` (past its header), read and checked a chunk at a time.
+
+    The header's shape matching the file's size bounds nothing when the file is sparse: a
+    ``meta.json`` claiming 2^28 blocks beside a sparse 2 GiB ``index.npy`` had info, verify and
+    a mount read it whole (2.4 GB) before finding its second entry not after the first. The
+    array is allocated untouched (its pages cost memory only once filled) and each chunk is
+    checked as it comes, so a forged index fails within its first wrong chunk; only entries
+    that really increase (8 bytes each on disk) take memory."""
+    index = np.empty(count, dtype=dtype)
+    raw = memoryview(index).cast("B")
+    step = _INDEX_CHUNK * dtype.itemsize
+    for start in range(0, len(raw), step):
+        part = raw[start:start + step]
+        while part:
+            got = f.readinto(part)
+            if not got:
+                raise AtlasFormatError(f"{path}: shorter than its header states (changed while read)")
+            part = part[got:]
+        first = start // dtype.itemsize
+        _check_index(path, index[max(first - 1, 0):first + _INDEX_CHUNK], max(first - 1, 0))
+    return index
+
+
+def _check_index(path: str, index: np.ndarray, base: int = 0) -> None:
+    """:class:`AtlasFormatError` unless ``index`` (entries ``base``... of a shard's index)
+    starts at 0 (if ``base`` is 0) and increases, checked a chunk at a time (no temporary
+    array the size of a huge index)."""
+    if base == 0 and index[0] != 0:
+        raise AtlasFormatError(f"{path}: index starts at {int(index[0])}, expected 0")
+    for start in range(0, len(index) - 1, _INDEX_CHUNK):
+        part = index[start:start + _INDEX_CHUNK + 1]
+        increasing = part[1:] > part[:-1]
+        if not bool(np.all(increasing)):
+            bad = base + start + int(np.argmin(increasing))
+            raise AtlasFormatError(f"{path}: index is not increasing (entry {bad + 1} is {int(index[bad - base + 1])}, "
+                                   f"after {int(index[bad - base])})")
 
 
 class Shard(LocatedReads, SourceShard):  # LocatedReads: files read without their block (spans.py)

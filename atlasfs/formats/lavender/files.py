@@ -24,6 +24,13 @@ from atlasfs.storage.files import transient_failure
 SHARD_FILE = re.compile(r"shard\.([0-9]+)\.(csv|parquet)")
 #: Two rows of a csv file closer than this are read in one range when a block needs both.
 CSV_GAP_ROWS = 64
+#: Most bytes one csv line may take (a quoted cell spanning lines: each of its lines). A line is
+#: read whole before csv parses it: a sparse csv (gigabytes of NULs, no newline) was one line
+#: read into memory (3 GiB took info and verify to 6.3 GB); past this it is one error naming it.
+MAX_CSV_LINE_BYTES = 64 << 20
+#: A csv file up to this size is scanned in memory (split on newlines: fast); a larger one a
+#: line at a time, each line bounded by MAX_CSV_LINE_BYTES.
+WHOLE_CSV_BYTES = 64 << 20
 
 
 class LavenderError(AtlasFormatError):
@@ -96,8 +103,9 @@ class ShardFile:
         if self._columns is None:
             try:
                 if self.kind == "csv":
-                    with io.TextIOWrapper(self.storage.open(self.path), newline="", encoding="utf-8-sig") as f:
-                        self._columns = next(csv.reader(f), [])
+                    with self.storage.open(self.path) as f:  # its first line, bounded (a sparse csv is one line)
+                        header = (raw.decode("utf-8-sig") for _, raw in _csv_lines(f, self.path))
+                        self._columns = next(csv.reader(header), [])
                 else:
                     self._columns = list(self._parquet_file().schema_arrow.names)
             except (OSError, UnicodeDecodeError, csv.Error, ValueError) as exc:
@@ -185,7 +193,10 @@ class ShardFile:
         (the usual case) has a row per line, found by splitting; any other goes through
         :mod:`csv` one line at a time (a quoted cell may span lines)."""
         with self.storage.open(self.path, 1 << 20) as f:
-            data = f.read()
+            data = f.read(WHOLE_CSV_BYTES + 1)
+        if len(data) > WHOLE_CSV_BYTES:  # too large to hold whole: a line at a time, each bounded
+            del data
+            return self._scan_quoted_csv(uid)
         if b'"' not in data and b"\r" not in data.replace(b"\r\n", b"\n"):
             try:
                 data.decode("utf-8")
@@ -229,9 +240,8 @@ class ShardFile:
         with self.storage.open(self.path, 1 << 20) as f:
             def lines() -> Iterator[str]:
                 nonlocal position, line
-                for raw in f:
+                for line, raw in _csv_lines(f, self.path):
                     position += len(raw)
-                    line += 1
                     try:
                         yield raw.decode("utf-8")
                     except UnicodeDecodeError:
@@ -340,6 +350,17 @@ def _local_parquet(pq: Any, path: str) -> Any:
         return pq.ParquetFile(alias if os.path.exists(alias) else path)
     finally:
         os.close(fd)
+
+
+def _csv_lines(f: Any, path: str) -> Iterator[tuple[int, bytes]]:
+    """``(line number, bytes)`` of each line of the binary file ``f``, each read within
+    :data:`MAX_CSV_LINE_BYTES` (:class:`LavenderError` naming the line past it)."""
+    number = 0
+    while raw := f.readline(MAX_CSV_LINE_BYTES + 1):
+        number += 1
+        if len(raw) > MAX_CSV_LINE_BYTES:
+            raise LavenderError(f"{path} line {number}: longer than {MAX_CSV_LINE_BYTES} bytes")
+        yield number, raw
 
 
 def _failed(exc: BaseException, message: str) -> Exception:

@@ -155,6 +155,14 @@ class TarShard(SourceShard):
             if i in samples.damaged:
                 raise WebDatasetError(samples.damaged[i])
         members = samples.members[samples.starts[numbers[0]]:samples.starts[numbers[-1] + 1]].tolist()
+        # Checked before anything is read: a member's header states its size, and a sparse tar
+        # of 3 GiB (one member) had verify and the daemon read it whole (2 GiB, then a
+        # misleading 'shorter than when its headers were read' from pread's 2 GiB cap). A
+        # block's files may not take more than max_block_bytes (as in every format).
+        size = int(walked.sizes[members].sum()) if members else 0
+        if size > self.max_block_bytes:
+            raise WebDatasetError(f"{self.block_where(block)}: its members take {size} bytes, more than the block "
+                                  f"bound of {self.max_block_bytes} bytes; not read")
         data = self._read(walked, members)
         out: list[Any] = []
         for i in numbers:
