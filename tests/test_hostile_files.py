@@ -652,3 +652,38 @@ def test_a_sparse_lavender_csv_is_read_a_bounded_line_at_a_time(tmp_path: Path) 
     assert peak < PEAK, f"atlasfs verify peaked at {peak >> 20} MiB"
     result, peak = run_measured(tmp_path, "info", str(lavender))  # its rows are counted, so scanned
     assert "Traceback" not in result.stderr and peak < PEAK, (result, peak >> 20)
+
+
+@pytest.mark.fuse
+def test_a_pbin_document_past_the_block_bound_is_refused_unread(tmp_path: Path) -> None:
+    """A sparse .pbin whose index states one document of 1.5 GiB: verify and the daemon read it
+    whole (and its .npy copy). Now its block fails unread, in one line; other files serve."""
+    import pickle
+    import struct
+
+    from atlasfs.formats.pbin import write_pbin
+    root = tmp_path / "pbin"
+    root.mkdir()
+    write_pbin(str(root / "a.pbin"), [[1, 2], [3]], token_width=2)
+    size = 3 * GIB // 2
+    with open(root / "b.pbin", "wb") as f:
+        f.write(struct.pack("<QI", size, 4))
+        f.seek(12 + size)
+        f.write(pickle.dumps([(0, size)]))
+    line = f"{root / 'b.pbin'} document 0: its documents take {size} bytes, more than the block bound of {GIB} bytes"
+    result, peak = run_measured(tmp_path, "verify", str(root))
+    assert result.returncode == 1
+    one_line(result, line)
+    assert peak < PEAK, f"atlasfs verify peaked at {peak >> 20} MiB"
+    with mounted(root, tmp_path) as daemon:
+        listed = daemon.ls("b")
+        assert listed.returncode == 0 and listed.stdout.split() == ["000000.npy"], listed  # its size from the index
+        assert_eio(daemon.cat("b/000000.npy"))
+        import numpy as np
+
+        from atlasfs.tree.naming import encode_as
+        (tmp_path / "expected.npy").write_bytes(encode_as("npy", np.array([3], dtype=np.uint16)))
+        served = daemon.run("cmp", str(daemon.mnt / "a" / "000001.npy"), str(tmp_path / "expected.npy"))
+        assert served.returncode == 0, served
+        assert daemon.peak() < PEAK, f"the daemon peaked at {daemon.peak() >> 20} MiB"
+    assert line in daemon.logged()

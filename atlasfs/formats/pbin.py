@@ -446,6 +446,13 @@ class PbinShard(SourceShard):
         :class:`PbinError` naming the file and document if one is bad."""
         first = block * self.block_size
         count = self.block_length(block)
+        # Checked before anything is read: the index states each length, and a sparse .pbin
+        # whose one document states 3 GiB had verify and the daemon read it (2 GiB, pread's cap,
+        # then 'truncated'). A block's files may not take more than max_block_bytes.
+        size = self.stored_block_size(block)
+        if size > self.max_block_bytes:
+            raise PbinError(f"{self.block_where(block)}: its documents take {size} bytes, more than the block bound "
+                            f"of {self.max_block_bytes} bytes; not read")
         arrays = _read_documents(self._file, self.path, self._header_bytes, self._dtype, self._starts,
                                  self._lengths, self._problems, first, count)
         samples: list[Any] = []
