@@ -59,6 +59,10 @@ class MountOptions:
     log_file: str | None = None
     index_dir: str | None = None
     view: str = "files"
+    #: The tar view's energon split.yaml: a train:val:test ratio or a file (None: every tar in train).
+    energon_split: str | None = None
+    #: A file served as the tar view's energon dataset.yaml (None: CrudeWebdataset).
+    energon_dataset: str | None = None
     #: The dataset's format (None: found from its layout).
     format: str | None = None
     #: Lavender: the column joining a shard's shardsets (None: found from the data).
@@ -206,6 +210,11 @@ OPTIONS: tuple[Option, ...] = (
     Option("view", "view", _choice(VIEWS, "view"), "what to show: the files of every sample, one folder per shard "
            "(files); each shard as one seekable <shard>.tar with a wids index shards.json (tars); or both",
            ("mount",), "VIEW"),
+    Option("energon_split", "energon_split", _text, "the tar view's .nv-meta/split.yaml for Megatron-Energon: "
+           "TRAIN:VAL:TEST weights cutting the tars in energon's order (energon prepare --split-ratio), or a "
+           "split.yaml of yours, served as it is (default: every tar in train)", ("mount",), "RATIO|FILE"),
+    Option("energon_dataset", "energon_dataset", _text, "a dataset.yaml of yours (sample type and field map), "
+           "served as the tar view's .nv-meta/dataset.yaml (default: CrudeWebdataset)", ("mount",), "FILE"),
     Option("index_dir", "index_dir", _text, "the folder of file tables: a mount reads them there first and stores "
            "new ones there (else in the user's cache, ~/.cache/atlasfs; tables 'atlasfs index' wrote beside the "
            "dataset are read too); index stores them there instead of beside the dataset", ("mount", "index"),

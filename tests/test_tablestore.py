@@ -67,7 +67,7 @@ def test_a_corrupt_stored_table_is_ignored_with_one_log_line_and_rebuilt(
 def test_index_tables_beside_the_dataset_and_index_dirs_are_read(tmp_path: Path, cache: Path) -> None:
     dataset = _dataset(tmp_path / "ds")
     names, _ = _listing_and_decodes(dataset, TableStore(str(dataset), beside=True))  # what atlasfs index does
-    assert sorted(p.name for p in (dataset / BESIDE_DATASET).iterdir()) == ["0.table", "1.table", "2.table"]
+    assert sorted(p.name for p in (dataset / BESIDE_DATASET).glob("*.table")) == ["0.table", "1.table", "2.table"]
     assert not cache.exists()
     assert _listing_and_decodes(dataset, TableStore(str(dataset))) == (names, 0)  # a mount's store reads them
     index = tmp_path / "index"
@@ -84,7 +84,7 @@ def test_index_after_a_mount_stores_beside_the_dataset_although_the_cache_holds_
     _listing_and_decodes(dataset, TableStore(str(dataset)))  # a mount filled the user's cache
     result = atlasfs("index", str(dataset), env={**os.environ, "XDG_CACHE_HOME": str(cache.parent.parent)})
     assert result.returncode == 0, result.stderr
-    assert sorted(p.name for p in (dataset / BESIDE_DATASET).iterdir()) == ["0.table", "1.table", "2.table"]
+    assert sorted(p.name for p in (dataset / BESIDE_DATASET).glob("*.table")) == ["0.table", "1.table", "2.table"]
 
 
 def test_tables_for_every_user_are_0644_and_the_users_cache_stays_private(tmp_path: Path, cache: Path) -> None:

@@ -47,7 +47,7 @@ def test_every_byte_range_equals_export(tmp_path: Path) -> None:
     dataset = _dataset(tmp_path / "ds")
     _export(dataset, tmp_path / "out")
     view = TarView(BlockTree(AtlasDataset(dataset)))
-    assert [name for name, _, _ in view.names("/")] == ["0.tar", "1.tar", "2.tar", "shards.json"]
+    assert [name for name, _, _ in view.names("/")][:4] == ["0.tar", "1.tar", "2.tar", "shards.json"]
     rng = random.Random(1)
     for shard in ("0", "1", "2"):
         expected = (tmp_path / "out" / f"{shard}.tar").read_bytes()
@@ -128,7 +128,8 @@ def test_the_tar_view_through_a_mount(tmp_path: Path) -> None:
     dataset = _dataset(tmp_path / "ds")
     _export(dataset, tmp_path / "out")
     with mounted(dataset, "--view", "tars") as mnt:
-        assert sorted(os.listdir(mnt)) == ["0.tar", "1.tar", "2.tar", "shards.json"]
+        assert sorted(os.listdir(mnt)) == [".nv-meta", "0.idx", "0.tar", "0.tar.idx", "1.idx", "1.tar", "1.tar.idx",
+                                           "2.idx", "2.tar", "2.tar.idx", "shards.json"]  # and the loaders' indexes
         for shard in ("0", "1", "2"):
             assert subprocess.run(["cmp", str(mnt / f"{shard}.tar"), str(tmp_path / "out" / f"{shard}.tar")]).returncode == 0
             listed = subprocess.run(["tar", "tf", str(mnt / f"{shard}.tar")], capture_output=True, text=True, check=True)
@@ -166,7 +167,8 @@ def test_the_tar_view_through_a_mount(tmp_path: Path) -> None:
 def test_view_both_shows_folders_and_tars(tmp_path: Path) -> None:
     dataset = _dataset(tmp_path / "ds", examples=60)
     with mounted(dataset, "-o", "view=both") as mnt:
-        assert sorted(os.listdir(mnt)) == ["0", "0.tar", "1", "1.tar", "shards.json"]
+        assert sorted(os.listdir(mnt)) == [".nv-meta", "0", "0.idx", "0.tar", "0.tar.idx", "1", "1.idx", "1.tar",
+                                           "1.tar.idx", "shards.json"]
         assert sum(len(files) for _, _, files in os.walk(mnt / "0")) == 150
         with tarfile.open(mnt / "0.tar") as archive:
             assert archive.getnames()[:3] == [n for n in os.listdir(mnt / "0")][:3]
@@ -201,8 +203,9 @@ def test_listing_the_tar_view_from_stored_tables_decodes_nothing(tmp_path: Path)
     atlasfs("index", str(dataset))
     tree = BlockTree(AtlasDataset(dataset), store=TableStore(str(dataset)))
     view = TarView(tree)
-    sizes = {name: view.lookup(f"/{name}").size for name, _, _ in view.names("/")}
-    assert len(sizes) == 4 and all(sizes.values())
+    sizes = {name: view.lookup(f"/{name}").size for name, is_dir, _ in view.names("/") if not is_dir}
+    sizes |= {name: view.lookup(f"/.nv-meta/{name}").size for name, _, _ in view.names("/.nv-meta")}
+    assert len(sizes) == 15 and all(sizes.values())  # the loaders' indexes too
     assert tree.cache.misses == 0
 
 
@@ -217,7 +220,8 @@ def test_every_reference_fixture_through_the_tar_view(tmp_path: Path, name: str)
     _export(dataset, tmp_path / "out")
     shards = [s.name for s in AtlasDataset(dataset).shards]
     with mounted(dataset, "--view", "both") as mnt:
-        assert sorted(os.listdir(mnt)) == sorted([*shards, *[f"{s}.tar" for s in shards], "shards.json"])
+        assert sorted(os.listdir(mnt)) == sorted([*shards, *[f"{s}{x}" for s in shards for x in (".tar", ".tar.idx", ".idx")],
+                                                  "shards.json", ".nv-meta"])
         assert (mnt / "shards.json").read_bytes() == (tmp_path / "out" / "shards.json").read_bytes()
         names: list[str] = []
         for shard in shards:

@@ -243,7 +243,7 @@ def cmd_index(args: argparse.Namespace) -> int:
 
 
 def _index(args: argparse.Namespace, report: object, where: dict[str, object]) -> int:
-    from atlasfs.commands.indexing import index_all, make_store
+    from atlasfs.commands.indexing import index_all, make_store, store_energon_index
     from atlasfs.tree.tablestore import make_shared_folder
     with _source(args) as dataset:
         store = make_store(dataset, args.settings.index_dir)
@@ -265,6 +265,8 @@ def _index(args: argparse.Namespace, report: object, where: dict[str, object]) -
         before = f" ({report.stored_before} of them were already)" if report.stored_before else ""
         print(f"file tables of {done} of {shards} shards are up to date in {store.save_folder}{before}"
               if report.failed else f"file tables of {done} shards are up to date in {store.save_folder}{before}")
+        if done:
+            print(store_energon_index(dataset, args.settings.index_dir))
     return 1 if report.failed else 0
 
 

@@ -98,3 +98,23 @@ def index_all(source: Source, opener: Opener, index_dir: str | None, jobs: int,
                     result.built += 1
             bar.update(1)
     return result
+
+
+def store_energon_index(source: Source, index_dir: str | None) -> str:
+    """Store energon's ``index.sqlite`` of the tar view beside the dataset (or in
+    ``index_dir``), from the tables just stored; returns what was done, in one line."""
+    from atlasfs.tree.indexes.served import LoaderFiles
+    from atlasfs.tree.tarview import TarView
+
+    store = make_store(source, index_dir)
+    view = TarView(BlockTree(source, cache_bytes=0, store=store, log_failures=False), store=store)
+    loaders: LoaderFiles = view.loaders
+    try:
+        where = loaders.store_sqlite()
+    except Unreadable as exc:
+        return f"energon's index.sqlite not stored: {exc.cause}"
+    finally:
+        loaders.close()
+    if where is None:
+        return "energon's index.sqlite not stored (the folder cannot take it); mounts build it in the user's cache"
+    return f"energon's index.sqlite of the tar view is up to date in {where}"

@@ -33,6 +33,7 @@ from atlasfs.storage import is_url, redact, set_default_options
 from atlasfs.tree.base import Tree
 from atlasfs.tree.blocktree import BlockTree
 from atlasfs.tree.tablestore import TableStore
+from atlasfs.tree.indexes.served import LoaderSettings
 from atlasfs.tree.tarview import TarView
 
 log = logging.getLogger("atlasfs")
@@ -232,8 +233,14 @@ def open_tree(dataset_path: str, options: MountOptions) -> Tree:
     store = TableStore(source.root, index_dir=options.index_dir, storage=source.storage)
     tree = BlockTree(source, cache_bytes=options.cache_bytes - native_cache_bytes(options), store=store)
     if options.view == "files":
+        if options.energon_split is not None or options.energon_dataset is not None:
+            raise MountError("energon_split= and energon_dataset= are files of the tar view: add --view tars (or both)")
         return tree
-    return TarView(tree, folders=options.view == "both")
+    try:
+        loaders = LoaderSettings.from_options(options.energon_split, options.energon_dataset)
+    except ValueError as exc:
+        raise MountError(str(exc)) from None
+    return TarView(tree, folders=options.view == "both", loaders=loaders, store=store)
 
 
 def mount(dataset_path: str, mountpoint: str, options: MountOptions) -> int:

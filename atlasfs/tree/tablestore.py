@@ -72,6 +72,9 @@ SHARED_FILE_MODE = 0o644
 SHARED_FOLDER_MODE = 0o755
 _SOURCE_FILE = "dataset.json"
 _SUFFIX = ".table"
+#: Files of the cache counted, listed and evicted with the tables: those, and energon's
+#: index.sqlite of a dataset's tar view (:mod:`atlasfs.tree.indexes.sqlitefile`).
+_CACHED_SUFFIXES = (_SUFFIX, ".sqlite")
 #: Bytes copied at a time from another user's table into the user's cache.
 _COPY_CHUNK = 1 << 20
 
@@ -381,7 +384,7 @@ def cached_tables(dataset_root: str | None = None) -> list[CachedTable]:
         except OSError:
             continue
         for entry in entries:
-            if entry.name.endswith(_SUFFIX):
+            if entry.name.endswith(_CACHED_SUFFIXES):
                 try:
                     st = entry.stat(follow_symlinks=False)
                 except OSError:
@@ -428,7 +431,7 @@ def clear(dataset_root: str | None = None) -> int:
 def _remove_if_empty(folder: str) -> None:
     """Remove a dataset's cache folder once it holds no table (rmdir fails if a mount saved one meanwhile)."""
     try:
-        if not any(name.endswith(_SUFFIX) for name in os.listdir(folder)):
+        if not any(name.endswith(_CACHED_SUFFIXES) for name in os.listdir(folder)):
             os.unlink(os.path.join(folder, _SOURCE_FILE))
             os.rmdir(folder)
     except OSError:

@@ -24,6 +24,7 @@ a pax extended header goes before it.
 from __future__ import annotations
 
 import errno
+import hashlib
 import json
 import logging
 import os
@@ -37,6 +38,7 @@ from typing import Callable
 import numpy as np
 
 from atlasfs.tree.base import Entry, Tree, Unreadable, not_found, split_path
+from atlasfs.tree.indexes.served import LoaderFiles, LoaderSettings, Served
 
 BLOCK = tarfile.BLOCKSIZE
 RECORD = tarfile.RECORDSIZE
@@ -48,6 +50,8 @@ INDEX_NAME = "shards.json"
 LAYOUT_BYTES = 16 << 20
 #: Inode numbers of the view's own files start here (the base tree's stay below).
 VIEW_INO_BASE = 1 << 62
+#: Inode numbers of the loaders' indexes (atlasfs/tree/indexes/) start here.
+LOADER_INO_BASE = VIEW_INO_BASE + (1 << 60)
 
 log = logging.getLogger("atlasfs")
 
@@ -148,6 +152,17 @@ class TarLayout:
     def header(self, i: int) -> bytes:
         """Member ``i``'s header blocks (pax extended header included)."""
         return _header(self.name(i), int(self.sizes[i]), int(self.mtimes[i]))
+
+    def data_starts(self) -> np.ndarray:
+        """Where each member's bytes begin (after its header blocks)."""
+        return self.starts[1:] - (self.sizes + np.uint64(BLOCK - 1)) // np.uint64(BLOCK) * np.uint64(BLOCK)
+
+    def digest(self) -> bytes:
+        """A hash of the layout (names, sizes, mtimes, offsets): equal layouts, equal tars."""
+        h = hashlib.sha256()
+        for part in (self._name_offsets, self._names, self.sizes, self.mtimes, self.starts):
+            h.update(part)
+        return h.digest()
 
     def samples(self) -> int:
         """The number of samples: runs of members sharing a key (a name up to the first dot of its last part)."""
@@ -282,7 +297,8 @@ class TarView(Tree):
     in the folder ``cc``), with ``shards.json`` at the root; with ``folders=True`` the base's
     folders are shown too (and everything under them)."""
 
-    def __init__(self, base: Tree, folders: bool = False) -> None:
+    def __init__(self, base: Tree, folders: bool = False, loaders: LoaderSettings | None = None,
+                 store: object = None) -> None:
         self.base = base
         self.show_folders = folders
         self._layouts: OrderedDict[str, TarLayout] = OrderedDict()  # least recently used first
@@ -311,6 +327,9 @@ class TarView(Tree):
         # Folders above tars in a view without the base's folders: inode numbers after the tars'.
         self._folder_ino = {folder: VIEW_INO_BASE + 1 + len(self._tars) + i
                             for i, folder in enumerate(f for f in self._children if f)}
+        #: The loaders' indexes beside the tars and in .nv-meta/ (atlasfs/tree/indexes/).
+        self.loaders = LoaderFiles({tar: shard for tar, (shard, _) in self._tars.items()}, self.layout,
+                                   LOADER_INO_BASE, loaders, store)
 
     def layout(self, shard: str) -> TarLayout:
         """The layout of ``shard``'s tar, made on first use and kept (at most :data:`LAYOUT_BYTES`
@@ -368,6 +387,11 @@ class TarView(Tree):
             return Entry(False, layout.size, self._root.mtime, tar[1], layout)
         if relative == INDEX_NAME:
             return Entry(False, len(self._index_bytes()), self._root.mtime, VIEW_INO_BASE, INDEX_NAME)
+        served = self.loaders.find(relative)
+        if served is not None:
+            return Entry(False, self.loaders.size(served[0]), self._root.mtime, served[1], served[0])
+        if self.loaders.is_folder(relative):
+            return Entry(True, 0, self._root.mtime, self.loaders.folder_ino())
         if self.show_folders:
             return self.base.lookup(path)
         if relative in self._folder_ino:
@@ -380,6 +404,8 @@ class TarView(Tree):
 
     def names(self, path: str) -> Sequence[tuple[str, bool, int]]:
         folder = "/".join(split_path(path))
+        if self.loaders.is_folder(folder):
+            return self.loaders.names(folder)
         ours = self._children.get(folder)
         if self.show_folders:
             base = self.base.names(path)
@@ -395,11 +421,13 @@ class TarView(Tree):
         """The tars in ``folder`` (and ``shards.json`` at the root)."""
         prefix = f"{folder}/" if folder else ""
         files = [(name, False, self._tars[prefix + name][1]) for name, is_dir in self._children[folder] if not is_dir]
-        return files + [(INDEX_NAME, False, VIEW_INO_BASE)] if not folder else files
+        if not folder:
+            files.append((INDEX_NAME, False, VIEW_INO_BASE))
+        return files + self.loaders.names(folder)
 
     def known_entries(self, path: str, start: int = 0, stop: int | None = None) -> Sequence[Entry | None]:
         folder = "/".join(split_path(path))
-        if folder not in self._children:
+        if folder not in self._children and not self.loaders.is_folder(folder):
             if self.show_folders:
                 return self.base.known_entries(path, start, stop)
             raise self._not_a_folder(path)
@@ -413,6 +441,15 @@ class TarView(Tree):
             return self.lookup(path) if tar[0] in self._layouts else None
         if path[1:] == INDEX_NAME:
             return self.lookup(path) if self._index is not None else None
+        served = self.loaders.find(path[1:])
+        if served is not None:  # its size: known once its bytes are made
+            known = self.loaders.known(served[0])
+            if known is None:
+                return None
+            size = known if isinstance(known, int) else len(known)
+            return Entry(False, size, self._root.mtime, served[1], served[0])
+        if self.loaders.is_folder(path[1:]):
+            return self.lookup(path)
         return None if self.show_folders else self.lookup(path)  # a folder of the view
 
     def _not_a_folder(self, path: str) -> OSError:
@@ -425,6 +462,8 @@ class TarView(Tree):
             return ref.read(offset, size)
         if ref == INDEX_NAME:
             return self._index_bytes()[offset:offset + size]
+        if isinstance(ref, Served):
+            return self.loaders.read(ref, offset, size)
         return self.base.read(entry, offset, size)
 
     def total_bytes(self) -> int:
@@ -434,6 +473,7 @@ class TarView(Tree):
         return self._shards if self.show_folders else []
 
     def members(self, path: str) -> Iterator[tuple[str, Entry]]:
-        if self.show_folders and "/".join(split_path(path)) not in self._children:
+        folder = "/".join(split_path(path))
+        if self.show_folders and folder not in self._children and not self.loaders.is_folder(folder):
             return self.base.members(path)  # a shard folder: the base knows its example order
         return super().members(path)
