@@ -687,3 +687,22 @@ def test_a_pbin_document_past_the_block_bound_is_refused_unread(tmp_path: Path) 
         assert served.returncode == 0, served
         assert daemon.peak() < PEAK, f"the daemon peaked at {daemon.peak() >> 20} MiB"
     assert line in daemon.logged()
+
+
+def test_a_dolma_block_past_the_block_bound_is_refused_before_it_is_inflated(tmp_path: Path) -> None:
+    """A 6 MB .json.gz of 7 documents of 192 MiB each (each line within MAX_LINE_BYTES) had
+    verify inflate its one block whole (3.2 GB) and say OK. The scan knows each block's text
+    bytes: past max_block_bytes the block fails before a byte of it is read (the bound here
+    made small, so that the test inflates nothing large)."""
+    from atlasfs.formats.factory import open_source
+    root = dolma(tmp_path / "dolma")
+    source = open_source(str(root))
+    shard = source.shards[0]
+    shard.prepare()
+    assert len(shard.decode_block(0)[0]) == 5
+    shard.max_block_bytes = 100
+    with pytest.raises(AtlasFormatError, match=(
+            rf"^{root / 'documents' / 'a.jsonl.gz'}: block 0 \(lines 1\.\.5\) takes \d+ bytes of text, more than "
+            r"the block bound of 100 bytes; not read$")):
+        shard.decode_block(0)
+    source.close()

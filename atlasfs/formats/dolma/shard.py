@@ -221,6 +221,15 @@ class DolmaFile(SourceShard):
             raise DolmaError(f"{scan.damage}; lines from {block * LINES_PER_BLOCK + 1} on are lost")
         lo, hi = (int(v) for v in scan.block_starts[block:block + 2])
         expected = self.block_length(block)
+        # Checked before anything is read or inflated: the scan knows each block's text bytes,
+        # and a 6 MB .json.gz of 7 documents of 192 MiB each (every line within MAX_LINE_BYTES)
+        # had verify inflate the block whole, 3.2 GB, and say OK. A block's files may not take
+        # more than max_block_bytes, in Dolma as in every format.
+        size = hi - lo + sum(int(starts[block + 1]) - int(starts[block]) for starts in scan.attribute_starts.values())
+        if size > self.max_block_bytes:
+            raise DolmaError(f"{self.path}: block {block} (lines {block * LINES_PER_BLOCK + 1}.."
+                             f"{block * LINES_PER_BLOCK + expected}) takes {size} bytes of text, more than the block "
+                             f"bound of {self.max_block_bytes} bytes; not read")
         lines = self._split(self._reader(self.path).read(lo, hi), expected, self.path, block)
         cost = hi - lo
         attribute_lines: dict[str, list[bytes]] = {}
