@@ -177,7 +177,8 @@ def _jobs(args: argparse.Namespace) -> int:
 
 
 def cmd_pack(args: argparse.Namespace) -> int:
-    from atlasfs.commands.pack import PackError, PackReport, PackSettings, finished_shards, pack, temporary_folder
+    from atlasfs.commands.pack import (PackError, PackReport, PackSettings, finished_shards, pack, resumable,
+                                      temporary_folder)
     from atlasfs.progress import progress_bar
     settings = PackSettings(args.shard_size, args.block_size, args.strategy, args.level, args.dict_size, args.decode)
     bar: list[tqdm] = []
@@ -210,7 +211,7 @@ def cmd_pack(args: argparse.Namespace) -> int:
     except PackError as exc:
         kept = temporary_folder(args.outdir)
         resume = (f"; the shards finished are kept in {kept}: pack again to go on from them, or delete it"
-                  if os.path.isdir(kept) else "")
+                  if resumable(kept) else "")
         raise UsageError(f"pack stopped, {args.outdir} not written: {exc}{resume}") from None
     finally:
         for b in bar:

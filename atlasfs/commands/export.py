@@ -21,7 +21,7 @@ import os
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable
 
 from atlasfs.commands.jobs import LOST, Done, Opener, Report, run
 from atlasfs.formats.source import Source, SourceShard
@@ -41,7 +41,7 @@ def write_shard_tar(tree: Tree, folder: str, out_path: str, on_sample: Callable[
     """
     partial = out_path + ".partial"
     try:
-        with open(partial, "wb") as out:
+        with _create(partial) as out:
             written = write_tar(tree, folder, out, on_sample)
         os.replace(partial, out_path)
     except BaseException:
@@ -51,12 +51,24 @@ def write_shard_tar(tree: Tree, folder: str, out_path: str, on_sample: Callable[
     return written
 
 
+def _create(partial: str) -> Any:
+    """A new file at ``partial`` for writing, never through a link: OUTDIR may be another
+    user's folder, whose owner could put ``0.tar.partial -> /etc/passwd`` there (names are
+    predictable), and open(..., "wb") had root's export write the tar into the link's target.
+    A leftover file there (a killed run's) is removed first; whatever appears after that
+    makes the open fail (O_EXCL), never followed."""
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(partial)  # the link itself, if it is one
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+    return os.fdopen(os.open(partial, flags, 0o666), "wb")
+
+
 def write_index(outdir: str, shards: Sequence[tuple[str, int]]) -> str:
     """Write ``shards.json`` (the wids index of ``(tar name, samples)`` pairs) into ``outdir``."""
     path = os.path.join(outdir, INDEX_NAME)
     partial = path + ".partial"
     try:
-        with open(partial, "wb") as f:
+        with _create(partial) as f:
             f.write(shard_index(shards))
         os.replace(partial, path)
     except BaseException:

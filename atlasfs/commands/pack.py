@@ -28,6 +28,7 @@ import json
 import logging
 import os
 import shutil
+import stat
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -225,6 +226,16 @@ def temporary_folder(outdir: str) -> str:
     return os.path.join(parent, f".{name}.pack-partial")
 
 
+def resumable(folder: str) -> bool:
+    """Whether the temporary folder ``folder`` is there for a next run: a folder (not a link)
+    of this user's (another's is never used: :func:`_own_folder`)."""
+    try:
+        st = os.lstat(folder)
+    except OSError:
+        return False
+    return stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid()
+
+
 def finished_shards(folder: str) -> int:
     """Shards completed in the temporary folder ``folder`` (kept for the next run)."""
     try:
@@ -234,14 +245,36 @@ def finished_shards(folder: str) -> int:
     return sum(os.path.isfile(os.path.join(folder, name, "meta.json")) for name in names)
 
 
+def _own_folder(path: str) -> int:
+    """A descriptor of the folder ``path``, made if missing, once found to be a folder of this
+    user's that no one else can write. It sits beside OUTDIR, often in a shared /tmp, under a
+    name anyone can foresee: another user's link there had pack empty the folder it points
+    to (every entry removed as a leftover) and write the dataset into it, and another user's
+    folder would have become OUTDIR, theirs to change (or to fill beforehand with shards and a
+    pack.json that this run would keep). Never followed, never used: :class:`PackError`."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(path)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
+    except OSError as exc:
+        if os.path.islink(path):
+            raise PackError(f"{path}: is a symbolic link (never followed); remove it, or pack elsewhere") from None
+        raise
+    owner = os.fstat(fd).st_uid
+    if owner != os.geteuid():  # its mode is this user's umask, as OUTDIR's would be
+        os.close(fd)
+        raise PackError(f"{path}: not used: it is owned by uid {owner}, not by this user; remove it, or pack elsewhere")
+    return fd
+
+
 class _Folder:
     """The temporary folder, locked while a pack writes in it, its leftover shards kept
     if ``pack.json`` says they were written from the same source with the same settings."""
 
     def __init__(self, path: str, signature: dict[str, Any]) -> None:
         self.path = path
-        os.makedirs(path, exist_ok=True)
-        self._fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+        self._fd = _own_folder(path)
         try:
             fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
