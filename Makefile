@@ -4,7 +4,7 @@ VENV ?= .venv
 PYTHON ?= python3
 BIN := $(VENV)/bin
 
-.PHONY: install demo test test-sanitized bench clean
+.PHONY: install demo test test-sanitized test-loaders bench clean
 
 install: $(VENV)/.installed
 
@@ -30,6 +30,19 @@ test: install
 
 test-sanitized: install
 	./scripts/test-sanitized.sh $(VENV)
+
+# The real training loaders against the tar view (tests/test_loaders_real.py, marker `loaders`):
+# megatron-energon 7.4.1 (with torch from PyPI, CUDA wheels included) and DALI 2.4.0 (its CPU
+# pipeline needs no GPU) in their own virtualenv, never atlasfs's: about 6.5 GB, 80 s to install.
+LOADERS_VENV ?= .venv-loaders
+$(LOADERS_VENV)/.installed:
+	$(PYTHON) -m venv $(LOADERS_VENV)
+	$(LOADERS_VENV)/bin/pip install --quiet --disable-pip-version-check megatron-energon==7.4.1 nvidia-dali-cuda120==2.4.0
+	touch $@
+
+test-loaders: install $(LOADERS_VENV)/.installed
+	ATLASFS_LOADERS_VENV=$(abspath $(LOADERS_VENV)) $(BIN)/python -m pytest -q -m loaders $(PYTEST_ARGS); rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "make test-loaders: pytest collected no tests" >&2; exit 1; fi; exit $$rc
 
 # The benchmark suite (docs/performance.md), then the FUSE floor, the tar view and the shuffled
 # epoch over real media in the same run: installs ratarmount, the peer of the suite, into

@@ -192,8 +192,9 @@ def split_by_ratio(names: Sequence[str], ratio: Sequence[float]) -> dict[str, li
 
 
 def split_yaml(parts: dict[str, list[str]]) -> bytes:
-    """``.nv-meta/split.yaml`` of each part's tars (collapsed), ``exclude: []``; as PyYAML
-    dumps it for names of letters, digits, ``_./-`` and braces, equal in content for others."""
+    """``.nv-meta/split.yaml`` of each part's tars (collapsed), ``exclude: []``: as PyYAML
+    dumps it for names of ASCII letters, digits, ``_./-+'``, spaces, commas and braces; equal in
+    content for others (quoted where PyYAML may not quote them)."""
     lines = ["split_parts:"]
     for part, names in parts.items():
         collapsed = collapse(names)
@@ -203,14 +204,15 @@ def split_yaml(parts: dict[str, list[str]]) -> bytes:
     return ("\n".join(lines) + "\n").encode()
 
 
-_PLAIN = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_./-]*")
+# Plain in PyYAML's block style: no indicator first, braces and commas allowed after it
+_PLAIN = re.compile(r"(?:[A-Za-z0-9_./]|-(?=[^ ]))[A-Za-z0-9_./{},+' -]*(?<! )")
 # PyYAML's implicit resolvers (a plain scalar matching one is not read back as a string)
 _RESOLVED = re.compile(r"""(?:yes|Yes|YES|no|No|NO|true|True|TRUE|false|False|FALSE|on|On|ON|off|Off|OFF
     |null|Null|NULL
     |[-+]?0b[0-1_]+|[-+]?0[0-7_]+|[-+]?(?:0|[1-9][0-9_]*)|[-+]?0x[0-9a-fA-F_]+
     |[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+][0-9]+)?|\.[0-9_]+(?:[eE][-+][0-9]+)?
     |[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN)
-    |[0-9][0-9][0-9][0-9]-[0-9][0-9]?-[0-9][0-9]?.*)""", re.X)
+    |[0-9][0-9][0-9][0-9]-[0-9][0-9]-[0-9][0-9])""", re.X)
 
 
 def _yaml_scalar(text: str) -> str:
@@ -218,7 +220,21 @@ def _yaml_scalar(text: str) -> str:
         return text
     if text.isascii() and text.isprintable():
         return "'" + text.replace("'", "''") + "'"
-    return json.dumps(text, ensure_ascii=False)  # a YAML double-quoted scalar
+    return '"' + "".join(_yaml_escaped(char) for char in text) + '"'
+
+
+_YAML_ESCAPES = {"\0": "0", "\x07": "a", "\x08": "b", "\t": "t", "\n": "n", "\x0b": "v", "\x0c": "f", "\r": "r",
+                 "\x1b": "e", '"': '"', "\\": "\\", "\x85": "N", "\xa0": "_", "\u2028": "L", "\u2029": "P"}
+
+
+def _yaml_escaped(char: str) -> str:
+    """A character of a double-quoted scalar as PyYAML writes it (``allow_unicode`` off)."""
+    if char in _YAML_ESCAPES:
+        return "\\" + _YAML_ESCAPES[char]
+    if " " <= char <= "~":
+        return char
+    code = ord(char)
+    return f"\\x{code:02X}" if code <= 0xFF else f"\\u{code:04X}" if code <= 0xFFFF else f"\\U{code:08X}"
 
 
 # ------------------------------------------------------------------ index.sqlite
