@@ -28,6 +28,31 @@ _META = re.compile(r"__[^/]*__($|/)")
 _COMPRESSED = {b"\x1f\x8b": "gzip", b"\x28\xb5\x2f\xfd": "zstd", b"BZh": "bzip2", b"\xfd7zXZ": "xz"}
 #: Bytes read at a time while looking at what follows the archive's last member.
 _TAIL_CHUNK = 1 << 20
+#: Most bytes tarfile may read at once in a walk: a header (512), or the payload of a pax or
+#: GNU long-name header, which tarfile reads whole by the size its header states.
+MAX_HEADER_BYTES = 1 << 20
+
+
+class _HeaderTooLarge(tarfile.TarError):
+    pass
+
+
+class _HeaderReads:
+    """The tar file as :mod:`tarfile` reads it in a walk (headers only: it seeks over data),
+    any read past :data:`MAX_HEADER_BYTES` refused. A pax or GNU long-name header stating
+    1.5 GiB over a sparse tar was read whole (info, verify and the daemon at 1.6 GB, 30 s);
+    now the walk stops there, the members before it kept, with one line naming the offset."""
+
+    def __init__(self, f) -> None:  # noqa: ANN001 (a binary file)
+        self._f = f
+
+    def read(self, size: int = -1) -> bytes:
+        if size is None or size < 0 or size > MAX_HEADER_BYTES:
+            raise _HeaderTooLarge(f"a pax or long-name header of {size} bytes, more than {MAX_HEADER_BYTES}")
+        return self._f.read(size)
+
+    def __getattr__(self, name: str):  # noqa: ANN204 (seek, tell...: the file's own)
+        return getattr(self._f, name)
 
 
 class WebDatasetError(AtlasFormatError):
@@ -66,8 +91,10 @@ def walk(path: str, file_size: int, storage: Storage = LOCAL) -> Walk:
     try:
         with storage.open(path) as f:
             try:
-                tar = tarfile.open(fileobj=f, mode="r:")
+                tar = tarfile.open(fileobj=_HeaderReads(f), mode="r:")
             except tarfile.TarError as exc:
+                if isinstance(exc, _HeaderTooLarge):
+                    raise WebDatasetError(f"{path}: cut short or damaged at offset 0 ({exc})") from None
                 f.seek(0)
                 magic = f.read(6)
                 for packed, kind in _COMPRESSED.items():
