@@ -421,9 +421,11 @@ class NativeSession:
         finally:
             self.session.unmount()
         stats = self.session.stats()
-        log.info("%s: native engine answered %s; zstd dictionaries held: %d", self.mountpoint,
+        frames = self.session.frames()
+        log.info("%s: native engine answered %s; zstd dictionaries held: %d; frames decompressed: %d whole, "
+                 "%d in part, %d waited for", self.mountpoint,
                  ", ".join(f"{kind} {n['c']} in C, {n['python']} in Python" for kind, n in stats.items()),
-                 native_module().dictionaries())
+                 native_module().dictionaries(), frames["whole"], frames["partial"], frames["waited"])
         if self.bridge.critical is not None:
             raise self.bridge.critical
         if err and self.stop_signal is None:

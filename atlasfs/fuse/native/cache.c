@@ -29,6 +29,8 @@ int cache_init(Session *s, size_t bound)
     s->cache_bytes = 0;
     s->cache_evicted = s->cache_trimmed_at = 0;
     s->cache_flight = 0;
+    s->pool_bytes = 0;
+    memset(s->pool, 0, sizeof s->pool);
     s->cache_head = s->cache_tail = NULL;
     s->cache_buckets = calloc(BUCKETS, sizeof *s->cache_buckets);
     if (s->cache_buckets == NULL)
@@ -39,10 +41,75 @@ int cache_init(Session *s, size_t bound)
     return 0;
 }
 
-static void block_free(CachedBlock *b)
+/* The buffer pool: payloads are megabytes, and a fresh buffer for each (malloc's mmap, its
+ * pages faulted in as they are written, munmap at free) cost more than decompressing them. A
+ * payload's buffer, once evicted, is kept for the next one, within POOL_MAX and half the bound. */
+#define POOL_SLOTS 8
+#define POOL_MAX ((size_t)32 << 20)
+/* Buffers are made in steps of this many bytes, so that an evicted one fits the next payload. */
+#define POOL_STEP ((size_t)512 << 10)
+
+static size_t pool_limit(const Session *s)
+{
+    return s->cache_bound / 2 < POOL_MAX ? s->cache_bound / 2 : POOL_MAX;
+}
+
+/* Lock held. */
+static void pool_put_locked(Session *s, char *data, size_t capacity)
+{
+    size_t i;
+    if (data == NULL)
+        return;
+    if (capacity <= pool_limit(s) && s->pool_bytes <= pool_limit(s) - capacity)
+        for (i = 0; i < POOL_SLOTS; i++)
+            if (s->pool[i] == NULL) {
+                s->pool[i] = data;
+                s->pool_cap[i] = capacity;
+                s->pool_bytes += capacity;
+                return;
+            }
+    free(data);
+}
+
+void buffer_put(Session *s, char *data, size_t capacity)
+{
+    pthread_mutex_lock(&s->cache_lock);
+    pool_put_locked(s, data, capacity);
+    pthread_mutex_unlock(&s->cache_lock);
+}
+
+char *buffer_get(Session *s, size_t size, size_t *capacity)
+{
+    size_t i, best = POOL_SLOTS, rounded;
+    char *data = NULL;
+    pthread_mutex_lock(&s->cache_lock);
+    for (i = 0; i < POOL_SLOTS; i++)  /* the smallest that fits */
+        if (s->pool[i] != NULL && s->pool_cap[i] >= size && (best == POOL_SLOTS || s->pool_cap[i] < s->pool_cap[best]))
+            best = i;
+    if (best < POOL_SLOTS) {
+        data = s->pool[best];
+        *capacity = s->pool_cap[best];
+        s->pool[best] = NULL;
+        s->pool_bytes -= *capacity;
+    }
+    pthread_mutex_unlock(&s->cache_lock);
+    if (data != NULL)
+        return data;
+    rounded = size <= SIZE_MAX - POOL_STEP ? (size + POOL_STEP - 1) / POOL_STEP * POOL_STEP : size;
+    if (rounded == 0)
+        rounded = 1;
+    *capacity = rounded;
+    return malloc(rounded);
+}
+
+/* Lock held: a payload's buffer goes back to the pool. */
+static void block_free(Session *s, CachedBlock *b)
 {
     free(b->offsets);
-    free(b->data);
+    if (b->kind == KIND_PAYLOAD && b->capacity > 0)
+        pool_put_locked(s, b->data, b->capacity);
+    else
+        free(b->data);
     free(b);
 }
 
@@ -94,8 +161,8 @@ static void insert(Session *s, CachedBlock *b)
     lru_push_front(s, b);
 }
 
-/* Out of the cache and freed; the bytes it was charged given back. */
-static void drop(Session *s, CachedBlock *b)
+/* Out of the hash table and the LRU list. */
+static void unlink_entry(Session *s, CachedBlock *b)
 {
     CachedBlock **at = &s->cache_buckets[bucket_of(b->shard, b->kind, b->block)];
     while (*at != NULL && *at != b)
@@ -103,11 +170,34 @@ static void drop(Session *s, CachedBlock *b)
     if (*at == b)
         *at = b->hnext;
     lru_unlink(s, b);
+}
+
+/* Freed; the bytes it was charged given back. */
+static void release_entry(Session *s, CachedBlock *b)
+{
     if (b->state == READY) {
         s->cache_bytes -= b->bytes;
         __atomic_add_fetch(&s->cache_evicted, b->bytes, __ATOMIC_RELAXED);
     }
-    block_free(b);
+    block_free(s, b);
+}
+
+/* Out of the cache and freed. */
+static void drop(Session *s, CachedBlock *b)
+{
+    unlink_entry(s, b);
+    release_entry(s, b);
+}
+
+/* Out of the cache, for a longer one in its place: freed now if no one reads it, else by its
+ * last reader (cache_release); charged until then. */
+static void orphan(Session *s, CachedBlock *b)
+{
+    unlink_entry(s, b);
+    if (b->readers == 0)
+        release_entry(s, b);
+    else
+        b->orphan = 1;
 }
 
 /* Lock not held (one thread wins the turn). Once half the bound was evicted since last time,
@@ -126,8 +216,14 @@ static void give_back(Session *s)
 
 void cache_free(Session *s)
 {
+    size_t i;
     while (s->cache_head != NULL)
         drop(s, s->cache_head);
+    for (i = 0; i < POOL_SLOTS; i++) {
+        free(s->pool[i]);
+        s->pool[i] = NULL;
+    }
+    s->pool_bytes = 0;
     free(s->cache_buckets);
     s->cache_buckets = NULL;
     pthread_mutex_destroy(&s->cache_lock);
@@ -141,16 +237,54 @@ static int over(const Session *s)
     return s->cache_flight > s->cache_bound || s->cache_bytes > s->cache_bound - s->cache_flight;
 }
 
-/* Evict ready entries no one reads, least recently used first, to stay within the bound (what
- * is left of it beside the payloads in flight). */
+/* How far from the LRU list's tail shrink looks for the payload that has the least left to give. */
+#define VICTIM_WINDOW 256
+
+/* Of the ready payloads no one reads among the VICTIM_WINDOW least recently used entries, the
+ * one with the fewest bytes not yet served from it, or NULL. A shuffled pass reads each file of
+ * a block once: a block whose files were all read has nothing left for this pass, and one with
+ * more left to give is likelier to be read again before it would be made again. */
+static CachedBlock *spent_payload(Session *s)
+{
+    CachedBlock *b, *best = NULL;
+    uint64_t best_left = UINT64_MAX;
+    int n = 0;
+    for (b = s->cache_tail; b != NULL && n < VICTIM_WINDOW; b = b->prev, n++) {
+        uint64_t served, left;
+        if (b->kind != KIND_PAYLOAD || b->state != READY || b->readers != 0)
+            continue;
+        served = __atomic_load_n(&b->served, __ATOMIC_RELAXED);
+        left = served < b->length ? b->length - served : 0;
+        if (left < best_left) {
+            best = b;
+            best_left = left;
+        }
+    }
+    return best;
+}
+
+/* Evict ready entries no one reads to stay within the bound (what is left of it beside the
+ * payloads in flight): payloads first, the most spent first (spent_payload), then the least
+ * recently used, frames' maps last. A payload larger than the whole bound (made alone) does
+ * not take the maps with it while it is made and served: they are what lets the next reads of
+ * raw zstd blocks go without decompressing (once it is given back, they too stay only within
+ * the bound). */
 static void shrink(Session *s)
 {
-    CachedBlock *b = s->cache_tail;
-    while (over(s) && b != NULL) {
-        CachedBlock *prev = b->prev;
-        if (b->state == READY && b->readers == 0)
-            drop(s, b);
-        b = prev;
+    CachedBlock *b;
+    int maps;
+    while (over(s) && (b = spent_payload(s)) != NULL)
+        drop(s, b);
+    for (maps = 0; maps < 2; maps++) {
+        if (maps && s->cache_flight > s->cache_bound)
+            break;  /* evicted, if they must be, once that payload was given back */
+        b = s->cache_tail;
+        while (over(s) && b != NULL) {
+            CachedBlock *prev = b->prev;
+            if (b->state == READY && b->readers == 0 && (b->kind == KIND_FRAME) == maps)
+                drop(s, b);
+            b = prev;
+        }
     }
 }
 
@@ -202,12 +336,75 @@ CachedBlock *cache_peek(Session *s, uint64_t shard, int kind, uint64_t block)
     return take(s, shard, kind, block, 0);
 }
 
+CachedBlock *cache_acquire_min(Session *s, uint64_t shard, int kind, uint64_t block, size_t min_length, int *mine,
+                               int *waited)
+{
+    CachedBlock *b;
+    *mine = *waited = 0;
+    pthread_mutex_lock(&s->cache_lock);
+    while ((b = find(s, shard, kind, block)) != NULL && b->state != READY) {
+        *waited = 1;  /* another worker makes it: never twice at once */
+        pthread_cond_wait(&s->cache_filled, &s->cache_lock);
+    }
+    if (b != NULL && b->length >= min_length) {
+        b->readers++;
+        lru_unlink(s, b);
+        lru_push_front(s, b);
+    } else {
+        if (b != NULL)
+            orphan(s, b);
+        if ((b = calloc(1, sizeof *b)) != NULL) {
+            b->shard = shard;
+            b->block = block;
+            b->kind = kind;
+            b->state = FILLING;
+            b->readers = 1;
+            insert(s, b);
+            *mine = 1;
+        }
+    }
+    pthread_mutex_unlock(&s->cache_lock);
+    return b;
+}
+
+void cache_put(Session *s, uint64_t shard, int kind, uint64_t block, char *data, size_t length)
+{
+    CachedBlock *b;
+    pthread_mutex_lock(&s->cache_lock);
+    b = find(s, shard, kind, block);
+    if (b != NULL && b->state == READY && b->length < length) {
+        orphan(s, b);  /* freed now, or by its last reader */
+        b = NULL;
+    }
+    if (b == NULL && (b = calloc(1, sizeof *b)) != NULL) {
+        b->shard = shard;
+        b->block = block;
+        b->kind = kind;
+        b->data = data;
+        b->length = b->capacity = length;
+        b->bytes = length + sizeof *b;
+        b->state = READY;
+        insert(s, b);
+        s->cache_bytes += b->bytes;
+        data = NULL;
+        shrink(s);
+    }
+    pthread_mutex_unlock(&s->cache_lock);
+    free(data);
+}
+
 void cache_complete(Session *s, CachedBlock *b, char *data, size_t length)
+{
+    cache_complete_sized(s, b, data, length, length);
+}
+
+void cache_complete_sized(Session *s, CachedBlock *b, char *data, size_t length, size_t capacity)
 {
     pthread_mutex_lock(&s->cache_lock);
     b->data = data;
     b->length = length;
-    b->bytes = length + (b->count + 1) * sizeof(uint64_t) * (b->offsets != NULL) + sizeof *b;
+    b->capacity = capacity > length ? capacity : length;
+    b->bytes = b->capacity + (b->count + 1) * sizeof(uint64_t) * (b->offsets != NULL) + sizeof *b;
     b->state = READY;
     s->cache_bytes += b->bytes;
     pthread_cond_broadcast(&s->cache_filled);
@@ -250,6 +447,8 @@ void cache_release(Session *s, CachedBlock *b)
 {
     pthread_mutex_lock(&s->cache_lock);
     b->readers--;
+    if (b->orphan && b->readers == 0)
+        release_entry(s, b);
     shrink(s);
     pthread_mutex_unlock(&s->cache_lock);
     give_back(s);

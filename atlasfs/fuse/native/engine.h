@@ -98,8 +98,11 @@ struct CachedBlock {
     char *data;
     size_t length;      /* bytes in data */
     size_t bytes;       /* what the entry costs the bound */
+    size_t capacity;    /* bytes allocated at data (>= length; from the buffer pool or malloc) */
     uint64_t verified;  /* KIND_PAYLOAD: 1 + the row whose run was last checked in it */
+    uint64_t served;    /* KIND_PAYLOAD: bytes of runs checked in it (what it gave; eviction's guide) */
     int state, readers;
+    int orphan;         /* replaced by a longer one while read: freed by its last reader */
     CachedBlock *next, *prev;  /* the LRU list, most recently used first */
     CachedBlock *hnext;        /* the hash chain */
 };
@@ -132,6 +135,15 @@ typedef struct {
     size_t cache_bytes, cache_bound;
     size_t cache_flight;  /* bytes reserved for payloads being made and served (cache_reserve) */
     size_t cache_evicted, cache_trimmed_at;  /* bytes evicted so far, and when memory was last given back */
+    /* Free buffers kept for the next payloads (cache.c buffer_get/buffer_put): at most
+     * POOL_SLOTS, pool_bytes within min(cache_bound / 2, POOL_MAX), under cache_lock. */
+    char *pool[8];
+    size_t pool_cap[8], pool_bytes;
+    /* Stored bytes of the shards whose located reads are attached (located.c: what a shuffled
+     * pass needs the cache to hold), and blocks' frames decompressed: whole (kept for the
+     * pass), up to a read file's end, and reads that waited for another worker's. */
+    uint64_t located_stored;
+    uint64_t frames_whole, frames_partial, frames_waited;
 } Session;
 
 /* ops.c */
@@ -170,6 +182,20 @@ int cache_read(Session *s, fuse_req_t req, fuse_ino_t ino, size_t size, off_t of
 CachedBlock *cache_acquire(Session *s, uint64_t shard, int kind, uint64_t block, int *mine);
 CachedBlock *cache_peek(Session *s, uint64_t shard, int kind, uint64_t block);
 void cache_complete(Session *s, CachedBlock *b, char *data, size_t length);
+/* As cache_complete, `capacity` bytes allocated at `data` (charged to the bound). */
+void cache_complete_sized(Session *s, CachedBlock *b, char *data, size_t length, size_t capacity);
+/* The ready entry of at least `min_length` bytes held for reading, waiting for one being
+ * filled (*waited then 1); else a new entry being filled by this worker (*mine 1), an older
+ * shorter one replaced (freed by its last reader). NULL: no memory. */
+CachedBlock *cache_acquire_min(Session *s, uint64_t shard, int kind, uint64_t block, size_t min_length, int *mine,
+                               int *waited);
+/* `data` (`length` bytes, malloc'd) kept as the ready entry (shard, kind, block) if there is
+ * none, or in place of a shorter ready one (freed by its last reader); else freed. */
+void cache_put(Session *s, uint64_t shard, int kind, uint64_t block, char *data, size_t length);
+/* A buffer of at least `size` bytes (*capacity: its size) from the pool, or malloc'd; NULL:
+ * no memory. buffer_put gives it back to the pool (or frees it). */
+char *buffer_get(Session *s, size_t size, size_t *capacity);
+void buffer_put(Session *s, char *data, size_t capacity);
 void cache_abandon(Session *s, CachedBlock *b);
 void cache_release(Session *s, CachedBlock *b);
 /* `bytes` of the bound reserved for a block's payload being made and served by this worker

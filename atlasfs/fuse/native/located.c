@@ -23,6 +23,7 @@
  * Everything the control plane attached is untrusted (a stored table may be another
  * user's): every locator, prefix number, offset and length is checked before it is used.
  */
+#define ZSTD_STATIC_LINKING_ONLY /* the buffer-less streaming decoder: a frame block by block */
 #include "engine.h"
 
 #include <fcntl.h>
@@ -55,6 +56,7 @@ struct Located {
     int compressed;
     SharedDict *dictionary;  /* shared with the shards that have the same one; NULL: none */
     uint8_t *unlocated;  /* one byte a block: a located read of it failed here */
+    Session *session;    /* whose located_stored counts data_size, once attached */
 };
 
 /* One row's locator, resolved and checked against the buffers. */
@@ -88,6 +90,8 @@ void located_free(Located *l)
     for (i = 0; i < sizeof buffers / sizeof *buffers; i++)
         if (buffers[i]->obj != NULL)
             PyBuffer_Release(buffers[i]);
+    if (l->session != NULL)
+        __atomic_sub_fetch(&l->session->located_stored, (uint64_t)l->data_size, __ATOMIC_RELAXED);
     if (l->fd >= 0)
         close(l->fd);
     dictionary_drop(l->dictionary);
@@ -233,6 +237,8 @@ PyObject *located_attach(Session *self, PyObject *args)
         }
         old = t->located;
         t->located = l;
+        l->session = self;
+        __atomic_add_fetch(&self->located_stored, (uint64_t)l->data_size, __ATOMIC_RELAXED);
         pthread_rwlock_unlock(&t->lock);
         located_free(old);
     }
@@ -328,53 +334,20 @@ static ZSTD_DCtx *thread_dctx(void)
     return dctx;
 }
 
-/* Block `block`'s decompressed bytes, malloc'd: 0, or -1 (unreadable, or not one frame within bounds). */
-static int load_payload(const Located *l, uint64_t block, char **out, size_t *out_len)
+/* Block `block`'s stored bytes (a shard with no compression: its payload), malloc'd: 0, or -1. */
+static int load_stored(const Located *l, uint64_t block, char **out, size_t *out_len)
 {
     uint64_t start = l->starts[block], stored = l->starts[block + 1] - start;
-    unsigned long long content;
-    size_t frame, got;
-    char *raw, *payload;
-    ZSTD_DCtx *dctx;
-    if (!l->compressed) {
-        if (stored > l->max_block_bytes || (raw = malloc(stored ? (size_t)stored : 1)) == NULL)
-            return -1;
-        if (read_full(l->fd, raw, (size_t)stored, start) != 0) {
-            free(raw);
-            return -1;
-        }
-        *out = raw;
-        *out_len = (size_t)stored;
-        return 0;
-    }
-    if (stored > ZSTD_compressBound((size_t)l->max_block_bytes) || (raw = malloc(stored ? (size_t)stored : 1)) == NULL)
+    char *raw;
+    if (stored > l->max_block_bytes || (raw = malloc(stored ? (size_t)stored : 1)) == NULL)
         return -1;
-    if (read_full(l->fd, raw, (size_t)stored, start) != 0)
-        goto bad_raw;
-    content = ZSTD_getFrameContentSize(raw, (size_t)stored);
-    /* One frame that says its size, within the bound; nothing after it (as codec.decompress). */
-    if (content == ZSTD_CONTENTSIZE_ERROR || content == ZSTD_CONTENTSIZE_UNKNOWN || content > l->max_block_bytes)
-        goto bad_raw;
-    frame = ZSTD_findFrameCompressedSize(raw, (size_t)stored);
-    if (ZSTD_isError(frame) || frame != stored || (dctx = thread_dctx()) == NULL)
-        goto bad_raw;
-    payload = malloc(content ? (size_t)content : 1);
-    if (payload == NULL)
-        goto bad_raw;
-    got = l->dictionary != NULL ? ZSTD_decompress_usingDDict(dctx, payload, (size_t)content, raw, (size_t)stored,
-                                                             dictionary_ddict(l->dictionary))
-                           : ZSTD_decompressDCtx(dctx, payload, (size_t)content, raw, (size_t)stored);
-    free(raw);
-    if (ZSTD_isError(got) || got != content) {
-        free(payload);
+    if (read_full(l->fd, raw, (size_t)stored, start) != 0) {
+        free(raw);
         return -1;
     }
-    *out = payload;
-    *out_len = (size_t)content;
+    *out = raw;
+    *out_len = (size_t)stored;
     return 0;
-bad_raw:
-    free(raw);
-    return -1;
 }
 
 /* Bytes [off, off + size) of the file `first` + `second` (its prefix and run), as one reply. */
@@ -485,46 +458,6 @@ static CachedBlock *acquire_made(Session *s, const Located *l, uint64_t shard, i
     return b;
 }
 
-/* What making block `block`'s payload holds at most: its stored bytes, and, for a zstd frame,
- * the content size its header says (within the bound; else the load fails anyway). */
-static size_t payload_cost(const Located *l, uint64_t block)
-{
-    uint64_t start = l->starts[block], stored = l->starts[block + 1] - start;
-    unsigned char head[18];  /* ZSTD_FRAMEHEADERSIZE_MAX */
-    size_t n = stored < sizeof head ? (size_t)stored : sizeof head;
-    unsigned long long content;
-    if (!l->compressed || n == 0 || read_full(l->fd, (char *)head, n, start) != 0)
-        return (size_t)stored;
-    content = ZSTD_getFrameContentSize(head, n);
-    if (content == ZSTD_CONTENTSIZE_ERROR || content == ZSTD_CONTENTSIZE_UNKNOWN || content > l->max_block_bytes)
-        return (size_t)stored;
-    return (size_t)stored + (size_t)content;
-}
-
-/* Block `block`'s payload held for reading, made by this worker if it is the first to ask: then
- * with *reserved bytes of the cache's bound reserved for it (cache_reserve), to give back once
- * the worker released it (a payload is kept only as the bound allows, however many workers make
- * one at once). NULL: no room, or not loadable. */
-static CachedBlock *acquire_payload(Session *s, const Located *l, uint64_t shard, uint64_t block, size_t *reserved)
-{
-    int mine;
-    CachedBlock *b = cache_acquire(s, shard, KIND_PAYLOAD, block, &mine);
-    *reserved = 0;
-    if (b != NULL && mine) {
-        size_t cost = payload_cost(l, block), length;
-        char *data;
-        cache_reserve(s, cost);
-        if (load_payload(l, block, &data, &length) != 0) {
-            cache_abandon(s, b);
-            cache_unreserve(s, cost);
-            return NULL;
-        }
-        cache_complete(s, b, data, length);
-        *reserved = cost;
-    }
-    return b;
-}
-
 /* A kept file, sliced from its block's kept files (decompressed once, kept in the byte cache),
  * once its block's fingerprint ties it to the block: 1, or 0. */
 static int serve_kept(Session *s, const Located *l, fuse_req_t req, uint64_t shard, uint64_t block,
@@ -549,8 +482,9 @@ static int serve_kept(Session *s, const Located *l, fuse_req_t req, uint64_t sha
  * mapped only this far, and its runs past that come from its payload). */
 #define FRAME_BLOCKS_MAX 65536
 
-/* One zstd block of a frame stored as is: where its header is in the stored block, where its
- * bytes start in the decompressed ones, how many, and how (0: raw, 1: RLE, one byte). */
+/* One zstd block of a frame: where its header is in the stored block, where its bytes start in
+ * the decompressed ones, how many, and how (0: raw, 1: RLE, one byte, 2: compressed: known only
+ * once the frame was decompressed that far, decode_frame). */
 typedef struct {
     uint64_t pos, decoded;
     uint32_t size, kind;
@@ -558,7 +492,8 @@ typedef struct {
 
 /* The map of block `block`'s frame (malloc'd, *n entries): its zstd blocks from the first, up
  * to the first compressed one (whose size once decompressed is not told) or the frame's end.
- * Only the frame header and the 3-byte block headers are read. 0, or -1 (no zstd frame). */
+ * Only the frame header and the 3-byte block headers are read. 0, or -1 (no zstd frame). The
+ * first decompression of the frame maps it further (decode_frame: every zstd block it made). */
 static int map_frame(const Located *l, uint64_t block, FrameBlock **out, size_t *n)
 {
     uint64_t start = l->starts[block], stored = l->starts[block + 1] - start, decoded = 0, pos;
@@ -627,6 +562,14 @@ static int read_stored_run(const Located *l, uint64_t block, const Span *span, c
         else
             hi_i = mid;
     }
+    for (i = lo_i; i < n && map[i].decoded < run_end; i++) {  /* every one over the run stored as is? */
+        if (map[i].kind > 1 && map[i].size > 0)
+            return -1;
+        if (map[i].decoded + map[i].size >= run_end)
+            break;
+    }
+    if (i == n || map[i].decoded >= run_end)
+        return -1;  /* the map ends before the run does */
     for (i = lo_i; i < n && map[i].decoded < run_end; i++) {
         uint64_t lo = run_start > map[i].decoded ? run_start : map[i].decoded;
         uint64_t hi = run_end < map[i].decoded + map[i].size ? run_end : map[i].decoded + map[i].size;
@@ -702,6 +645,228 @@ static int serve_stored_run(Session *s, const Located *l, fuse_req_t req, uint64
     return 1;
 }
 
+/* Stored bytes of a frame read at a time into a worker's window: at least a zstd block (128 KiB)
+ * and its header. */
+#define WINDOW_BYTES (512u << 10)
+
+static pthread_key_t window_key;
+static pthread_once_t window_once = PTHREAD_ONCE_INIT;
+
+static void make_window_key(void)
+{
+    pthread_key_create(&window_key, free);
+}
+
+/* This thread's window (WINDOW_BYTES, freed when the thread ends), or NULL. */
+static char *thread_window(void)
+{
+    char *w;
+    pthread_once(&window_once, make_window_key);
+    w = pthread_getspecific(window_key);
+    if (w == NULL && (w = malloc(WINDOW_BYTES)) != NULL && pthread_setspecific(window_key, w) != 0) {
+        free(w);
+        w = NULL;
+    }
+    return w;
+}
+
+/* The size block `block`'s zstd frame says it decompresses to, in *content: 0, or -1 (no
+ * frame header that says it, or past max_block_bytes). */
+static int frame_content(const Located *l, uint64_t block, uint64_t *content)
+{
+    uint64_t start = l->starts[block], stored = l->starts[block + 1] - start;
+    unsigned char head[18];  /* ZSTD_FRAMEHEADERSIZE_MAX */
+    size_t n = stored < sizeof head ? (size_t)stored : sizeof head;
+    unsigned long long size;
+    if (n == 0 || stored > ZSTD_compressBound((size_t)l->max_block_bytes) || read_full(l->fd, (char *)head, n, start) != 0)
+        return -1;
+    size = ZSTD_getFrameContentSize(head, n);
+    if (size == ZSTD_CONTENTSIZE_ERROR || size == ZSTD_CONTENTSIZE_UNKNOWN || size > l->max_block_bytes)
+        return -1;
+    *content = size;
+    return 0;
+}
+
+/* Block `block`'s zstd frame decompressed into `dst` (`cap` bytes; `content`: what its header
+ * says) zstd block by zstd block (zstd's buffer-less decoder), its stored bytes read
+ * WINDOW_BYTES at a time into the worker's window (no buffer of the whole frame): the whole
+ * frame, checked as codec.decompress does (one frame, its checksum if it has one, `content`
+ * bytes, nothing after it), or with `want` < content only up to the zstd block that reaches
+ * `want` (a file's end: its bytes are then checked by their CRC-32). *decoded: the bytes made;
+ * *map_out, *nmap: every zstd block made, raw, RLE or compressed (malloc'd; NULL when there
+ * was no memory for it). 0, or -1. */
+static int decode_frame(const Located *l, uint64_t block, char *dst, size_t cap, uint64_t content, uint64_t want,
+                        size_t *decoded, FrameBlock **map_out, size_t *nmap)
+{
+    uint64_t start = l->starts[block], stored = l->starts[block + 1] - start;
+    uint64_t pos = 0, wpos = 0, wlen = 0;  /* the next input; the window holds stored bytes [wpos, wpos + wlen) */
+    size_t out = 0, count = 0, room = 0, got;
+    FrameBlock *map = NULL, pending = {0, 0, 0, 0};
+    ZSTD_DCtx *dctx = thread_dctx();
+    char *w = thread_window();
+    int mapping = 1, done = 0;
+    *map_out = NULL;
+    *nmap = 0;
+    *decoded = 0;
+    if (dctx == NULL || w == NULL || cap > content)
+        return -1;
+    got = l->dictionary != NULL ? ZSTD_decompressBegin_usingDDict(dctx, dictionary_ddict(l->dictionary))
+                                : ZSTD_decompressBegin(dctx);
+    if (ZSTD_isError(got))
+        return -1;
+    for (;;) {
+        size_t n = ZSTD_nextSrcSizeToDecompress(dctx);
+        ZSTD_nextInputType_e type;
+        const char *src;
+        int is_block;
+        if (n == 0) {
+            done = 1;
+            break;
+        }
+        type = ZSTD_nextInputType(dctx);
+        is_block = type == ZSTDnit_block || type == ZSTDnit_lastBlock;
+        if (type == ZSTDnit_skippableFrame || n > WINDOW_BYTES || n > stored - pos)
+            goto bad;
+        if (pos + n > wpos + wlen) {  /* read on: what is left of the window first */
+            uint64_t keep = wpos + wlen - pos, more;
+            if (keep > 0)
+                memmove(w, w + (pos - wpos), (size_t)keep);
+            wpos = pos;
+            wlen = keep;
+            more = stored - (wpos + wlen);
+            if (more > WINDOW_BYTES - wlen)
+                more = WINDOW_BYTES - wlen;
+            if (read_full(l->fd, w + wlen, (size_t)more, start + wpos + wlen) != 0)
+                goto bad;
+            wlen += more;
+            if (pos + n > wpos + wlen)
+                goto bad;
+        }
+        src = w + (pos - wpos);
+        if (type == ZSTDnit_blockHeader) {
+            uint32_t value = (unsigned char)src[0] | (uint32_t)(unsigned char)src[1] << 8
+                             | (uint32_t)(unsigned char)src[2] << 16;
+            pending.pos = pos;
+            pending.kind = value >> 1 & 3;
+        }
+        got = ZSTD_decompressContinue(dctx, dst + out, cap - out, src, n);
+        if (ZSTD_isError(got) || got > cap - out)
+            goto bad;
+        if (is_block && mapping) {
+            if (count == room) {
+                size_t grown_room = room ? 2 * room : 64;
+                FrameBlock *grown = count < FRAME_BLOCKS_MAX ? realloc(map, grown_room * sizeof *map) : NULL;
+                if (grown == NULL)
+                    mapping = 0;  /* mapped this far: the map stays a prefix of the frame's */
+                else {
+                    map = grown;
+                    room = grown_room;
+                }
+            }
+            if (mapping) {
+                pending.decoded = out;
+                pending.size = (uint32_t)got;  /* at most a zstd block's 128 KiB */
+                map[count++] = pending;
+            }
+        }
+        out += got;
+        pos += n;
+        if (is_block && want < content && out >= want)
+            break;
+    }
+    if (done ? out != content || pos != stored : out < want)
+        goto bad;
+    *decoded = out;
+    *map_out = map;
+    *nmap = count;
+    return 0;
+bad:
+    free(map);
+    return -1;
+}
+
+/* Whether block `block`'s payload (`content` bytes) is made whole and kept for the pass
+ * rather than only up to the file read: when the cache's bound holds at least half of what
+ * the shards read in C decompress to (their stored bytes, at this block's ratio). A shuffled
+ * pass then reads a kept block's other files from it (one decompression a block a pass); with
+ * less, a block is mostly evicted before its next file is read, and each read makes only what
+ * it needs (on average half a block). */
+static int keep_whole(Session *s, const Located *l, uint64_t block, uint64_t content)
+{
+    uint64_t stored = l->starts[block + 1] - l->starts[block];
+    double need = (double)__atomic_load_n(&s->located_stored, __ATOMIC_RELAXED) * (double)content
+                  / (double)(stored ? stored : 1);
+    return content <= s->cache_bound && need <= 2.0 * (double)s->cache_bound;
+}
+
+/* A frame's map learnt by decode_frame kept in the byte cache (KIND_FRAME; replacing a shorter one). */
+static void keep_map(Session *s, uint64_t shard, uint64_t block, FrameBlock *map, size_t n)
+{
+    if (n > 0)
+        cache_put(s, shard, KIND_FRAME, block, (char *)map, n * sizeof *map);
+    else
+        free(map);
+}
+
+/* Block `block`'s payload, at least its first `need` bytes, held for reading: one in the cache,
+ * or one another worker is making (waited for: never made twice at once), else made by this
+ * worker (a longer one in place of a shorter; its bytes reserved within the cache's bound,
+ * *reserved, to give back once served). With compression, *map_out (malloc'd, *nmap_out
+ * entries): the frame's map learnt on the way, for keep_map once the payload was given back.
+ * NULL: no room, or not loadable. */
+static CachedBlock *acquire_payload(Session *s, const Located *l, uint64_t shard, uint64_t block, uint64_t need,
+                                    size_t *reserved, FrameBlock **map_out, size_t *nmap_out)
+{
+    int mine, waited;
+    CachedBlock *b = cache_acquire_min(s, shard, KIND_PAYLOAD, block, (size_t)need, &mine, &waited);
+    uint64_t content = 0, want;
+    size_t cap, capacity = 0, decoded = 0, nmap = 0;
+    FrameBlock *map = NULL;
+    char *data = NULL;
+    int whole;
+    *reserved = 0;
+    *map_out = NULL;
+    *nmap_out = 0;
+    if (waited)
+        __atomic_add_fetch(&s->frames_waited, 1, __ATOMIC_RELAXED);
+    if (b == NULL || !mine)
+        return b;
+    if (!l->compressed) {
+        uint64_t stored = l->starts[block + 1] - l->starts[block];
+        cache_reserve(s, (size_t)stored);
+        if (load_stored(l, block, &data, &decoded) != 0) {
+            cache_abandon(s, b);
+            cache_unreserve(s, (size_t)stored);
+            return NULL;
+        }
+        cache_complete(s, b, data, decoded);
+        *reserved = (size_t)stored;
+        return b;
+    }
+    if (frame_content(l, block, &content) != 0 || need > content) {
+        cache_abandon(s, b);
+        return NULL;
+    }
+    whole = keep_whole(s, l, block, content) || need >= content - content / 8;
+    want = whole ? content : need;
+    cap = (size_t)(whole || content - need < ZSTD_BLOCKSIZE_MAX ? content : need + ZSTD_BLOCKSIZE_MAX);
+    cache_reserve(s, cap);
+    data = buffer_get(s, cap ? cap : 1, &capacity);
+    if (data == NULL || decode_frame(l, block, data, cap, content, want, &decoded, &map, &nmap) != 0) {
+        if (data != NULL)
+            buffer_put(s, data, capacity);
+        cache_abandon(s, b);
+        cache_unreserve(s, cap);
+        return NULL;
+    }
+    __atomic_add_fetch(decoded == content ? &s->frames_whole : &s->frames_partial, 1, __ATOMIC_RELAXED);
+    cache_complete_sized(s, b, data, decoded, capacity);
+    *reserved = cap;
+    *map_out = map;
+    *nmap_out = nmap;
+    return b;
+}
+
 /* A run of the block's payload (decompressed once, kept in the byte cache): 1, or 0. A read
  * of the whole file takes the run alone where it is stored as is (read_stored_run). */
 static int serve_run(Session *s, const Located *l, fuse_req_t req, uint64_t shard, uint64_t row, uint64_t block,
@@ -709,20 +874,26 @@ static int serve_run(Session *s, const Located *l, fuse_req_t req, uint64_t shar
 {
     CachedBlock *b = NULL;
     const char *run;
-    size_t reserved = 0;
-    int ok = 0;
+    uint64_t end = span->offset + span->length;
+    size_t reserved = 0, nmap = 0;
+    FrameBlock *map = NULL;
+    int ok = 0, tries;
     if (span->length == 0) {
         if (!run_checks(span, ""))  /* not NULL: zlib answers 0 for a NULL buffer */
             return 0;
         reply_parts(req, span->prefix, span->prefix_len, NULL, 0, size, off);
         return 1;
     }
-    if (span->offset + span->length > l->max_block_bytes)
+    if (end > l->max_block_bytes)
         return 0;
-    /* The block's payload if it is here already; else a read of the whole file takes the run
-     * alone where it is stored as is, and the first read of a file read in pieces (the
-     * kernel's read-ahead) takes it whole and keeps it for the next pieces. */
+    /* The block's payload if it is here already (as far as the run); else a read of the whole
+     * file takes the run alone where it is stored as is, and the first read of a file read in
+     * pieces (the kernel's read-ahead) takes it whole and keeps it for the next pieces. */
     b = cache_peek(s, shard, KIND_PAYLOAD, block);
+    if (b != NULL && b->length < end) {
+        cache_release(s, b);
+        b = NULL;
+    }
     if (b == NULL) {
         uint64_t file_length = span->prefix_len + span->length;
         CachedBlock *kept = file_length <= RUN_KEEP_MAX ? cache_peek(s, shard, KIND_RUN, row) : NULL;
@@ -741,21 +912,57 @@ static int serve_run(Session *s, const Located *l, fuse_req_t req, uint64_t shar
             return 1;
         }
     }
-    b = b != NULL ? b : acquire_payload(s, l, shard, block, &reserved);
+    /* A payload another worker made only as far as its own file may end before this run: then
+     * this worker makes a longer one (at most twice more: a third would be another's lie). */
+    for (tries = 0; b == NULL && tries < 3; tries++) {
+        b = acquire_payload(s, l, shard, block, end, &reserved, &map, &nmap);
+        if (b == NULL)
+            return 0;
+        if (b->length < end) {
+            cache_release(s, b);
+            b = NULL;
+            if (reserved)
+                cache_unreserve(s, reserved);
+            reserved = 0;
+            keep_map(s, shard, block, map, nmap);
+        }
+    }
     if (b == NULL)
         return 0;
-    if (span->offset + span->length <= b->length) {
-        run = b->data + span->offset;
-        /* A file read in several requests is checked once, at its first. */
-        ok = __atomic_load_n(&b->verified, __ATOMIC_ACQUIRE) == row + 1 || run_checks(span, run);
-        if (ok) {
-            __atomic_store_n(&b->verified, row + 1, __ATOMIC_RELEASE);
-            reply_parts(req, span->prefix, span->prefix_len, run, (size_t)span->length, size, off);
+    run = b->data + span->offset;
+    /* A file read in several requests is checked once, at its first. */
+    ok = __atomic_load_n(&b->verified, __ATOMIC_ACQUIRE) == row + 1;
+    if (!ok && (ok = run_checks(span, run)))
+        __atomic_add_fetch(&b->served, span->length, __ATOMIC_RELAXED);
+    if (ok) {
+        uint64_t file_length = span->prefix_len + span->length;
+        __atomic_store_n(&b->verified, row + 1, __ATOMIC_RELEASE);
+        reply_parts(req, span->prefix, span->prefix_len, run, (size_t)span->length, size, off);
+        if ((off != 0 || size < file_length) && file_length <= RUN_KEEP_MAX) {
+            /* A file read in pieces: kept whole for its next pieces, which the payload, if it
+             * cannot stay in the cache, would otherwise be made again for. */
+            int mine;
+            CachedBlock *kept = cache_acquire(s, shard, KIND_RUN, row, &mine);
+            if (kept != NULL && mine) {
+                char *file = malloc((size_t)file_length);
+                if (file == NULL) {
+                    cache_abandon(s, kept);
+                    kept = NULL;
+                } else {
+                    if (span->prefix_len > 0)
+                        memcpy(file, span->prefix, span->prefix_len);
+                    memcpy(file + span->prefix_len, run, (size_t)span->length);
+                    cache_complete(s, kept, file, (size_t)file_length);
+                }
+            }
+            if (kept != NULL)
+                cache_release(s, kept);
         }
     }
     cache_release(s, b);
     if (reserved)
         cache_unreserve(s, reserved);
+    keep_map(s, shard, block, map, nmap);  /* after the payload went, if it must: the map stays */
     return ok;
 }
 

@@ -186,6 +186,14 @@ static PyObject *Session_stats(Session *self, PyObject *unused)
     return out;
 }
 
+static PyObject *Session_frames(Session *self, PyObject *unused)
+{
+    (void)unused;
+    return Py_BuildValue("{sKsKsK}", "whole", (unsigned long long)__atomic_load_n(&self->frames_whole, __ATOMIC_RELAXED),
+                         "partial", (unsigned long long)__atomic_load_n(&self->frames_partial, __ATOMIC_RELAXED),
+                         "waited", (unsigned long long)__atomic_load_n(&self->frames_waited, __ATOMIC_RELAXED));
+}
+
 static void Session_dealloc(Session *self)
 {
     int i;
@@ -217,6 +225,9 @@ static PyMethodDef Session_methods[] = {
      "the attached table's locators and where its blocks lie, for reads of its files in C (located.c)."},
     {"stats", (PyCFunction)Session_stats, METH_NOARGS,
      "Requests answered so far, per kind: {'lookup': {'c': n, 'python': n}, ...}."},
+    {"frames", (PyCFunction)Session_frames, METH_NOARGS,
+     "Blocks' zstd frames decompressed in C so far: {'whole': n (kept for the pass), 'partial': n (up to a "
+     "file's end), 'waited': n (reads that waited for another worker's)}."},
     {"fd", (PyCFunction)Session_fd, METH_NOARGS, "The session's /dev/fuse descriptor, -1 when closed."},
     {NULL, NULL, 0, NULL},
 };
