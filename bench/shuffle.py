@@ -495,7 +495,7 @@ def body(result: dict[str, Any], squashfs_version: str) -> list[str]:
             ratios = []
             for other in SYSTEMS[1:]:
                 b = per_system.get(other, {}).get(figure)
-                ratios.append(f"{a['median'] / b['median']:.2f}" if a and b and b["median"] else "missing")
+                ratios.append(f"{a['median'] / b['median']:.3g}" if a and b and b["median"] else "missing")
             rows.append([pass_name, label, *cells, *ratios])
     lines += harness.table(["pass", "figure", *SYSTEMS, "atlasfs/squashfuse_ll", "atlasfs/tmpfs"], rows)
     lines += ["", "Bytes read, every pass (checked against the source files, size and CRC of each):", ""]
