@@ -744,3 +744,38 @@ def test_a_pax_or_long_name_header_stating_a_huge_size_is_not_read(tmp_path: Pat
         shown = daemon.cat("s0/k0_2.txt")
         assert shown.returncode == 0 and shown.stdout == "hello 0 2", shown
         assert daemon.peak() < PEAK, f"the daemon peaked at {daemon.peak() >> 20} MiB"
+
+
+@pytest.mark.fuse
+def test_a_stale_sparse_table_of_the_datasets_owner_is_not_copied(tmp_path: Path) -> None:
+    """The dataset's owner (another user) leaves a sparse 1 GiB file in .atlasfs-tables whose
+    header states its size, but another key (stale, or foreign): each mount copied it whole into
+    the user's cache, a megabyte at a time (1 GiB written, the cache's other tables evicted),
+    before reading its key. Now its header alone is checked first: one log line, nothing copied."""
+    import zlib
+
+    from otheruser import NOBODY, require_root
+    require_root()
+    dataset = atlas(tmp_path / "ds", 1)
+    tables = dataset / ".atlasfs-tables"
+    tables.mkdir()
+    size = GIB - 4096
+    header = json.dumps({"key": {"stale": True}, "entries": 0, "sections": [["names", 4096, size - 4096, 0]]}).encode()
+    table = tables / "0.table"
+    with open(table, "wb") as f:
+        f.write(b"ATLFSTB7" + len(header).to_bytes(4, "little") + zlib.crc32(header).to_bytes(4, "little") + header)
+        f.truncate(size)
+    for path in (dataset, tables, table):
+        os.chown(path, NOBODY.pw_uid, NOBODY.pw_gid)
+    cache = tmp_path / "cache"
+    os.environ["XDG_CACHE_HOME"] = str(cache)  # the daemon's (inherited), not the user's own
+    try:
+        with mounted(dataset, tmp_path) as daemon:
+            assert_serves(daemon, "0")
+            with open(f"/proc/{daemon.process.pid}/io") as f:
+                written = int(next(line for line in f if line.startswith("wchar:")).split()[1])
+            assert written < 64 << 20, f"the daemon wrote {written >> 20} MiB"
+    finally:
+        del os.environ["XDG_CACHE_HOME"]
+    assert (f"ignoring the stored file table {table}: it was built from other files or by other naming rules "
+            "(stale or foreign)") in daemon.logged()

@@ -315,6 +315,26 @@ def stated_size(head: bytes) -> tuple[int, int]:
     return 16 + length, end
 
 
+class _Head:
+    """A table file's first bytes (its header whole) standing for the file, ``size`` bytes."""
+
+    def __init__(self, head: bytes, size: int) -> None:
+        self.head, self.size = head, size
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, index: slice) -> bytes:
+        return self.head[index]
+
+
+def check_header(head: bytes, size: int, key: dict[str, Any]) -> None:
+    """:class:`TableError` unless ``head``, the first bytes of a table file of ``size`` bytes
+    holding its header whole, states a table of ``key`` whose every section lies within
+    ``size``: all that can be told before a byte past the header is read."""
+    _Layout(_Head(head, size), key)
+
+
 def read_stated(pread: Callable[[int, int], bytes], size: int, bound: int) -> bytes:
     """The bytes of a table whose file is ``size`` bytes, read with ``pread(offset, count)``:
     its header first, then (if the header states exactly ``size`` bytes, at most ``bound``)

@@ -233,7 +233,7 @@ class TableStore:
         bound = cache_bound()
         if folder == self.cache_folder:  # not ours, in our cache: read, not mapped
             return FileTable.from_bytes(_read_stated(fd, st, bound), key, limits)
-        size = _stated(fd, st, bound)
+        size = _stated(fd, st, bound, key)
         try:
             os.makedirs(self.cache_folder, exist_ok=True)
             _write_source(self.cache_folder, self.dataset_root)
@@ -453,20 +453,25 @@ def _share(fd: int, path: str, st: os.stat_result) -> None:
         log.warning("%s: cannot make it readable by every user (%s)", path, exc.strerror or exc)
 
 
-def _stated(fd: int, st: os.stat_result, bound: int) -> int:
+def _stated(fd: int, st: os.stat_result, bound: int, key: dict[str, Any]) -> int:
     """The size of the table open as ``fd`` (``st``: its fstat), once its header is found to
-    state exactly that size, at most ``bound`` (:class:`TableError` if not): only the header
-    is read (a sparse file of 2 GiB costs 16 bytes)."""
+    state exactly that size, at most ``bound``, and to be a table of ``key`` whose sections lie
+    within it (:class:`TableError` if not): only the header is read (a sparse file of 2 GiB
+    costs 16 bytes). The key and layout are checked here, before the copy: a stale or foreign
+    sparse 1 GiB table in a dataset's .atlasfs-tables, its owner's, was copied whole into the
+    user's cache (1 GiB written on every mount, other tables evicted) before its key was read."""
     head = os.pread(fd, 16, 0)
     wanted, end = tablefile.stated_size(head)
     if end < 0:
-        wanted, end = tablefile.stated_size(head + os.pread(fd, wanted - 16, 16))
+        head += os.pread(fd, wanted - 16, 16)
+        wanted, end = tablefile.stated_size(head)
         if end < 0:
             raise TableError("is corrupt (cut short in its header)")
     if end != st.st_size:
         raise TableError(f"is corrupt ({st.st_size} bytes where its header means {end})")
     if end > bound:
         raise TableError(f"is {end} bytes, more than the table cache's bound of {bound} (ATLASFS_TABLE_CACHE_SIZE)")
+    tablefile.check_header(head, end, key)
     return end
 
 
