@@ -779,3 +779,32 @@ def test_a_stale_sparse_table_of_the_datasets_owner_is_not_copied(tmp_path: Path
         del os.environ["XDG_CACHE_HOME"]
     assert (f"ignoring the stored file table {table}: it was built from other files or by other naming rules "
             "(stale or foreign)") in daemon.logged()
+
+
+def test_a_parquet_footer_stating_gigabytes_is_not_read(tmp_path: Path) -> None:
+    """A sparse 3 GiB Lavender parquet whose last 8 bytes state a 3 GiB footer: pyarrow read the
+    footer whole (info and verify at 3.2 GB). Now the stated length is checked first: one line."""
+    import struct
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from atlasfs.formats.lavender.files import MAX_PARQUET_FOOTER_BYTES
+    lavender = tmp_path / "lavender"
+    (lavender / "scores").mkdir(parents=True)
+    for s in range(2):
+        pq.write_table(pa.table({"uid": [f"u{s}{i}" for i in range(4)], "score": [0.5] * 4}),
+                       lavender / "scores" / f"shard.{s:05d}.parquet")
+    parquet = lavender / "scores" / "shard.00001.parquet"
+    size = 3 * GIB
+    with open(parquet, "wb") as f:
+        f.write(b"PAR1")
+        f.truncate(size - 8)
+        f.seek(size - 8)
+        f.write(struct.pack("<I", size - 16) + b"PAR1")
+    for command in ("info", "verify"):
+        result, peak = run_measured(tmp_path, command, str(lavender))
+        assert result.returncode == 1
+        one_line(result, f"{parquet}: cannot be read (its footer states {size - 16} bytes of metadata, more than "
+                         f"{MAX_PARQUET_FOOTER_BYTES}; not read)")
+        assert peak < PEAK, f"atlasfs {command} peaked at {peak >> 20} MiB"
