@@ -191,3 +191,48 @@ def test_verify_interrupted_says_how_far_it_got(dataset: Path, tmp_path: Path) -
             assert result.stdout == "" and 0 <= int(n) < SHARDS
     again = subprocess.run([*_command(), "verify", str(dataset)], capture_output=True, text=True, timeout=120)
     assert again.stdout == reference.stdout
+
+
+_STOPPED_IN_IMPORT = """
+import os, signal
+if os.environ.get("STOP_ME_IN_IMPORT"):
+    try:
+        os.kill(os.getpid(), signal.SIGTERM)  # the worker's handler raises SystemExit here
+    except SystemExit as exc:  # as numpy's import does: "PyCapsule_Import could not import module"
+        raise ImportError("PyCapsule_Import could not import module 'datetime'") from exc
+
+
+def init():
+    pass
+"""
+
+
+def test_a_worker_stopped_while_it_imports_ends_quietly(tmp_path: Path) -> None:
+    """SIGTERM reached an `index -j 2` worker while unpickling its initializer imported numpy:
+    numpy turned the handler's SystemExit into a 30-line ImportError, printed as the worker's
+    traceback above the command's one line (1 run in about 30 with random delays). A worker
+    that was asked to stop now ends quietly, whatever the SystemExit became."""
+    import multiprocessing.connection
+    import pickle
+
+    (tmp_path / "stopped_in_import.py").write_text(_STOPPED_IN_IMPORT)
+    sys.path.insert(0, str(tmp_path))
+    try:
+        import stopped_in_import
+        payload = pickle.dumps((stopped_in_import.init, ()))
+    finally:
+        sys.path.remove(str(tmp_path))
+        sys.modules.pop("stopped_in_import", None)
+    ours, theirs = multiprocessing.Pipe()
+    errors = tmp_path / "stderr"
+    actions = [(os.POSIX_SPAWN_DUP2, theirs.fileno(), 3), (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
+               (os.POSIX_SPAWN_OPEN, 2, str(errors), os.O_WRONLY | os.O_CREAT, 0o600)]
+    pid = os.posix_spawn(sys.executable, [sys.executable, "-c", "from atlasfs.commands.jobs import _child; _child()"],
+                         {**os.environ, "STOP_ME_IN_IMPORT": "1"}, file_actions=actions)
+    theirs.close()
+    ours.send([str(tmp_path), *sys.path])
+    ours.send_bytes(payload)
+    status = os.waitpid(pid, 0)[1]
+    ours.close()
+    err = errors.read_text()
+    assert (os.waitstatus_to_exitcode(status), err) == (0, ""), err

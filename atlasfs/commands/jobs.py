@@ -131,9 +131,19 @@ def _child() -> None:
     :meth:`Workers._start`): the parent's ``sys.path``, then ``(initializer, initargs)``; the
     initializer runs once, then each ``(func, arg)`` received is answered ``("ok",
     func(arg))`` or ``("error", exception)``; ends at EOF."""
+    interrupts.worker_signals(_stop)  # first: until now both were blocked
+    try:
+        _serve()
+    except BaseException:
+        if _worker.get("stopping"):  # see _stopping: whatever the SystemExit became, the worker ends quietly
+            raise SystemExit(0) from None
+        raise
+
+
+def _serve() -> None:
+    """:func:`_child`'s work, once its signals are set."""
     global _conn
     import pickle
-    interrupts.worker_signals(_stop)  # first: until now both were blocked
     conn = _conn = multiprocessing.connection.Connection(CHILD_FD)
     try:
         sys.path[:] = conn.recv()
@@ -168,7 +178,15 @@ def _stop(signum: int, frame: object) -> None:
     """SIGTERM in a worker: the parent stops the pool (or the whole group was sent it): the
     shard in hand is unwound (its partial output removed) and the process ends quietly."""
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    _worker["stopping"] = True
     raise SystemExit(0)
+
+
+def _stopping(exc: BaseException) -> bool:
+    """Whether ``exc`` stands for this worker being stopped (:func:`_stop`): the SystemExit it
+    raises in the middle of an import comes out as another exception (numpy's import turns it
+    into a 30-line ImportError), which is no failure of the shard: never said, never sent."""
+    return bool(_worker.get("stopping"))
 
 
 def _send(message: Any) -> None:
@@ -348,6 +366,8 @@ def _init_worker(opener: Opener, setup: Setup, work: Work) -> None:
         source = opener.open()
         _worker.update(source=source, state=setup(source))
     except Exception as exc:
+        if _stopping(exc):
+            raise SystemExit(0) from None
         _worker["broken"] = f"{exc}" if isinstance(exc, (AtlasFormatError, OSError)) else f"{exc!r}"
 
 
@@ -361,6 +381,8 @@ def _run_in_worker(s: int) -> Done:
     try:
         return _worker["work"](_worker["state"], s, _report)
     except Exception as exc:  # a bug still only fails its shard, in one line
+        if _stopping(exc):
+            raise SystemExit(0) from None
         return Done(s, f"{exc!r}")
 
 
