@@ -189,3 +189,46 @@ def test_a_forged_table_of_option_names_is_refused_and_rebuilt(tmp_path: Path,
     text = log.read_text()
     refused = [line for line in text.splitlines() if "ignoring the stored file table" in line]
     assert len(refused) == 1 and "unsafe name" in refused[0] and "'-C..'" in refused[0], text
+
+
+#: File names a downloaded dataset may hold, whose shard folders cannot be shown as they are.
+_HOSTILE_FILE_STEMS = ["-rf", "-C..", " lead", "trail ", "x\x1b]0;PWNED\x07", "y\x1b[2K\rverify: OK"]
+
+
+def _tar(path: Path, stem: str) -> None:
+    with tarfile.open(path, "w") as tar:
+        for ext, data in (("txt", f"in {stem!r}".encode()), ("cls", b"1")):
+            member = tarfile.TarInfo(f"k0.{ext}")
+            member.size = len(data)
+            tar.addfile(member, io.BytesIO(data))
+
+
+@pytest.mark.fuse
+@pytest.mark.parametrize("kind", ["webdataset", "dolma", "pbin"])
+def test_shard_files_whose_names_cannot_be_shown_are_left_out_in_one_line_each(tmp_path: Path, kind: str) -> None:
+    """A shard's folder is named after its file: tars, .pbin files and Dolma documents files named
+    -rf, ' lead', or with terminal control sequences (which retitle the terminal of whoever lists
+    the mount or reads verify, or erase verify's line: ESC [2K) were shown as folders of those
+    names. Now each is left out with one line (the name escaped), verify exits 1, the mount
+    shows the others."""
+    from atlasfs.formats.pbin import write_pbin
+    root = tmp_path / kind
+    folder = root / "documents" if kind == "dolma" else root
+    folder.mkdir(parents=True)
+    suffix = {"webdataset": ".tar", "dolma": ".jsonl", "pbin": ".pbin"}[kind]
+    for stem in ["ok", *_HOSTILE_FILE_STEMS]:
+        path = folder / f"{stem}{suffix}"
+        if kind == "webdataset":
+            _tar(path, stem)
+        elif kind == "dolma":
+            path.write_text(json.dumps({"id": "d0", "text": "t"}) + "\n")
+        else:
+            write_pbin(str(path), [[1, 2]], token_width=2)
+    result = atlasfs("verify", str(root), timeout=60)
+    assert result.returncode == 1, result
+    assert "\x1b" not in result.stdout + result.stderr and "Traceback" not in result.stderr
+    for stem in _HOSTILE_FILE_STEMS:
+        lines = [line for line in result.stdout.splitlines() if repr(str(folder / f"{stem}{suffix}")) in line]
+        assert len(lines) == 1 and "left out: its folder could not be named as it is" in lines[0], result.stdout
+    with mounted(root) as mnt:
+        assert sorted(os.listdir(mnt)) == ["ok"]

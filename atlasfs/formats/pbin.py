@@ -58,7 +58,7 @@ import numpy as np
 
 from atlasfs.errors import AtlasFormatError
 from atlasfs.formats import safepickle, state
-from atlasfs.formats.source import Source, SourceShard, file_or_folder_of, stat_shard_file
+from atlasfs.formats.source import Source, SourceShard, file_or_folder_of, shown_names, stat_shard_file
 from atlasfs.storage import LOCAL, LocalStorage, Storage, StorageChangedError, StorageUnavailableError
 from atlasfs.tree.naming import NO_KEY, index_key_width
 
@@ -503,13 +503,20 @@ class PbinSource(Source):
         files = find_pbin_files(root, storage)
         if not files:
             raise PbinError(f"{root}: no .pbin file in it")
-        self._shards = [PbinShard(path, os.path.basename(path)[:-len(SUFFIX)] or "_", trust_pickle, storage)
-                        for path in files]
+        named = [(path, os.path.basename(path)[:-len(SUFFIX)] or "_") for path in files]
+        #: Files left out, one line each: their folder could not be named as they are (shown_names).
+        self.layout_problems = shown_names(named)
+        self._shards = [PbinShard(path, name, trust_pickle, storage) for path, name in named]
+        if not self._shards:
+            raise PbinError(f"{root}: no .pbin file whose name can be shown ({self.layout_problems[0]})")
 
     @property
     def shards(self) -> list[PbinShard]:  # type: ignore[override]
         """A shard per ``.pbin`` file, in name order."""
         return self._shards
+
+    def problems(self) -> list[str]:
+        return list(self.layout_problems)
 
     def info(self) -> list[str]:
         return [f"format       pbin: {len(self._shards)} .pbin file(s)"]

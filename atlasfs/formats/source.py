@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import logging
 import os
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
@@ -41,6 +42,8 @@ from typing import Any, NamedTuple, Protocol
 from atlasfs.errors import AtlasFormatError
 from atlasfs.storage import LOCAL, Storage, StorageUnavailableError, UnfitFileError
 from atlasfs.storage.files import listdir_or_empty, relative
+
+log = logging.getLogger("atlasfs")
 
 
 class SpanMismatch(AtlasFormatError):
@@ -166,6 +169,30 @@ class Scratch(Protocol):
 
     def put(self, value: bytes) -> None:
         """Keep ``value`` for this block (in place of what was there), charged its length."""
+
+
+def shown_names(named: list[tuple[str, str]], logged: bool = True) -> list[str]:
+    """Leave out of ``named`` (``(file path, folder name)`` of each shard, in place) each shard
+    whose folder name (``/``-separated) breaks the rule every shown name keeps
+    (:func:`~atlasfs.tree.naming.path_problem`: no control character, no leading ``-``, no
+    leading or trailing whitespace...); returns one line each, logged as a warning if ``logged``. A shard's
+    folder is named after its file (a tar, a .pbin, a Dolma documents file): a downloaded
+    dataset's ``-rf.tar`` or ``x<ESC>]0;...<BEL>.tar`` was a folder ``-rf`` or a name that
+    rewrites the terminal of whoever lists the mount, or reads verify's lines."""
+    from atlasfs.tree.naming import path_problem
+
+    problems = []
+    kept = []
+    for path, name in named:
+        problem = path_problem(name)
+        if problem is None:
+            kept.append((path, name))
+        else:
+            problems.append(f"{path!r}: left out: its folder could not be named as it is ({problem})")
+            if logged:
+                log.warning("%s", problems[-1])
+    named[:] = kept
+    return problems
 
 
 class SourceShard(ABC):

@@ -9,9 +9,9 @@ from typing import TYPE_CHECKING
 
 from atlasfs.formats.dolma.scan import LINES_PER_BLOCK
 from atlasfs.formats.dolma.seek import DolmaError, OpenFiles
-from atlasfs.formats.dolma.names import READ, is_documents_file, why_not_read
+from atlasfs.formats.dolma.names import READ, folder_name, is_documents_file, why_not_read
 from atlasfs.formats.dolma.shard import DolmaFile
-from atlasfs.formats.source import Source
+from atlasfs.formats.source import Source, shown_names
 from atlasfs.storage import LOCAL, Storage
 from atlasfs.storage.files import listdir_or_empty, relative, walk
 
@@ -41,9 +41,15 @@ class DolmaSource(Source):
         found, self.layout_problems = _walk(storage, documents)
         #: set name -> documents files (relative) with no file in that set, for verify's warnings
         self.untagged: dict[str, list[str]] = {}
+        documents_files = [rel for rel in found if is_documents_file(os.path.basename(rel))]
         for rel in found:
             if not is_documents_file(os.path.basename(rel)):
                 self.layout_problems.append(why_not_read(os.path.join(documents, rel)))
+        named = [(os.path.join(documents, rel), folder_name(rel)) for rel in documents_files]
+        self.layout_problems.extend(shown_names(named, logged=False))  # logged below with the others
+        shown = {path for path, _ in named}
+        for rel in documents_files:
+            if os.path.join(documents, rel) not in shown:
                 continue
             attributes = {}
             for name in self.sets:

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from atlasfs.formats import state
-from atlasfs.formats.source import Source, SourceShard, stat_shard_file
+from atlasfs.formats.source import Source, SourceShard, shown_names, stat_shard_file
 from atlasfs.formats.webdataset.samples import BLOCK_BYTES, BLOCK_SAMPLES, Samples, group, key_field
 from atlasfs.formats.webdataset.walk import WebDatasetError, Walk, walk
 from atlasfs.storage import LOCAL, LocalStorage, Storage, StorageChangedError, StorageUnavailableError
@@ -276,12 +276,20 @@ class WebDatasetSource(Source):
         if not files:
             raise WebDatasetError(f"{root}: no .tar file in it (compressed shards, .tar.gz, are not read)")
         base = root if storage.isdir(root) else os.path.dirname(root)
-        self._shards = [TarShard(path, relative(path, base)[:-len(SUFFIX)] or "_", storage) for path in files]
+        named = [(path, relative(path, base)[:-len(SUFFIX)] or "_") for path in files]
+        #: Tars left out, one line each: their folder could not be named as they are (shown_names).
+        self.layout_problems = shown_names(named)
+        self._shards = [TarShard(path, name, storage) for path, name in named]
+        if not self._shards:
+            raise WebDatasetError(f"{root}: no .tar file whose name can be shown ({self.layout_problems[0]})")
 
     @property
     def shards(self) -> list[TarShard]:  # type: ignore[override]
         """A shard per tar file, in path order."""
         return self._shards
+
+    def problems(self) -> list[str]:
+        return list(self.layout_problems)
 
     def info(self) -> list[str]:
         return [f"format       webdataset: {len(self._shards)} tar file(s); up to {BLOCK_SAMPLES} samples "
