@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import sqlite3
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -107,12 +108,18 @@ def store_energon_index(source: Source, index_dir: str | None) -> str:
     from atlasfs.tree.tarview import TarView
 
     store = make_store(source, index_dir)
-    view = TarView(BlockTree(source, cache_bytes=0, store=store, log_failures=False), store=store)
+    tree = BlockTree(source, cache_bytes=0, store=store, log_failures=False)
+    position = {shard.name: s for s, shard in enumerate(source.shards)}
+    # Each shard's files closed once its tar is laid out: as the tables' pass, one shard's
+    # descriptors at a time (80 shards under a limit of 48 failed in sqlite's open).
+    view = TarView(tree, store=store, made=lambda shard: tree.forget(position[shard]))
     loaders: LoaderFiles = view.loaders
     try:
         where = loaders.store_sqlite()
     except Unreadable as exc:
         return f"energon's index.sqlite not stored: {exc.cause}"
+    except (OSError, sqlite3.Error) as exc:
+        return f"energon's index.sqlite not stored: {exc}"
     finally:
         loaders.close()
     if where is None:

@@ -298,8 +298,11 @@ class TarView(Tree):
     folders are shown too (and everything under them)."""
 
     def __init__(self, base: Tree, folders: bool = False, loaders: LoaderSettings | None = None,
-                 store: object = None) -> None:
+                 store: object = None, made: Callable[[str], None] | None = None) -> None:
         self.base = base
+        #: Called with a shard once its layout is made: a one-pass command (``atlasfs index``)
+        #: closes the shard's files there, so that it keeps one shard's descriptors at a time.
+        self._made = made
         self.show_folders = folders
         self._layouts: OrderedDict[str, TarLayout] = OrderedDict()  # least recently used first
         self._layout_bytes = 0
@@ -353,6 +356,9 @@ class TarView(Tree):
                     except Unreadable as exc:
                         self._unreadable[shard] = exc.cause
                         raise
+                    finally:
+                        if self._made is not None:
+                            self._made(shard)
                     self._keep(shard, layout)
         return layout
 
