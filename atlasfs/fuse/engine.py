@@ -423,9 +423,10 @@ class NativeSession:
         stats = self.session.stats()
         frames = self.session.frames()
         log.info("%s: native engine answered %s; zstd dictionaries held: %d; frames decompressed: %d whole, "
-                 "%d in part, %d waited for", self.mountpoint,
+                 "%d in part, %d waited for (kept %d bytes of %d stored)", self.mountpoint,
                  ", ".join(f"{kind} {n['c']} in C, {n['python']} in Python" for kind, n in stats.items()),
-                 native_module().dictionaries(), frames["whole"], frames["partial"], frames["waited"])
+                 native_module().dictionaries(), frames["whole"], frames["partial"], frames["waited"],
+                 frames["kept"], frames["of"])
         if self.bridge.critical is not None:
             raise self.bridge.critical
         if err and self.stop_signal is None:

@@ -106,7 +106,7 @@ char *buffer_get(Session *s, size_t size, size_t *capacity)
 static void block_free(Session *s, CachedBlock *b)
 {
     free(b->offsets);
-    if (b->kind == KIND_PAYLOAD && b->capacity > 0)
+    if (b->kind == KIND_PAYLOAD && !b->sparse && b->capacity > 0)
         pool_put_locked(s, b->data, b->capacity);
     else
         free(b->data);
@@ -264,15 +264,22 @@ static CachedBlock *spent_payload(Session *s)
 }
 
 /* Evict ready entries no one reads to stay within the bound (what is left of it beside the
- * payloads in flight): payloads first, the most spent first (spent_payload), then the least
- * recently used, frames' maps last. A payload larger than the whole bound (made alone) does
- * not take the maps with it while it is made and served: they are what lets the next reads of
- * raw zstd blocks go without decompressing (once it is given back, they too stay only within
- * the bound). */
+ * payloads in flight): files kept for their next pieces first (KIND_RUN, least recently used
+ * first: a file's next piece comes soon after its first), then payloads, the most spent first
+ * (spent_payload), then the least recently used, frames' maps last. A payload larger than the
+ * whole bound (made alone) does not take the maps with it while it is made and served: they
+ * are what lets the next reads of raw zstd blocks go without decompressing (once it is given
+ * back, they too stay only within the bound). */
 static void shrink(Session *s)
 {
     CachedBlock *b;
     int maps;
+    for (b = s->cache_tail; over(s) && b != NULL;) {
+        CachedBlock *prev = b->prev;
+        if (b->kind == KIND_RUN && b->state == READY && b->readers == 0)
+            drop(s, b);
+        b = prev;
+    }
     while (over(s) && (b = spent_payload(s)) != NULL)
         drop(s, b);
     for (maps = 0; maps < 2; maps++) {
@@ -403,7 +410,7 @@ void cache_complete_sized(Session *s, CachedBlock *b, char *data, size_t length,
     pthread_mutex_lock(&s->cache_lock);
     b->data = data;
     b->length = length;
-    b->capacity = capacity > length ? capacity : length;
+    b->capacity = capacity > length || b->sparse ? capacity : length;
     b->bytes = b->capacity + (b->count + 1) * sizeof(uint64_t) * (b->offsets != NULL) + sizeof *b;
     b->state = READY;
     s->cache_bytes += b->bytes;
@@ -423,10 +430,11 @@ void cache_abandon(Session *s, CachedBlock *b)
 void cache_reserve(Session *s, size_t bytes)
 {
     pthread_mutex_lock(&s->cache_lock);
-    /* Room if the others' payloads and this one fit the bound; none in flight: room whatever
-     * this one's size (a worker reserves only while it holds no other entry: it never waits
-     * for itself, and every payload in flight is given back once served). */
-    while (s->cache_flight > 0 && (bytes > s->cache_bound || s->cache_flight > s->cache_bound - bytes))
+    /* Room if the others' payloads and this one fit half the bound (the other half stays for
+     * the payloads kept: 4 readers making theirs at once evicted them all); none in flight:
+     * room whatever this one's size (a worker reserves only while it holds no other entry: it
+     * never waits for itself, and every payload in flight is given back once served). */
+    while (s->cache_flight > 0 && (bytes > s->cache_bound / 2 || s->cache_flight > s->cache_bound / 2 - bytes))
         pthread_cond_wait(&s->cache_room, &s->cache_lock);
     s->cache_flight += bytes;
     shrink(s);

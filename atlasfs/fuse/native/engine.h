@@ -83,7 +83,8 @@ typedef struct {
 } ShardTable;
 
 /* What a byte cache entry holds (cache.c): a block's encoded files (rows first_row ..
- * first_row + count - 1), a block's decompressed bytes (its payload, located.c), the map of
+ * first_row + count - 1), a block's decompressed bytes (its payload, located.c: only its
+ * compressed zstd blocks' bytes and its frame's map when it is sparse), the map of
  * its zstd frame's blocks stored as is (located.c), one file read alone (KIND_RUN, keyed
  * by its row instead of its block, located.c), or the block's kept files, decompressed from
  * the table (KIND_KEPT, located.c). */
@@ -103,6 +104,8 @@ struct CachedBlock {
     uint64_t served;    /* KIND_PAYLOAD: bytes of runs checked in it (what it gave; eviction's guide) */
     int state, readers;
     int orphan;         /* replaced by a longer one while read: freed by its last reader */
+    int sparse;         /* KIND_PAYLOAD: the frame's map and only its compressed zstd blocks'
+                         * bytes (located.c Sparse); `length` is then how far it maps */
     CachedBlock *next, *prev;  /* the LRU list, most recently used first */
     CachedBlock *hnext;        /* the hash chain */
 };
@@ -144,6 +147,9 @@ typedef struct {
      * pass), up to a read file's end, and reads that waited for another worker's. */
     uint64_t located_stored;
     uint64_t frames_whole, frames_partial, frames_waited;
+    /* What payloads made so far cost the cache, and the stored bytes they were made of
+     * (located.c keep_whole: what a pass over the attached shards would need kept). */
+    uint64_t kept_made, kept_stored;
 } Session;
 
 /* ops.c */
@@ -182,7 +188,8 @@ int cache_read(Session *s, fuse_req_t req, fuse_ino_t ino, size_t size, off_t of
 CachedBlock *cache_acquire(Session *s, uint64_t shard, int kind, uint64_t block, int *mine);
 CachedBlock *cache_peek(Session *s, uint64_t shard, int kind, uint64_t block);
 void cache_complete(Session *s, CachedBlock *b, char *data, size_t length);
-/* As cache_complete, `capacity` bytes allocated at `data` (charged to the bound). */
+/* As cache_complete, `capacity` bytes allocated at `data` (charged to the bound; at least
+ * `length`, but for a sparse payload, whose `length` is how far it maps). */
 void cache_complete_sized(Session *s, CachedBlock *b, char *data, size_t length, size_t capacity);
 /* The ready entry of at least `min_length` bytes held for reading, waiting for one being
  * filled (*waited then 1); else a new entry being filled by this worker (*mine 1), an older
@@ -200,8 +207,8 @@ void cache_abandon(Session *s, CachedBlock *b);
 void cache_release(Session *s, CachedBlock *b);
 /* `bytes` of the bound reserved for a block's payload being made and served by this worker
  * (located.c): what no reader holds is evicted to make room, and while other workers' payloads
- * leave none, this one waits; a payload larger than the bound waits for none to be in flight,
- * and goes alone. Given back by cache_unreserve. */
+ * leave none within half the bound, this one waits; a payload larger than that waits for none
+ * to be in flight, and goes alone. Given back by cache_unreserve. */
 void cache_reserve(Session *s, size_t bytes);
 void cache_unreserve(Session *s, size_t bytes);
 

@@ -7,7 +7,10 @@
  *   compression, else its one zstd frame decompressed, within max_block_bytes) are kept in
  *   the byte cache (KIND_PAYLOAD) for the block's other files; the file is the locator's
  *   prefix followed by the run at (offset, length) of the payload, and the CRC-32 of both
- *   must be the locator's check;
+ *   must be the locator's check. Where the frame stores zstd blocks raw (incompressible bytes:
+ *   JPEG), the payload keeps only what cannot be read from disk (a sparse payload: the
+ *   frame's map and its compressed zstd blocks' bytes), and a run is assembled from preads of
+ *   its raw pieces and copies of the kept ones, and checked at every read;
  * - an inline file (small, kept in the table): the block's fingerprint (its frame's content
  *   checksum, the last 4 stored bytes; else the CRC-32 of a small block's stored bytes) must
  *   tie it to the block it came from;
@@ -26,6 +29,7 @@
 #define ZSTD_STATIC_LINKING_ONLY /* the buffer-less streaming decoder: a frame block by block */
 #include "engine.h"
 
+#include <errno.h>
 #include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
@@ -488,7 +492,18 @@ static int serve_kept(Session *s, const Located *l, fuse_req_t req, uint64_t sha
 typedef struct {
     uint64_t pos, decoded;
     uint32_t size, kind;
+    uint64_t kept;  /* a compressed one's: where its bytes start in a sparse payload's kept bytes */
 } FrameBlock;
+
+/* A sparse payload (KIND_PAYLOAD, CachedBlock.sparse): what a decompressed frame costs the
+ * cache when some of its zstd blocks are stored raw (incompressible bytes: JPEG), whose bytes
+ * a pread of data.bin gives as they are. Its data: this head, the map of the `nmap` zstd blocks
+ * it covers (from the first: `length` decompressed bytes), then the decompressed bytes of its
+ * compressed zstd blocks only, one after another (`kept` bytes). A run is assembled from preads
+ * of the raw pieces, copies of the kept ones and one byte repeated for RLE (assemble_run). */
+typedef struct {
+    uint64_t nmap, kept;
+} SparseHead;
 
 /* The map of block `block`'s frame (malloc'd, *n entries): its zstd blocks from the first, up
  * to the first compressed one (whose size once decompressed is not told) or the frame's end.
@@ -532,6 +547,7 @@ static int map_frame(const Located *l, uint64_t block, FrameBlock **out, size_t 
         map[count].decoded = decoded;
         map[count].size = size;
         map[count].kind = kind;
+        map[count].kept = 0;
         count++;
         pos += 3 + (kind == 0 ? size : 1);
         decoded += size;
@@ -543,18 +559,49 @@ static int map_frame(const Located *l, uint64_t block, FrameBlock **out, size_t 
     return 0;
 }
 
-/* The run at `span`, read from where it lies in data.bin without decompressing (into `out`,
- * span->length bytes): the stored bytes of a block with no compression, or, in a zstd frame,
- * when every zstd block over it is stored raw (incompressible data: JPEG bytes) or as one
- * repeated byte (in `map`, the frame's map). 0, or -1 (a compressed block over it). */
-static int read_stored_run(const Located *l, uint64_t block, const Span *span, char *out, const FrameBlock *map,
-                           size_t n)
+/* Most pieces a run's raw zstd blocks are read in at once (one preadv). */
+#define IOV_PIECES 64
+
+/* `n` pieces (iov) of block `block`'s stored bytes from `at` on, one after another, into
+ * their buffers: 0, or -1. */
+static int read_pieces(const Located *l, const struct iovec *iov, int n, uint64_t at)
+{
+    size_t total = 0;
+    ssize_t got;
+    int i;
+    for (i = 0; i < n; i++)
+        total += iov[i].iov_len;
+    do
+        got = preadv(l->fd, iov, n, (off_t)at);
+    while (got < 0 && errno == EINTR);
+    if (got == (ssize_t)total)
+        return 0;
+    for (i = 0; i < n; i++) {  /* a short read: piece by piece */
+        if (read_full(l->fd, iov[i].iov_base, iov[i].iov_len, at) != 0)
+            return -1;
+        at += iov[i].iov_len;
+    }
+    return 0;
+}
+
+/* Decompressed bytes [run_start, run_start + run_len) of block `block` into `out`, from the
+ * `n` zstd blocks of `map` (from the frame's first, up to `covered` decompressed bytes):
+ * a raw one's bytes read where they lie in data.bin (consecutive raw ones in one preadv, their
+ * 3-byte headers read into a scratch), an RLE one's byte repeated, a compressed one's copied
+ * from `kept` (`kept_len` bytes; NULL: none, a run over a compressed one is then not
+ * possible). Every entry used is checked first: contiguous, within the frame's stored bytes,
+ * the decompressed bytes covered and the kept ones. 0, or -1. */
+static int assemble_run(const Located *l, uint64_t block, const FrameBlock *map, size_t n, uint64_t covered,
+                        const char *kept, uint64_t kept_len, uint64_t run_start, uint64_t run_len, char *out)
 {
     uint64_t start = l->starts[block], stored = l->starts[block + 1] - start;
-    uint64_t run_start = span->offset, run_end = span->offset + span->length;
+    uint64_t run_end = run_start + run_len, at, from = 0, next = 0;
     size_t lo_i = 0, hi_i = n, i;
-    if (!l->compressed)
-        return run_end <= stored ? read_full(l->fd, out, (size_t)span->length, start + run_start) : -1;
+    struct iovec iov[IOV_PIECES];
+    char headers[IOV_PIECES][3];
+    int pieces = 0;
+    if (run_len == 0 || run_end < run_start || run_end > covered)
+        return -1;
     while (lo_i < hi_i) {  /* the first zstd block ending past the run's start */
         size_t mid = lo_i + (hi_i - lo_i) / 2;
         if (map[mid].decoded + map[mid].size <= run_start)
@@ -562,32 +609,73 @@ static int read_stored_run(const Located *l, uint64_t block, const Span *span, c
         else
             hi_i = mid;
     }
-    for (i = lo_i; i < n && map[i].decoded < run_end; i++) {  /* every one over the run stored as is? */
-        if (map[i].kind > 1 && map[i].size > 0)
+    for (i = lo_i, at = run_start; at < run_end; i++) {  /* checked, before any byte is read */
+        const FrameBlock *f = &map[i];
+        if (i >= n || f->decoded > at || f->size > covered - f->decoded)
             return -1;
-        if (map[i].decoded + map[i].size >= run_end)
-            break;
+        if (f->decoded + f->size <= at)
+            continue;  /* an empty one */
+        if (f->kind == 0 ? f->pos > stored || stored - f->pos < 3 || f->size > stored - f->pos - 3
+            : f->kind == 1 ? f->pos > stored || stored - f->pos < 4
+            : f->kind == 2 ? kept == NULL || f->kept > kept_len || f->size > kept_len - f->kept
+                           : 1)
+            return -1;
+        at = f->decoded + f->size;
     }
-    if (i == n || map[i].decoded >= run_end)
-        return -1;  /* the map ends before the run does */
-    for (i = lo_i; i < n && map[i].decoded < run_end; i++) {
-        uint64_t lo = run_start > map[i].decoded ? run_start : map[i].decoded;
-        uint64_t hi = run_end < map[i].decoded + map[i].size ? run_end : map[i].decoded + map[i].size;
-        if (lo >= hi)
+    for (i = lo_i, at = run_start; at < run_end; i++) {
+        const FrameBlock *f = &map[i];
+        uint64_t hi = run_end < f->decoded + f->size ? run_end : f->decoded + f->size, rel;
+        char *to;
+        if (hi <= at)
             continue;
-        if (map[i].kind == 0) {  /* raw: its bytes follow the header (within the block: mapped so) */
-            if (read_full(l->fd, out + (lo - run_start), (size_t)(hi - lo), start + map[i].pos + 3 + (lo - map[i].decoded)) != 0)
-                return -1;
-        } else {  /* RLE: one byte, `size` times */
+        rel = at - f->decoded;
+        to = out + (at - run_start);
+        if (f->kind == 0) {
+            uint64_t pos = f->pos + 3 + rel;
+            if (pieces > 0 && (pieces > IOV_PIECES - 2 || pos != next + 3)) {
+                if (read_pieces(l, iov, pieces, start + from) != 0)
+                    return -1;
+                pieces = 0;
+            }
+            if (pieces == 0) {
+                from = pos;
+            } else {  /* the header between the last raw piece and this one, read into a scratch */
+                iov[pieces].iov_base = headers[pieces];
+                iov[pieces++].iov_len = 3;
+            }
+            iov[pieces].iov_base = to;
+            iov[pieces++].iov_len = (size_t)(hi - at);
+            next = pos + (hi - at);
+        } else if (f->kind == 1) {  /* RLE: one byte, `size` times */
             unsigned char byte;
-            if (read_full(l->fd, (char *)&byte, 1, start + map[i].pos + 3) != 0)
+            if (read_full(l->fd, (char *)&byte, 1, start + f->pos + 3) != 0)
                 return -1;
-            memset(out + (lo - run_start), byte, (size_t)(hi - lo));
+            memset(to, byte, (size_t)(hi - at));
+        } else {
+            memcpy(to, kept + f->kept + rel, (size_t)(hi - at));
         }
-        if (map[i].decoded + map[i].size >= run_end)
-            return 0;
+        at = hi;
     }
-    return -1;  /* the run goes on past the map: into a compressed block */
+    if (pieces > 0 && read_pieces(l, iov, pieces, start + from) != 0)
+        return -1;
+    return 0;
+}
+
+/* The run at `span`, read from where it lies in data.bin without decompressing (into `out`,
+ * span->length bytes): the stored bytes of a block with no compression, or, in a zstd frame,
+ * when every zstd block over it is stored raw (incompressible data: JPEG bytes) or as one
+ * repeated byte (in `map`, the frame's map). 0, or -1 (a compressed block over it). */
+static int read_stored_run(const Located *l, uint64_t block, const Span *span, char *out, const FrameBlock *map,
+                           size_t n)
+{
+    uint64_t stored = l->starts[block + 1] - l->starts[block];
+    if (!l->compressed)
+        return span->offset + span->length <= stored
+                   ? read_full(l->fd, out, (size_t)span->length, l->starts[block] + span->offset) : -1;
+    if (n == 0)
+        return -1;
+    return assemble_run(l, block, map, n, map[n - 1].decoded + map[n - 1].size, NULL, 0, span->offset,
+                        span->length, out);
 }
 
 /* The file (prefix and run) read alone, checked, without the block's payload
@@ -701,7 +789,7 @@ static int decode_frame(const Located *l, uint64_t block, char *dst, size_t cap,
     uint64_t start = l->starts[block], stored = l->starts[block + 1] - start;
     uint64_t pos = 0, wpos = 0, wlen = 0;  /* the next input; the window holds stored bytes [wpos, wpos + wlen) */
     size_t out = 0, count = 0, room = 0, got;
-    FrameBlock *map = NULL, pending = {0, 0, 0, 0};
+    FrameBlock *map = NULL, pending = {0, 0, 0, 0, 0};
     ZSTD_DCtx *dctx = thread_dctx();
     char *w = thread_window();
     int mapping = 1, done = 0;
@@ -785,18 +873,142 @@ bad:
     return -1;
 }
 
-/* Whether block `block`'s payload (`content` bytes) is made whole and kept for the pass
- * rather than only up to the file read: when the cache's bound holds at least half of what
- * the shards read in C decompress to (their stored bytes, at this block's ratio). A shuffled
- * pass then reads a kept block's other files from it (one decompression a block a pass); with
- * less, a block is mostly evicted before its next file is read, and each read makes only what
- * it needs (on average half a block). */
-static int keep_whole(Session *s, const Located *l, uint64_t block, uint64_t content)
+/* Whether block `block`'s payload is made whole and kept for the pass rather than only up to
+ * the file read: when the cache's bound holds what a pass over the shards read in C would keep
+ * (their stored bytes, at what the whole payloads made so far cost the cache a stored byte: a
+ * sparse one keeps only its compressed zstd blocks' bytes). A shuffled pass then reads a kept
+ * block's other files from it (one decompression a block a pass). With less, a block is mostly
+ * evicted before its next file is read, and each read makes only what it needs (on average half
+ * a block): on the shuffle bench (kept 1/4 of the stored bytes), with a bound half of what the
+ * pass keeps, whole payloads read 1,314 files/s and partial ones 2,147. The first payload is
+ * made whole: what one costs is not known before. */
+static int keep_whole(Session *s, const Located *l, uint64_t block)
 {
     uint64_t stored = l->starts[block + 1] - l->starts[block];
-    double need = (double)__atomic_load_n(&s->located_stored, __ATOMIC_RELAXED) * (double)content
-                  / (double)(stored ? stored : 1);
-    return content <= s->cache_bound && need <= 2.0 * (double)s->cache_bound;
+    uint64_t made = __atomic_load_n(&s->kept_made, __ATOMIC_RELAXED);
+    uint64_t of = __atomic_load_n(&s->kept_stored, __ATOMIC_RELAXED);
+    double per_byte = of ? (double)made / (double)of : 0.0, need;
+    if (of == 0)
+        return 1;
+    need = (double)__atomic_load_n(&s->located_stored, __ATOMIC_RELAXED) * per_byte;
+    return (double)stored * per_byte <= (double)s->cache_bound && need <= (double)s->cache_bound;
+}
+
+/* The sparse payload of the `decoded` bytes at `data` (a frame decompressed from its start,
+ * `map`: its `nmap` zstd blocks), malloc'd into *out (*out_len bytes, SparseHead): 1, or 0 when
+ * that would not pay (its raw zstd blocks are less than an eighth of it: text; or the map does
+ * not cover it; or no memory): the payload is then the decompressed bytes themselves. */
+static int make_sparse(const char *data, size_t decoded, const FrameBlock *map, size_t nmap, char **out,
+                       size_t *out_len)
+{
+    uint64_t raw = 0, kept = 0, at = 0;
+    size_t i, head;
+    SparseHead *h;
+    FrameBlock *m;
+    char *blob, *k;
+    for (i = 0; i < nmap; i++) {
+        if (map[i].decoded != at || map[i].size > decoded - at || map[i].kind > 2)
+            return 0;
+        at += map[i].size;
+        if (map[i].kind == 0)
+            raw += map[i].size;
+        else if (map[i].kind == 2)
+            kept += map[i].size;
+    }
+    if (at != decoded || raw < decoded / 8)
+        return 0;
+    head = sizeof *h + nmap * sizeof *m;
+    if ((blob = malloc(head + (size_t)kept)) == NULL)
+        return 0;
+    h = (SparseHead *)blob;
+    m = (FrameBlock *)(blob + sizeof *h);
+    k = blob + head;
+    h->nmap = nmap;
+    h->kept = kept;
+    for (i = 0, kept = 0; i < nmap; i++) {
+        m[i] = map[i];
+        m[i].kept = 0;
+        if (map[i].kind == 2) {
+            m[i].kept = kept;
+            if (map[i].size > 0)
+                memcpy(k + kept, data + map[i].decoded, map[i].size);
+            kept += map[i].size;
+        }
+    }
+    *out = blob;
+    *out_len = head + (size_t)kept;
+    return 1;
+}
+
+/* Runs assembled from a sparse payload up to this size go into the worker's own buffer (kept
+ * for its next reads: a fresh one of more than 128 KiB is an mmap, page faults and a munmap
+ * each read, which cost the image set's cold random reads 8% of their files/s). */
+#define ASSEMBLY_KEEP ((size_t)1 << 20)
+
+typedef struct {
+    char *data;
+    size_t capacity;
+} Scratch;
+
+static pthread_key_t assembly_key;
+static pthread_once_t assembly_once = PTHREAD_ONCE_INIT;
+
+static void free_scratch(void *p)
+{
+    Scratch *sc = p;
+    free(sc->data);
+    free(sc);
+}
+
+static void make_assembly_key(void)
+{
+    pthread_key_create(&assembly_key, free_scratch);
+}
+
+/* A buffer of `size` bytes to assemble a run into: the worker's own (*owned 0), or malloc'd
+ * (*owned 1, larger than ASSEMBLY_KEEP or no memory for the worker's); NULL: no memory. */
+static char *assembly_buffer(size_t size, int *owned)
+{
+    Scratch *sc;
+    size_t want = size ? size : 1;
+    *owned = 1;
+    if (want <= ASSEMBLY_KEEP) {
+        pthread_once(&assembly_once, make_assembly_key);
+        sc = pthread_getspecific(assembly_key);
+        if (sc == NULL && (sc = calloc(1, sizeof *sc)) != NULL && pthread_setspecific(assembly_key, sc) != 0) {
+            free(sc);
+            sc = NULL;
+        }
+        if (sc != NULL && sc->capacity < want) {
+            size_t grown = want < (64u << 10) ? (64u << 10) : want;
+            char *data = malloc(grown);
+            if (data != NULL) {
+                free(sc->data);
+                sc->data = data;
+                sc->capacity = grown;
+            }
+        }
+        if (sc != NULL && sc->capacity >= want) {
+            *owned = 0;
+            return sc->data;
+        }
+    }
+    return malloc(want);
+}
+
+/* Bytes [offset, offset + length) of the sparse payload `b` (ready, held) into `out`: 0, or -1. */
+static int sparse_run(const Located *l, uint64_t block, const CachedBlock *b, uint64_t offset, uint64_t length,
+                      char *out)
+{
+    const SparseHead *h = (const SparseHead *)b->data;
+    size_t head;
+    if (b->capacity < sizeof *h || h->nmap > (b->capacity - sizeof *h) / sizeof(FrameBlock))
+        return -1;
+    head = sizeof *h + (size_t)h->nmap * sizeof(FrameBlock);
+    if (h->kept != b->capacity - head)
+        return -1;
+    return assemble_run(l, block, (const FrameBlock *)(b->data + sizeof *h), (size_t)h->nmap, b->length,
+                        b->data + head, h->kept, offset, length, out);
 }
 
 /* A frame's map learnt by decode_frame kept in the byte cache (KIND_FRAME; replacing a shorter one). */
@@ -847,7 +1059,7 @@ static CachedBlock *acquire_payload(Session *s, const Located *l, uint64_t shard
         cache_abandon(s, b);
         return NULL;
     }
-    whole = keep_whole(s, l, block, content) || need >= content - content / 8;
+    whole = keep_whole(s, l, block) || need >= content - content / 8;
     want = whole ? content : need;
     cap = (size_t)(whole || content - need < ZSTD_BLOCKSIZE_MAX ? content : need + ZSTD_BLOCKSIZE_MAX);
     cache_reserve(s, cap);
@@ -860,7 +1072,27 @@ static CachedBlock *acquire_payload(Session *s, const Located *l, uint64_t shard
         return NULL;
     }
     __atomic_add_fetch(decoded == content ? &s->frames_whole : &s->frames_partial, 1, __ATOMIC_RELAXED);
-    cache_complete_sized(s, b, data, decoded, capacity);
+    {
+        char *blob;
+        size_t blob_len;
+        uint64_t stored = l->starts[block + 1] - l->starts[block];
+        if (make_sparse(data, decoded, map, nmap, &blob, &blob_len)) {
+            /* Only what cannot be read from disk stays: the decompressed buffer goes back to the
+             * pool, and its reservation with it. */
+            buffer_put(s, data, capacity);
+            b->sparse = 1;
+            cache_complete_sized(s, b, blob, decoded, blob_len);
+            cache_unreserve(s, cap);
+            cap = 0;
+            capacity = blob_len;
+        } else {
+            cache_complete_sized(s, b, data, decoded, capacity);
+        }
+        if (decoded == content) {  /* what a whole one costs a stored byte (keep_whole) */
+            __atomic_add_fetch(&s->kept_made, (uint64_t)capacity, __ATOMIC_RELAXED);
+            __atomic_add_fetch(&s->kept_stored, stored, __ATOMIC_RELAXED);
+        }
+    }
     *reserved = cap;
     *map_out = map;
     *nmap_out = nmap;
@@ -874,6 +1106,8 @@ static int serve_run(Session *s, const Located *l, fuse_req_t req, uint64_t shar
 {
     CachedBlock *b = NULL;
     const char *run;
+    char *assembled = NULL;
+    int owned = 0;
     uint64_t end = span->offset + span->length;
     size_t reserved = 0, nmap = 0;
     FrameBlock *map = NULL;
@@ -929,14 +1163,26 @@ static int serve_run(Session *s, const Located *l, fuse_req_t req, uint64_t shar
     }
     if (b == NULL)
         return 0;
-    run = b->data + span->offset;
-    /* A file read in several requests is checked once, at its first. */
-    ok = __atomic_load_n(&b->verified, __ATOMIC_ACQUIRE) == row + 1;
-    if (!ok && (ok = run_checks(span, run)))
-        __atomic_add_fetch(&b->served, span->length, __ATOMIC_RELAXED);
+    if (b->sparse) {
+        /* Assembled from disk and the kept bytes: checked every time (its raw pieces are read
+         * anew). */
+        assembled = assembly_buffer((size_t)span->length, &owned);
+        ok = assembled != NULL && sparse_run(l, block, b, span->offset, span->length, assembled) == 0
+             && run_checks(span, assembled);
+        if (ok)
+            __atomic_add_fetch(&b->served, span->length, __ATOMIC_RELAXED);
+        run = assembled;
+    } else {
+        run = b->data + span->offset;
+        /* A file read in several requests is checked once, at its first. */
+        ok = __atomic_load_n(&b->verified, __ATOMIC_ACQUIRE) == row + 1;
+        if (!ok && (ok = run_checks(span, run)))
+            __atomic_add_fetch(&b->served, span->length, __ATOMIC_RELAXED);
+        if (ok)
+            __atomic_store_n(&b->verified, row + 1, __ATOMIC_RELEASE);
+    }
     if (ok) {
         uint64_t file_length = span->prefix_len + span->length;
-        __atomic_store_n(&b->verified, row + 1, __ATOMIC_RELEASE);
         reply_parts(req, span->prefix, span->prefix_len, run, (size_t)span->length, size, off);
         if ((off != 0 || size < file_length) && file_length <= RUN_KEEP_MAX) {
             /* A file read in pieces: kept whole for its next pieces, which the payload, if it
@@ -959,6 +1205,8 @@ static int serve_run(Session *s, const Located *l, fuse_req_t req, uint64_t shar
                 cache_release(s, kept);
         }
     }
+    if (owned)
+        free(assembled);
     cache_release(s, b);
     if (reserved)
         cache_unreserve(s, reserved);

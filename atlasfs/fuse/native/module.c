@@ -189,9 +189,11 @@ static PyObject *Session_stats(Session *self, PyObject *unused)
 static PyObject *Session_frames(Session *self, PyObject *unused)
 {
     (void)unused;
-    return Py_BuildValue("{sKsKsK}", "whole", (unsigned long long)__atomic_load_n(&self->frames_whole, __ATOMIC_RELAXED),
+    return Py_BuildValue("{sKsKsKsKsK}", "whole", (unsigned long long)__atomic_load_n(&self->frames_whole, __ATOMIC_RELAXED),
                          "partial", (unsigned long long)__atomic_load_n(&self->frames_partial, __ATOMIC_RELAXED),
-                         "waited", (unsigned long long)__atomic_load_n(&self->frames_waited, __ATOMIC_RELAXED));
+                         "waited", (unsigned long long)__atomic_load_n(&self->frames_waited, __ATOMIC_RELAXED),
+                         "kept", (unsigned long long)__atomic_load_n(&self->kept_made, __ATOMIC_RELAXED),
+                         "of", (unsigned long long)__atomic_load_n(&self->kept_stored, __ATOMIC_RELAXED));
 }
 
 static void Session_dealloc(Session *self)
@@ -227,7 +229,8 @@ static PyMethodDef Session_methods[] = {
      "Requests answered so far, per kind: {'lookup': {'c': n, 'python': n}, ...}."},
     {"frames", (PyCFunction)Session_frames, METH_NOARGS,
      "Blocks' zstd frames decompressed in C so far: {'whole': n (kept for the pass), 'partial': n (up to a "
-     "file's end), 'waited': n (reads that waited for another worker's)}."},
+     "file's end), 'waited': n (reads that waited for another worker's), 'kept': bytes the whole ones cost the "
+     "cache, 'of': their stored bytes}."},
     {"fd", (PyCFunction)Session_fd, METH_NOARGS, "The session's /dev/fuse descriptor, -1 when closed."},
     {NULL, NULL, 0, NULL},
 };
