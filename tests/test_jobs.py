@@ -33,7 +33,9 @@ def _dataset(path: Path) -> Path:
 
 
 def _tables(folder: Path) -> dict[str, bytes]:
-    return {p.name: p.read_bytes() for p in sorted(folder.iterdir())}
+    """The file tables stored in ``folder`` (beside them, energon's index.sqlite: one, checked)."""
+    assert len(list(folder.glob("energon-*.sqlite"))) == 1
+    return {p.name: p.read_bytes() for p in sorted(folder.glob("*.table"))}
 
 
 def _stored_lines(result: subprocess.CompletedProcess[str]) -> list[str]:

@@ -266,8 +266,12 @@ def _index(args: argparse.Namespace, report: object, where: dict[str, object]) -
         before = f" ({report.stored_before} of them were already)" if report.stored_before else ""
         print(f"file tables of {done} of {shards} shards are up to date in {store.save_folder}{before}"
               if report.failed else f"file tables of {done} shards are up to date in {store.save_folder}{before}")
-        if done:
-            print(store_energon_index(dataset, args.settings.index_dir))
+        # energon's index.sqlite beside the tables, said only when it could not be stored (the
+        # tables' line is the summary); not into a bucket: mounts build it in the user's cache
+        if done and (args.settings.index_dir is not None or not dataset.storage.remote):
+            problem = store_energon_index(dataset, args.settings.index_dir)
+            if problem is not None:
+                print(f"atlasfs: {problem}", file=sys.stderr)
     return 1 if report.failed else 0
 
 

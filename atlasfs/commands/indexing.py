@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import logging
 import sqlite3
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -101,9 +102,10 @@ def index_all(source: Source, opener: Opener, index_dir: str | None, jobs: int,
     return result
 
 
-def store_energon_index(source: Source, index_dir: str | None) -> str:
+def store_energon_index(source: Source, index_dir: str | None) -> str | None:
     """Store energon's ``index.sqlite`` of the tar view beside the dataset (or in
-    ``index_dir``), from the tables just stored; returns what was done, in one line."""
+    ``index_dir``), from the tables just stored; returns None, or why it was not, in one line.
+    The tar view's own log lines are held back: a bad shard was said once by the tables' pass."""
     from atlasfs.tree.indexes.served import LoaderFiles
     from atlasfs.tree.tarview import TarView
 
@@ -114,6 +116,8 @@ def store_energon_index(source: Source, index_dir: str | None) -> str:
     # descriptors at a time (80 shards under a limit of 48 failed in sqlite's open).
     view = TarView(tree, store=store, made=lambda shard: tree.forget(position[shard]))
     loaders: LoaderFiles = view.loaders
+    quiet = logging.getLogger("atlasfs")
+    level, quiet.level = quiet.level, logging.CRITICAL
     try:
         where = loaders.store_sqlite()
     except Unreadable as exc:
@@ -121,7 +125,8 @@ def store_energon_index(source: Source, index_dir: str | None) -> str:
     except (OSError, sqlite3.Error) as exc:
         return f"energon's index.sqlite not stored: {exc}"
     finally:
+        quiet.setLevel(level)
         loaders.close()
     if where is None:
         return "energon's index.sqlite not stored (the folder cannot take it); mounts build it in the user's cache"
-    return f"energon's index.sqlite of the tar view is up to date in {where}"
+    return None
