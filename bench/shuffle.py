@@ -65,6 +65,8 @@ SYSTEMS = ("atlasfs", "squashfuse_ll", "tmpfs")
 PASSES = ("1 reader", "4 readers", "map-style loop")
 READERS = 4
 BLOCK_SIZE = 64
+#: AtlasWriter's default compression strategy (2: zstd with a dictionary shared by the shards).
+DEFAULT_STRATEGY = 2
 MKSQUASHFS_ARGS = ["-comp", "zstd", "-Xcompression-level", "3", "-b", "131072"]
 _WORDS = ("a photo of", "a close-up of", "a blurry picture of", "an old painting of", "a drawing of", "a dog",
           "a cat", "two birds", "the sea", "a red car", "a bowl of fruit", "mountains", "a city street", "at night",
@@ -128,11 +130,15 @@ def prepare(args: argparse.Namespace, workdir: str, media_python: str, squashfs:
     and the squashfs image under ``workdir/shuffle-<samples>``; what they are."""
     from atlasfs import AtlasWriter
 
-    root = os.path.join(workdir, f"shuffle-{args.samples}")
+    # Other block sizes and strategies than the writer's defaults: data of their own beside it.
+    settings = "" if (args.block_size, args.strategy) == (BLOCK_SIZE, DEFAULT_STRATEGY) else \
+        f"-b{args.block_size}-s{args.strategy}"
+    root = os.path.join(workdir, f"shuffle-{args.samples}{settings}")
     stamp_path = os.path.join(root, "done.json")
     with open(MEDIA_REQUIREMENTS) as f:
         key = {"generator": GENERATOR_VERSION, "samples": args.samples, "shard_size": args.shard_size,
-               "block_size": BLOCK_SIZE, "seed": args.seed, "requirements": f.read()}
+               "block_size": args.block_size, "strategy": args.strategy, "seed": args.seed,
+               "requirements": f.read()}
     done = harness.kept(stamp_path, key)
     atlas, files, image = (os.path.join(root, x) for x in ("atlas", "files", "squashfs.img"))
     if done is None:
@@ -155,8 +161,10 @@ def prepare(args: argparse.Namespace, workdir: str, media_python: str, squashfs:
                 yield {"jpg": jpg, "cls": rng.randrange(1000),
                        "json": {"caption": caption, "width": w, "height": h, "id": i}}
 
-        log(f"writing them with AtlasWriter's defaults (blocks of {BLOCK_SIZE}, shards of {args.shard_size})")
-        with AtlasWriter(atlas, shard_size=args.shard_size, block_size=BLOCK_SIZE) as writer:
+        log(f"writing them with AtlasWriter (blocks of {args.block_size}, strategy {args.strategy}, "
+            f"shards of {args.shard_size})")
+        with AtlasWriter(atlas, shard_size=args.shard_size, block_size=args.block_size,
+                         compression_strategy=args.strategy) as writer:
             writer.add_examples(examples())
         make_seconds = time.perf_counter() - start
         tars = os.path.join(root, "tars")
@@ -199,6 +207,7 @@ def prepare(args: argparse.Namespace, workdir: str, media_python: str, squashfs:
             "file_bytes": sum(os.path.getsize(os.path.join(files, p)) for p in all_files),
             "jpg_bytes": sum(os.path.getsize(os.path.join(files, p)) for p in all_files if p.endswith(".jpg")),
             "atlas_bytes": _dir_bytes(atlas), "squashfs_bytes": os.path.getsize(image) if squashfs else None,
+            "block_size": args.block_size,
             "strategies": sorted({json.dumps(s.get("compression_strategy", s.get("strategy")))
                                   for s in _shard_metas(meta)}),
             "make_seconds": done.get("make_seconds"), "squashfs_seconds": done.get("squashfs_seconds")}
@@ -477,7 +486,8 @@ def body(result: dict[str, Any], squashfs_version: str) -> list[str]:
     lines = [f"{d['file_count'] // 3:,} samples ({d['file_count']:,} files, {d['file_bytes'] / mib:,.1f} MiB; "
              f".jpg {d['jpg_bytes'] / mib:,.1f} MiB, {d['jpg_bytes'] / (d['file_count'] // 3) / 1000:.1f} KB each) "
              f"in {len(d['shards'])} shard{'s' if len(d['shards']) != 1 else ''}; Atlas {d['atlas_bytes'] / mib:,.1f} MiB "
-             f"(compression strategies in meta.json: {', '.join(d['strategies']) or '?'}), squashfs image "
+             f"(blocks of {d.get('block_size', '?')} examples; compression strategies in meta.json: "
+             f"{', '.join(d['strategies']) or '?'}), squashfs image "
              + (f"{d['squashfs_bytes'] / mib:,.1f} MiB" if d["squashfs_bytes"] else "missing")
              + f". atlasfs --cache-size {result['cache_size']}; {squashfs_version}.",
              "",
@@ -511,6 +521,10 @@ def main(argv: list[str] | None = None) -> int:
     p = harness.parser(__doc__, repeat=3)
     p.add_argument("--samples", type=int, help="samples (default 20000, --smoke 400)")
     p.add_argument("--shard-size", type=int, help="samples a shard (default 2500, --smoke 200)")
+    p.add_argument("--block-size", type=int, default=BLOCK_SIZE,
+                   help=f"examples a block (default {BLOCK_SIZE}, the writer's default)")
+    p.add_argument("--strategy", type=int, choices=(0, 1, 2, 3), default=DEFAULT_STRATEGY,
+                   help=f"compression strategy (default {DEFAULT_STRATEGY}, the writer's default)")
     p.add_argument("--reads", type=int, help="samples a pass reads (default all, in the shuffled order)")
     p.add_argument("--cache-size", help="atlasfs --cache-size (default a quarter of the files' bytes)")
     p.add_argument("--seed", type=int, default=39)
