@@ -31,6 +31,7 @@ from atlasfs.tree.indexes.served import LoaderSettings
 from atlasfs.tree.tablestore import TableStore
 from atlasfs.tree.tarview import TarView
 from fusemount import atlasfs, mounted
+from loaderdata import loader_dataset
 from otheruser import NOBODY, require_root
 
 # energon's rules (megatron/energon/flavors/webdataset/config.py), restated to check against
@@ -39,16 +40,7 @@ META = re.compile(r"__[^/]*__($|/)")
 
 
 def _dataset(path: Path, examples: int = 120, shard_size: int = 50, odd_keys: bool = True) -> Path:
-    rng = random.Random(7)
-    keys = [f"k{i:04d}" for i in range(examples)]
-    rng.shuffle(keys)
-    if odd_keys:  # pax headers: a long name, a non-ASCII one in a sub-folder
-        keys[3], keys[8] = "x" * 120, "ünï/" + keys[8]
-    with AtlasWriter(path, shard_size=shard_size, block_size=6, compression_strategy=1) as writer:
-        for i, key in enumerate(keys):
-            writer.add_example({"__key__": key, "jpg": rng.randbytes(rng.randrange(1, 3000)), "cls": i,
-                                "json": {"i": i}})
-    return path
+    return loader_dataset(path, 7, examples, shard_size, odd_keys)
 
 
 def _export(dataset: Path, out: Path) -> None:

@@ -28,9 +28,9 @@ from pathlib import Path
 
 import pytest
 
-from atlasfs import AtlasWriter
 from fusemount import atlasfs, force_unmount, is_mounted, mounted
 from helpers import REFERENCE, REPO
+from loaderdata import loader_dataset
 
 pytestmark = pytest.mark.loaders
 
@@ -56,16 +56,7 @@ def _run(*args: str, cwd: Path | None = None, timeout: float = 300) -> str:
 
 
 def _atlas(path: Path, examples: int = 120, shard_size: int = 50, odd_keys: bool = False) -> Path:
-    rng = random.Random(5)
-    keys = [f"k{i:04d}" for i in range(examples)]
-    rng.shuffle(keys)
-    if odd_keys:  # pax headers: a long name, a non-ASCII one in a sub-folder
-        keys[3], keys[8] = "x" * 120, "ünï/" + keys[8]
-    with AtlasWriter(path, shard_size=shard_size, block_size=6, compression_strategy=1) as writer:
-        for i, key in enumerate(keys):
-            writer.add_example({"__key__": key, "jpg": rng.randbytes(rng.randrange(1, 3000)), "cls": i,
-                                "json": {"i": i}})
-    return path
+    return loader_dataset(path, 5, examples, shard_size, odd_keys)
 
 
 def _webdataset(path: Path) -> Path:

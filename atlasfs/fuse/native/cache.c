@@ -319,21 +319,30 @@ static CachedBlock *take(Session *s, uint64_t shard, int kind, uint64_t block, i
     return b;
 }
 
-CachedBlock *cache_acquire(Session *s, uint64_t shard, int kind, uint64_t block, int *mine)
+/* A new entry for (shard, kind, block), being filled by the caller (its one reader); the lock
+ * held. NULL: out of memory. */
+static CachedBlock *add_filling(Session *s, uint64_t shard, int kind, uint64_t block)
 {
-    CachedBlock *b;
-    *mine = 0;
-    pthread_mutex_lock(&s->cache_lock);
-    b = take_locked(s, shard, kind, block, 1);
-    if (b == NULL && (b = calloc(1, sizeof *b)) != NULL) {
+    CachedBlock *b = calloc(1, sizeof *b);
+    if (b != NULL) {
         b->shard = shard;
         b->block = block;
         b->kind = kind;
         b->state = FILLING;
         b->readers = 1;
         insert(s, b);
-        *mine = 1;
     }
+    return b;
+}
+
+CachedBlock *cache_acquire(Session *s, uint64_t shard, int kind, uint64_t block, int *mine)
+{
+    CachedBlock *b;
+    *mine = 0;
+    pthread_mutex_lock(&s->cache_lock);
+    b = take_locked(s, shard, kind, block, 1);
+    if (b == NULL && (b = add_filling(s, shard, kind, block)) != NULL)
+        *mine = 1;
     pthread_mutex_unlock(&s->cache_lock);
     return b;
 }
@@ -360,15 +369,8 @@ CachedBlock *cache_acquire_min(Session *s, uint64_t shard, int kind, uint64_t bl
     } else {
         if (b != NULL)
             orphan(s, b);
-        if ((b = calloc(1, sizeof *b)) != NULL) {
-            b->shard = shard;
-            b->block = block;
-            b->kind = kind;
-            b->state = FILLING;
-            b->readers = 1;
-            insert(s, b);
+        if ((b = add_filling(s, shard, kind, block)) != NULL)
             *mine = 1;
-        }
     }
     pthread_mutex_unlock(&s->cache_lock);
     return b;

@@ -1,0 +1,24 @@
+"""The Atlas dataset the loader tests read (tests/test_loader_indexes.py, tests/test_loaders_real.py):
+samples of random bytes as ``jpg`` with a ``cls`` and a ``json``, in small blocks."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+from atlasfs import AtlasWriter
+
+
+def loader_dataset(path: Path, seed: int, examples: int = 120, shard_size: int = 50, odd_keys: bool = False) -> Path:
+    """Write it at ``path``: keys in a shuffled order; ``odd_keys``: one long key and one
+    non-ASCII key in a sub-folder, which take pax headers in a tar."""
+    rng = random.Random(seed)
+    keys = [f"k{i:04d}" for i in range(examples)]
+    rng.shuffle(keys)
+    if odd_keys:
+        keys[3], keys[8] = "x" * 120, "ünï/" + keys[8]
+    with AtlasWriter(path, shard_size=shard_size, block_size=6, compression_strategy=1) as writer:
+        for i, key in enumerate(keys):
+            writer.add_example({"__key__": key, "jpg": rng.randbytes(rng.randrange(1, 3000)), "cls": i,
+                                "json": {"i": i}})
+    return path
