@@ -83,8 +83,11 @@ char *buffer_get(Session *s, size_t size, size_t *capacity)
     size_t i, best = POOL_SLOTS, rounded;
     char *data = NULL;
     pthread_mutex_lock(&s->cache_lock);
-    for (i = 0; i < POOL_SLOTS; i++)  /* the smallest that fits */
-        if (s->pool[i] != NULL && s->pool_cap[i] >= size && (best == POOL_SLOTS || s->pool_cap[i] < s->pool_cap[best]))
+    /* The smallest that fits, and at most twice the size: a buffer is charged to the cache at
+     * its capacity (a partial payload in a 32 MiB buffer would count 32 MiB). */
+    for (i = 0; i < POOL_SLOTS; i++)
+        if (s->pool[i] != NULL && s->pool_cap[i] >= size && s->pool_cap[i] / 2 <= size
+            && (best == POOL_SLOTS || s->pool_cap[i] < s->pool_cap[best]))
             best = i;
     if (best < POOL_SLOTS) {
         data = s->pool[best];

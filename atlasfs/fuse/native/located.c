@@ -1045,6 +1045,10 @@ static CachedBlock *acquire_payload(Session *s, const Located *l, uint64_t shard
         return b;
     if (!l->compressed) {
         uint64_t stored = l->starts[block + 1] - l->starts[block];
+        if (stored > l->max_block_bytes) {  /* before reserving: a lying index would empty the cache */
+            cache_abandon(s, b);
+            return NULL;
+        }
         cache_reserve(s, (size_t)stored);
         if (load_stored(l, block, &data, &decoded) != 0) {
             cache_abandon(s, b);
@@ -1169,7 +1173,7 @@ static int serve_run(Session *s, const Located *l, fuse_req_t req, uint64_t shar
         assembled = assembly_buffer((size_t)span->length, &owned);
         ok = assembled != NULL && sparse_run(l, block, b, span->offset, span->length, assembled) == 0
              && run_checks(span, assembled);
-        if (ok)
+        if (ok && off == 0)  /* once a file (a read in pieces, a second epoch): eviction's guide */
             __atomic_add_fetch(&b->served, span->length, __ATOMIC_RELAXED);
         run = assembled;
     } else {
