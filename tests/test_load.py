@@ -137,3 +137,5 @@ def test_sixteen_readers_get_correct_bytes_within_the_memory_bound(tmp_path: Pat
             if daemon.poll() is None:
                 daemon.kill()
             force_unmount(mnt)
+            if errors or wrong:  # the daemon's log says why (shown with the failure)
+                print("daemon log (end):\n" + daemon.stderr.read()[-6000:])
