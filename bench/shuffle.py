@@ -54,7 +54,7 @@ if __package__ in (None, ""):  # run as a script: make `bench` importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     __package__ = "bench"
 
-from bench import harness, systems
+from bench import datagen, harness, systems
 
 log = harness.log
 #: Bump when the data changes, so that kept data sets are rebuilt.
@@ -80,28 +80,7 @@ def ensure_media_venv(venv: str, install: bool) -> str:
     """The python of ``venv`` with bench/requirements-media.txt installed (from PyPI when
     missing, if ``install``). Raises SystemUnavailable."""
     python = os.path.join(venv, "bin", "python")
-    stamp = os.path.join(venv, ".bench-requirements")
-    with open(MEDIA_REQUIREMENTS) as f:
-        wanted = f.read()
-    try:
-        with open(stamp) as f:
-            installed = f.read()
-    except OSError:
-        installed = None
-    if installed != wanted or not os.access(python, os.X_OK):
-        if not install:
-            raise systems.SystemUnavailable(f"Pillow is not installed in {venv} (run without --no-install)")
-        log(f"installing Pillow and numpy into {venv} (benchmark-only dependency)")
-        shutil.rmtree(venv, ignore_errors=True)
-        for step in ([sys.executable, "-m", "venv", venv],
-                     [python, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "-r",
-                      MEDIA_REQUIREMENTS]):
-            result = subprocess.run(step, capture_output=True, check=False, text=True, timeout=900)
-            if result.returncode != 0:
-                raise systems.SystemUnavailable(f"{' '.join(step[:4])}... exited {result.returncode}: "
-                                                f"{(result.stderr or result.stdout).strip()[-300:]}")
-        with open(stamp, "w") as f:
-            f.write(wanted)
+    systems.ensure_venv(venv, MEDIA_REQUIREMENTS, python, "Pillow", log, install)
     return python
 
 
@@ -175,7 +154,7 @@ def prepare(args: argparse.Namespace, workdir: str, media_python: str, squashfs:
             subprocess.run(["tar", "xf", os.path.join(tars, f"{shard}.tar"), "-C", os.path.join(files, shard)],
                            check=True)
         shutil.rmtree(tars)
-        jpgs = sorted(p for p in _file_list(files) if p.endswith(".jpg"))
+        jpgs = sorted(p for p in datagen.file_list(files) if p.endswith(".jpg"))
         if len(jpgs) != args.samples:
             raise RuntimeError(f"the export has {len(jpgs)} .jpg files, not {args.samples}")
         seen = set()
@@ -201,7 +180,7 @@ def prepare(args: argparse.Namespace, workdir: str, media_python: str, squashfs:
         harness.keep(stamp_path, key, **{k: v for k, v in done.items() if k != "key"})
     with open(os.path.join(atlas, "meta.json")) as f:
         meta = json.load(f)
-    all_files = _file_list(files)
+    all_files = datagen.file_list(files)
     return {"root": root, "atlas": atlas, "files": files, "image": image if squashfs else None,
             "shards": done["shards"], "file_count": len(all_files),
             "file_bytes": sum(os.path.getsize(os.path.join(files, p)) for p in all_files),
@@ -236,14 +215,6 @@ def _atlasfs(*args: str) -> None:
 def _read(path: str) -> bytes:
     with open(path, "rb") as f:
         return f.read()
-
-
-def _file_list(folder: str) -> list[str]:
-    out = []
-    for d, _, fs in os.walk(folder):
-        rel = os.path.relpath(d, folder)
-        out.extend(os.path.normpath(os.path.join(rel, f)) for f in fs)
-    return sorted(out)
 
 
 def _dir_bytes(path: str) -> int:
@@ -407,7 +378,7 @@ def run(args: argparse.Namespace, ws: harness.Workspace, media_python: str, squa
     data = prepare(args, ws.workdir, media_python, squashfs_reason is None)
     cache = args.cache_size or f"{max(1, round(data['file_bytes'] / 4 / 2**20))}M"
     files = data["files"]
-    jpgs = [p for p in _file_list(files) if p.endswith(".jpg")]
+    jpgs = [p for p in datagen.file_list(files) if p.endswith(".jpg")]
     order = list(range(len(jpgs)))
     random.Random(args.seed).shuffle(order)
     order = order[:args.reads] if args.reads else order

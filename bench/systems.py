@@ -347,42 +347,57 @@ class ServedTree(System):
 # -- ratarmount's own virtualenv
 
 
+def requirement_lines(path: str) -> str:
+    """The requirement lines of the requirements file ``path`` (comments and blank lines left out)."""
+    with open(path) as f:
+        return "".join(line for line in f if line.strip() and not line.lstrip().startswith("#")).strip()
+
+
 def ratarmount_requirement() -> str:
     """The pinned requirement line(s) of the benchmark's ratarmount."""
-    with open(RATARMOUNT_REQUIREMENTS) as f:
-        return "".join(line for line in f if line.strip() and not line.lstrip().startswith("#")).strip()
+    return requirement_lines(RATARMOUNT_REQUIREMENTS)
+
+
+def ensure_venv(venv: str, requirements: str, executable: str, what: str, log: Callable[[str], None],
+                install: bool = True) -> None:
+    """Make sure the virtualenv ``venv`` holds the requirements file ``requirements``: made anew
+    and installed from PyPI (if ``install``) when its stamp names other requirements or
+    ``executable`` is missing. ``what`` names it in messages. Raises :class:`SystemUnavailable`
+    with the reason otherwise."""
+    stamp = os.path.join(venv, ".bench-requirements")
+    wanted = requirement_lines(requirements)
+    try:
+        with open(stamp) as f:
+            installed = f.read()
+    except OSError:
+        installed = None
+    if installed == wanted and os.access(executable, os.X_OK):
+        return
+    if not install:
+        raise SystemUnavailable(f"{what} is not installed in {venv} (run without --no-install)")
+    log(f"installing {wanted.replace(chr(10), ' ')} into {venv} (benchmark-only dependency)")
+    shutil.rmtree(venv, ignore_errors=True)
+    steps = [[sys.executable, "-m", "venv", venv],
+             [os.path.join(venv, "bin", "python"), "-m", "pip", "install", "--quiet",
+              "--disable-pip-version-check", "-r", requirements]]
+    for step in steps:
+        try:
+            result = subprocess.run(step, capture_output=True, check=False, text=True, timeout=900)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise SystemUnavailable(f"cannot install {what}: {' '.join(step[:3])}...: {exc}") from None
+        if result.returncode != 0:
+            detail = (result.stderr.strip() or result.stdout.strip()).splitlines()
+            raise SystemUnavailable(f"cannot install {what} ({' '.join(step[:4])}... exited "
+                                    f"{result.returncode}): {detail[-1] if detail else 'no output'}")
+    with open(stamp, "w") as f:
+        f.write(wanted)
 
 
 def ensure_ratarmount(venv: str, log: Callable[[str], None], install: bool = True) -> tuple[str, str]:
     """The ratarmount executable of ``venv`` and its version, installing it there from PyPI when
     missing (``install``). Raises :class:`SystemUnavailable` with the reason otherwise."""
     executable = os.path.join(venv, "bin", "ratarmount")
-    stamp = os.path.join(venv, ".bench-requirements")
-    wanted = ratarmount_requirement()
-    try:
-        with open(stamp) as f:
-            installed = f.read()
-    except OSError:
-        installed = None
-    if installed != wanted or not os.access(executable, os.X_OK):
-        if not install:
-            raise SystemUnavailable(f"ratarmount is not installed in {venv} (run without --no-install)")
-        log(f"installing {wanted.replace(chr(10), ' ')} into {venv} (benchmark-only dependency)")
-        shutil.rmtree(venv, ignore_errors=True)
-        steps = [[sys.executable, "-m", "venv", venv],
-                 [os.path.join(venv, "bin", "python"), "-m", "pip", "install", "--quiet",
-                  "--disable-pip-version-check", "-r", RATARMOUNT_REQUIREMENTS]]
-        for step in steps:
-            try:
-                result = subprocess.run(step, capture_output=True, check=False, text=True, timeout=900)
-            except (OSError, subprocess.TimeoutExpired) as exc:
-                raise SystemUnavailable(f"cannot install ratarmount: {' '.join(step[:3])}...: {exc}") from None
-            if result.returncode != 0:
-                detail = (result.stderr.strip() or result.stdout.strip()).splitlines()
-                raise SystemUnavailable(f"cannot install ratarmount ({' '.join(step[:4])}... exited "
-                                        f"{result.returncode}): {detail[-1] if detail else 'no output'}")
-        with open(stamp, "w") as f:
-            f.write(wanted)
+    ensure_venv(venv, RATARMOUNT_REQUIREMENTS, executable, "ratarmount", log, install)
     result = subprocess.run([executable, "--version"], capture_output=True, check=False, text=True)
     if result.returncode != 0:
         raise SystemUnavailable(f"{executable} --version failed: {result.stderr.strip()[-200:]}")

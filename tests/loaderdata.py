@@ -1,9 +1,11 @@
-"""The Atlas dataset the loader tests read (tests/test_loader_indexes.py, tests/test_loaders_real.py):
-samples of random bytes as ``jpg`` with a ``cls`` and a ``json``, in small blocks."""
+"""What the loader tests share (tests/test_loader_indexes.py, tests/test_loaders_real.py): the
+Atlas dataset they read (samples of random bytes as ``jpg`` with a ``cls`` and a ``json``, in
+small blocks), and what an energon ``index.sqlite`` holds."""
 
 from __future__ import annotations
 
 import random
+import sqlite3
 from pathlib import Path
 
 from atlasfs import AtlasWriter
@@ -22,3 +24,13 @@ def loader_dataset(path: Path, seed: int, examples: int = 120, shard_size: int =
             writer.add_example({"__key__": key, "jpg": rng.randbytes(rng.randrange(1, 3000)), "cls": i,
                                 "json": {"i": i}})
     return path
+
+
+def sqlite_rows(path: Path) -> tuple[list, list, list]:
+    """An energon ``index.sqlite``'s schema (in order) and its sample and part rows (sorted)."""
+    db = sqlite3.connect(f"file:{path}?mode=ro&immutable=1", uri=True)
+    try:
+        return (list(db.execute("SELECT type, name, tbl_name, sql FROM sqlite_master ORDER BY rowid")),
+                sorted(db.execute("SELECT * FROM samples")), sorted(db.execute("SELECT * FROM sample_parts")))
+    finally:
+        db.close()

@@ -14,7 +14,6 @@ import json
 import os
 import random
 import re
-import sqlite3
 import stat
 import struct
 import tarfile
@@ -31,7 +30,7 @@ from atlasfs.tree.indexes.served import LoaderSettings
 from atlasfs.tree.tablestore import TableStore
 from atlasfs.tree.tarview import TarView
 from fusemount import atlasfs, mounted
-from loaderdata import loader_dataset
+from loaderdata import loader_dataset, sqlite_rows
 from otheruser import NOBODY, require_root
 
 # energon's rules (megatron/energon/flavors/webdataset/config.py), restated to check against
@@ -89,15 +88,6 @@ def _tarfile_expectations(tar: Path, tar_id: int) -> tuple[bytes, list[str], lis
     return struct.pack(f"<{len(starts) + 1}Q", *starts, end), lines, samples, parts
 
 
-def _rows(db_path: Path) -> tuple[list, list, list]:
-    db = sqlite3.connect(f"file:{db_path}?mode=ro&immutable=1", uri=True)
-    try:
-        return (list(db.execute("SELECT type, name, tbl_name, sql FROM sqlite_master ORDER BY rowid")),
-                sorted(db.execute("SELECT * FROM samples")), sorted(db.execute("SELECT * FROM sample_parts")))
-    finally:
-        db.close()
-
-
 def test_every_index_agrees_with_the_tars_as_tarfile_reads_them(tmp_path: Path) -> None:
     dataset = _dataset(tmp_path / "ds")
     _export(dataset, tmp_path / "out")
@@ -123,7 +113,7 @@ def test_every_index_agrees_with_the_tars_as_tarfile_reads_them(tmp_path: Path) 
     assert _read(view, "/.nv-meta/split.yaml") == b"split_parts:\n  train:\n  - '{0..2}.tar'\nexclude: []\n"
     assert _read(view, "/.nv-meta/dataset.yaml") == b"__module__: megatron.energon\n__class__: CrudeWebdataset\n"
     (tmp_path / "index.sqlite").write_bytes(_read(view, "/.nv-meta/index.sqlite"))
-    schema, samples, parts = _rows(tmp_path / "index.sqlite")
+    schema, samples, parts = sqlite_rows(tmp_path / "index.sqlite")
     assert [(kind, name) for kind, name, _, _ in schema] == list(energon.SCHEMA)
     assert samples == sorted(all_samples) and parts == sorted(all_parts)
     uuid = _read(view, "/.nv-meta/index.uuid")

@@ -20,7 +20,6 @@ import json
 import os
 import random
 import shutil
-import sqlite3
 import subprocess
 import tarfile
 import time
@@ -30,7 +29,7 @@ import pytest
 
 from fusemount import atlasfs, force_unmount, is_mounted, mounted
 from helpers import REFERENCE, REPO
-from loaderdata import loader_dataset
+from loaderdata import loader_dataset, sqlite_rows
 
 pytestmark = pytest.mark.loaders
 
@@ -84,15 +83,6 @@ def _prepared(out: Path, work: Path) -> Path:
     return prepared
 
 
-def _sqlite(path: Path) -> tuple[list, list, list]:
-    db = sqlite3.connect(f"file:{path}?mode=ro&immutable=1", uri=True)
-    try:
-        return (list(db.execute("SELECT type, name, tbl_name, sql FROM sqlite_master ORDER BY rowid")),
-                sorted(db.execute("SELECT * FROM samples")), sorted(db.execute("SELECT * FROM sample_parts")))
-    finally:
-        db.close()
-
-
 def _source(case: str, tmp_path: Path) -> Path:
     """A copy of a dataset of each format atlasfs mounts."""
     if case == "atlas-pax-names":
@@ -127,7 +117,7 @@ def test_the_served_indexes_equal_what_energon_prepare_and_wds2idx_write(tmp_pat
         for name in (".info.json", "split.yaml", "dataset.yaml"):
             assert (meta / name).read_bytes() == (theirs / name).read_bytes(), name
         (tmp_path / "served.sqlite").write_bytes((meta / "index.sqlite").read_bytes())
-        assert _sqlite(tmp_path / "served.sqlite") == _sqlite(theirs / "index.sqlite")
+        assert sqlite_rows(tmp_path / "served.sqlite") == sqlite_rows(theirs / "index.sqlite")
         assert len((meta / "index.uuid").read_bytes()) == len((theirs / "index.uuid").read_bytes()) == 36
 
 
