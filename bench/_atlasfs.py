@@ -13,6 +13,7 @@ from atlasfs.formats.atlas.meta import FORMAT_VERSION, RootMeta
 from atlasfs.formats.atlas.writer import ShardWriter, shard_name_width
 from atlasfs.formats.dolma import DolmaSource
 from atlasfs.formats.lavender import write_csv_shard
+from atlasfs.formats.naming import MAX_NAME_BYTES, encode_as, example_fields, index_key, index_key_width
 from atlasfs.formats.pbin import write_pbin
 from atlasfs.formats.safepickle import loads as safe_loads
 from atlasfs.fuse.mount import serve
@@ -21,7 +22,6 @@ from atlasfs.sizes import parse_size
 from atlasfs.tree.base import Entry, Tree
 from atlasfs.tree.blocktree import BlockTree
 from atlasfs.tree.filetable import Locators
-from atlasfs.tree.naming import MAX_NAME_BYTES, encode_as, example_fields, index_key, index_key_width
 from atlasfs.tree.tablestore import TableStore
 from atlasfs.tree.tarview import TarLayout
 

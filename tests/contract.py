@@ -27,9 +27,9 @@ from typing import Any, ClassVar
 import pytest
 
 from atlasfs.errors import AtlasFormatError
+from atlasfs.formats import naming
 from atlasfs.formats.factory import SourceOptions, detect, open_source
 from atlasfs.formats.source import Source, SourceShard
-from atlasfs.tree import naming
 from atlasfs.tree.blocktree import BlockTree
 from fusemount import atlasfs, mounted
 from helpers import deep_equal

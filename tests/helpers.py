@@ -88,7 +88,7 @@ def contract_files(examples: list[Any], shard_sizes: list[int]) -> list[dict[str
     Built from the naming layer's primitives applied to the expected examples,
     independently of the dataset reader and the tree.
     """
-    from atlasfs.tree.naming import (
+    from atlasfs.formats.naming import (
         MAX_NAME_BYTES,
         KeyAssigner,
         declared_key,

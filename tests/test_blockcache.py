@@ -1,4 +1,4 @@
-"""Tests for atlasfs.tree.blockcache.BlockCache: a byte-bounded LRU with single-flight loads."""
+"""Tests for atlasfs.blockcache.BlockCache: a byte-bounded LRU with single-flight loads."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from atlasfs.tree.blockcache import BlockCache
+from atlasfs.blockcache import BlockCache
 from threadwait import wait_until_parked
 
 

@@ -17,9 +17,9 @@ from typing import Any
 import pytest
 
 from atlasfs.errors import AtlasFormatError
+from atlasfs.formats.naming import NO_KEY, encode_as, index_key_width
 from atlasfs.formats.source import Source, SourceShard
 from atlasfs.tree.blocktree import BlockTree
-from atlasfs.tree.naming import NO_KEY, encode_as, index_key_width
 from atlasfs.tree.tablestore import TableStore
 
 LINES_PER_BLOCK = 3

@@ -18,8 +18,8 @@ from atlasfs.formats import dolma
 from atlasfs.formats import state as saved
 from atlasfs.formats.dolma import LINES_PER_BLOCK, DolmaError, DolmaSource, looks_like, open_source
 from atlasfs.formats.factory import SourceOptions, detect
+from atlasfs.formats.naming import NO_KEY, declared_key, encode_as, example_fields, index_key_width
 from atlasfs.formats.source import Source, SourceShard
-from atlasfs.tree.naming import NO_KEY, declared_key, encode_as, example_fields, index_key_width
 from helpers import in_threads
 
 

@@ -681,7 +681,7 @@ def test_a_pbin_document_past_the_block_bound_is_refused_unread(tmp_path: Path) 
         assert_eio(daemon.cat("b/000000.npy"))
         import numpy as np
 
-        from atlasfs.tree.naming import encode_as
+        from atlasfs.formats.naming import encode_as
         (tmp_path / "expected.npy").write_bytes(encode_as("npy", np.array([3], dtype=np.uint16)))
         served = daemon.run("cmp", str(daemon.mnt / "a" / "000001.npy"), str(tmp_path / "expected.npy"))
         assert served.returncode == 0, served

@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from webdataset.autodecode import Decoder, basichandlers
 
-from atlasfs.tree.naming import (
+from atlasfs.formats.naming import (
     NO_KEY,
     KeyAssigner,
     canonical_pickle,
@@ -175,7 +175,7 @@ def test_key_assignment_falls_back_to_index_keys_and_never_collides() -> None:
 
 def test_canonical_pickle_is_the_same_in_every_process() -> None:
     value = {"s": {"alpha", "beta", "gamma", "delta"}, "f": frozenset({("x", 1), ("y", 2)}), "m": {1, "a"}}
-    script = ("import sys; from atlasfs.tree.naming import canonical_pickle; "
+    script = ("import sys; from atlasfs.formats.naming import canonical_pickle; "
               "v={'s': {'alpha','beta','gamma','delta'}, 'f': frozenset({('x',1),('y',2)}), 'm': {1,'a'}}; "
               "sys.stdout.buffer.write(canonical_pickle(v))")
     outputs = {subprocess.run([sys.executable, "-c", script], capture_output=True, check=True,
@@ -247,7 +247,7 @@ _KEY_CHARS = st.sampled_from(list("aZ09_-./_ é\x01") + ["__"])
 @given(st.lists(_KEY_CHARS, max_size=12).map("".join), st.integers(0, 260))
 @settings(max_examples=500)
 def test_key_problem_quick_path_agrees_with_the_rules(key: str, longest: int) -> None:
-    from atlasfs.tree.naming import _key_rules
+    from atlasfs.formats.naming import _key_rules
     assert key_problem(key, longest) == _key_rules(key, longest)
     long_key = key * 40
     assert key_problem(long_key, longest) == _key_rules(long_key, longest)
@@ -257,7 +257,7 @@ def test_key_problem_quick_path_agrees_with_the_rules(key: str, longest: int) ->
        st.one_of(st.text(max_size=20), st.text(alphabet="abc", max_size=20), st.integers(), st.binary(max_size=4)))
 @settings(max_examples=500)
 def test_field_suffix_quick_path_agrees_with_the_rules(name: str, value: object) -> None:
-    from atlasfs.tree.naming import _suffix_rules
+    from atlasfs.formats.naming import _suffix_rules
     assert field_suffix(name, value) == _suffix_rules(name, value)
 
 
@@ -301,7 +301,7 @@ def _table_refuses(path: str, folder: str) -> str | None:
 
 @pytest.mark.parametrize("name", HOSTILE_NAMES)
 def test_hostile_names_are_refused_as_names_keys_and_fields(name: str) -> None:
-    from atlasfs.tree.naming import field_name_problem, name_problem
+    from atlasfs.formats.naming import field_name_problem, name_problem
     assert name_problem(name) is not None
     if "/" not in name:  # a key may have folders: "a/b"
         assert key_problem(name, 3) is not None
@@ -316,7 +316,7 @@ def test_hostile_names_are_refused_as_names_keys_and_fields(name: str) -> None:
 
 @pytest.mark.parametrize("name", FINE_NAMES)
 def test_names_close_to_hostile_ones_stay(name: str) -> None:
-    from atlasfs.tree.naming import field_name_problem, name_problem
+    from atlasfs.formats.naming import field_name_problem, name_problem
     assert name_problem(name) is None
     if "." not in name and len(name) < 200:
         assert key_problem(name, 3) is None and KeyAssigner(6).assign(name, 7, 3) == (name, None)
@@ -329,7 +329,7 @@ def test_names_close_to_hostile_ones_stay(name: str) -> None:
 def test_a_stored_table_is_checked_by_the_naming_layers_rule(path: str, tmp_path) -> None:
     """The table validator and the naming layer agree: a stored table may hold exactly the
     paths every component of which the naming layer would show."""
-    from atlasfs.tree.naming import path_problem
+    from atlasfs.formats.naming import path_problem
     refused = _table_refuses(path, str(tmp_path)) if path else "empty"
     problem = path_problem(path)
     assert (refused is not None) == (problem is not None), (path, refused)
@@ -361,6 +361,6 @@ _PATH_CHARS = st.sampled_from(list("aZ09_-./ é例\t\n\x85\u3000\u00a0\u0301") +
 @given(st.lists(st.lists(_PATH_CHARS, max_size=8).map("".join), min_size=1, max_size=4))
 @settings(max_examples=1000)
 def test_paths_problem_quick_path_agrees_with_the_rules(paths: list[str]) -> None:
-    from atlasfs.tree.naming import path_problem, paths_problem
+    from atlasfs.formats.naming import path_problem, paths_problem
     first = next((p for p in (path_problem(path) for path in paths) if p), None)
     assert paths_problem([path.encode() for path in paths]) == first

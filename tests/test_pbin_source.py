@@ -12,6 +12,7 @@ import pytest
 
 from atlasfs.formats import factory
 from atlasfs.formats import state as saved
+from atlasfs.formats import naming
 from atlasfs.formats.pbin import (
     DOCUMENTS_PER_BLOCK,
     STATE_VERSION,
@@ -22,7 +23,6 @@ from atlasfs.formats.pbin import (
     npy_size,
     write_pbin,
 )
-from atlasfs.tree import naming
 from atlasfs.tree.blocktree import BlockTree
 from atlasfs.tree.tablestore import TableStore
 

@@ -33,8 +33,8 @@ from atlasfs.formats.atlas.spans import (
     read_span,
     run_check,
 )
+from atlasfs.formats.naming import MAX_NAME_BYTES, encode_as, example_fields, index_key_width
 from atlasfs.tree.filetable import NO_LOCATOR, Locators
-from atlasfs.tree.naming import MAX_NAME_BYTES, encode_as, example_fields, index_key_width
 from helpers import REFERENCE, reference_names
 
 # ---------------------------------------------------------------- helpers

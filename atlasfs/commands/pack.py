@@ -43,9 +43,9 @@ from atlasfs.formats.atlas.dataset import DICT_NAME
 from atlasfs.formats.atlas.meta import FORMAT_VERSION, CompressionStrategy, RootMeta, ShardMeta
 from atlasfs.formats.atlas.writer import ShardWriter, shard_name_width
 from atlasfs.formats.factory import SourceOptions, open_source
+from atlasfs.formats.naming import index_key_width
 from atlasfs.storage import StorageOptions, set_default_options
 from atlasfs.tree.blocktree import BlockTree
-from atlasfs.tree.naming import index_key_width
 
 #: What a leftover temporary folder's ``pack.json`` must say for its shards to be kept.
 PACK_VERSION = 1

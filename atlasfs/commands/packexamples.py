@@ -23,11 +23,11 @@ from typing import Any, Callable
 
 import numpy as np
 
+from atlasfs.formats.naming import (INT_EXTS, JSON_EXTS, MAX_NAME_BYTES, TEXT_EXTS, KeyAssigner, encode_as,
+                                    example_files, field_suffix)
 from atlasfs.tree.base import Unreadable
 from atlasfs.tree.blocktree import BlockTree
 from atlasfs.tree.filetable import UNREADABLE
-from atlasfs.tree.naming import (INT_EXTS, JSON_EXTS, MAX_NAME_BYTES, TEXT_EXTS, KeyAssigner, encode_as,
-                                 example_files, field_suffix)
 
 Files = list[tuple[str, bytes]]
 

@@ -58,9 +58,9 @@ import numpy as np
 
 from atlasfs.errors import AtlasFormatError
 from atlasfs.formats import safepickle, state
+from atlasfs.formats.naming import NO_KEY, index_key_width
 from atlasfs.formats.source import Source, SourceShard, file_or_folder_of, shown_names, stat_shard_file
 from atlasfs.storage import LOCAL, LocalStorage, Storage, StorageChangedError, StorageUnavailableError
-from atlasfs.tree.naming import NO_KEY, index_key_width
 
 log = logging.getLogger("atlasfs")
 

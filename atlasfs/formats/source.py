@@ -174,12 +174,12 @@ class Scratch(Protocol):
 def shown_names(named: list[tuple[str, str]], logged: bool = True) -> list[str]:
     """Leave out of ``named`` (``(file path, folder name)`` of each shard, in place) each shard
     whose folder name (``/``-separated) breaks the rule every shown name keeps
-    (:func:`~atlasfs.tree.naming.path_problem`: no control character, no leading ``-``, no
+    (:func:`~atlasfs.formats.naming.path_problem`: no control character, no leading ``-``, no
     leading or trailing whitespace...); returns one line each, logged as a warning if ``logged``. A shard's
     folder is named after its file (a tar, a .pbin, a Dolma documents file): a downloaded
     dataset's ``-rf.tar`` or ``x<ESC>]0;...<BEL>.tar`` was a folder ``-rf`` or a name that
     rewrites the terminal of whoever lists the mount, or reads verify's lines."""
-    from atlasfs.tree.naming import path_problem
+    from atlasfs.formats.naming import path_problem
 
     problems = []
     kept = []
@@ -253,7 +253,7 @@ class SourceShard(ABC):
     @property
     @abstractmethod
     def key_width(self) -> int:
-        """Digits of the index keys of its samples (:func:`atlasfs.tree.naming.index_key_width`)."""
+        """Digits of the index keys of its samples (:func:`atlasfs.formats.naming.index_key_width`)."""
 
     def block_where(self, block: int) -> str:
         """How messages name ``block`` (``.../data.bin block 3``, ``.../x.jsonl.gz lines 513-1024``)."""
@@ -282,11 +282,11 @@ class SourceShard(ABC):
     def file_spans(self, block: int, fields: list[list[tuple[str, Any]]]) -> list[list[Locator | None]] | None:
         """Where each file of ``block`` can be read without decoding it, or None for
         none of them (the default). ``fields[i]`` are the files of its sample ``i`` as
-        :func:`~atlasfs.tree.naming.example_fields` names them (``(suffix, value)``, the
+        :func:`~atlasfs.formats.naming.example_fields` names them (``(suffix, value)``, the
         decoded sample's own values); the result has the shape of ``fields``, None
         where a file has no locator. Called while the tree builds the shard's file
         table from the decoded block; each locator's :attr:`~Locator.size` must be the
-        size of the file's bytes as :func:`~atlasfs.tree.naming.encode_as` makes them."""
+        size of the file's bytes as :func:`~atlasfs.formats.naming.encode_as` makes them."""
         return None
 
     def read_span(self, block: int, locator: Locator, size: int, scratch: Scratch | None = None) -> bytes | None:

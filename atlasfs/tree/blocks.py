@@ -19,12 +19,12 @@ from typing import Any
 import numpy as np
 
 from atlasfs import memory
+from atlasfs.blockcache import BlockCache
 from atlasfs.errors import AtlasFormatError
+from atlasfs.formats.naming import MAX_NAME_BYTES, encode_as, example_fields
 from atlasfs.formats.source import SourceShard
 from atlasfs.storage import StorageUnavailableError
 from atlasfs.tree.base import Unreadable
-from atlasfs.tree.blockcache import BlockCache
-from atlasfs.tree.naming import MAX_NAME_BYTES, encode_as, example_fields
 from atlasfs.tree.readahead import ReadAhead
 
 log = logging.getLogger("atlasfs")
@@ -48,7 +48,7 @@ TRIM_AFTER_MIN = 4 << 20
 class Block:
     """A decoded block in the cache: its examples, their files as named when the
     block's file table rows were built (if it was decoded for that), and each
-    example's file bytes once encoded (in the order of :func:`~atlasfs.tree.naming.example_fields`)."""
+    example's file bytes once encoded (in the order of :func:`~atlasfs.formats.naming.example_fields`)."""
 
     __slots__ = ("encoded", "encoded_bytes", "examples", "fields")
 

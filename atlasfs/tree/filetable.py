@@ -45,9 +45,9 @@ from typing import Any, Callable
 import numpy as np
 import zstandard
 
+from atlasfs.formats.naming import paths_problem
 from atlasfs.formats.source import Locator
 from atlasfs.tree import tablefile
-from atlasfs.tree.naming import paths_problem
 
 FILE, DIR, UNREADABLE = 0, 1, 2
 #: The size of a file whose bytes have not been encoded yet: a table can name

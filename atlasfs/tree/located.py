@@ -17,11 +17,11 @@ import logging
 import threading
 from collections import OrderedDict
 
+from atlasfs.blockcache import BlockCache
 from atlasfs.errors import AtlasFormatError
 from atlasfs.formats.source import SpanMismatch
 from atlasfs.storage import StorageUnavailableError
 from atlasfs.tree.base import Entry
-from atlasfs.tree.blockcache import BlockCache
 from atlasfs.tree.blocks import Blocks, log_unavailable
 from atlasfs.tree.filetable import FileTable
 from atlasfs.tree.listing import FileRef

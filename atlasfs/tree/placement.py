@@ -10,9 +10,9 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 
+from atlasfs.formats.naming import MAX_NAME_BYTES
 from atlasfs.formats.source import SourceShard
 from atlasfs.tree.base import Entry, not_found, split_path
-from atlasfs.tree.naming import MAX_NAME_BYTES
 
 log = logging.getLogger("atlasfs")
 

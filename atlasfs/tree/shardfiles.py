@@ -4,7 +4,7 @@
 A table is built for lookups: every file's row, the path-sorted order, the lookup index,
 the locators of random reads. A pass that writes every file in order needs none of that:
 each block is decoded once, its examples named by the same rules and the same
-:class:`~atlasfs.tree.naming.KeyAssigner` a table is built with
+:class:`~atlasfs.formats.naming.KeyAssigner` a table is built with
 (:meth:`~atlasfs.tree.tables.Tables.block_rows`), and its files encoded as a read
 encodes them (:meth:`~atlasfs.tree.blocks.Blocks.example_of`), so the names and bytes
 are the table's and the mount's. Memory is one decoded block at a time (through the
@@ -15,9 +15,9 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+from atlasfs.formats.naming import KeyAssigner
 from atlasfs.tree.blocks import eio
 from atlasfs.tree.filetable import FILE
-from atlasfs.tree.naming import KeyAssigner
 from atlasfs.tree.tables import Tables
 
 

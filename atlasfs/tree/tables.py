@@ -28,11 +28,11 @@ import numpy as np
 
 from atlasfs import memory
 from atlasfs.errors import AtlasFormatError
+from atlasfs.formats.naming import LAYOUT_VERSION, NO_KEY, KeyAssigner, declared_key, example_fields
 from atlasfs.formats.source import SourceShard
 from atlasfs.storage import StorageUnavailableError
 from atlasfs.tree.blocks import Blocks, max_suffix_bytes
 from atlasfs.tree.filetable import FILE, UNKNOWN_SIZE, UNREADABLE, FileTable, Limits, Rows
-from atlasfs.tree.naming import LAYOUT_VERSION, NO_KEY, KeyAssigner, declared_key, example_fields
 from atlasfs.tree.tablebuilder import TableBuilder
 from atlasfs.tree.tablestore import TableStore
 

@@ -23,16 +23,16 @@ from typing import Any, Iterator
 
 import numpy as np
 
+from atlasfs.blockcache import BlockCache
 from atlasfs.errors import AtlasFormatError
 from atlasfs.formats.atlas import summary
 from atlasfs.formats.atlas.codec import DEFAULT_MAX_BLOCK_BYTES, BlockCodec, ZstdDictionary
 from atlasfs.formats.atlas.meta import CompressionStrategy, RootMeta, ShardMeta, parse_root_meta, parse_shard_meta
 from atlasfs.formats.atlas.spans import LocatedReads
+from atlasfs.formats.naming import index_key_width
 from atlasfs.formats.source import Source, SourceShard, file_signature, refused_in_one_line
 from atlasfs.storage import (LOCAL, LocalStorage, Storage, StorageChangedError, StorageUnavailableError, UnfitFileError,
                              open_storage)
-from atlasfs.tree.blockcache import BlockCache
-from atlasfs.tree.naming import index_key_width
 
 #: Default bound of the decoded-block cache.
 DEFAULT_CACHE_BYTES = 256 << 20

@@ -18,9 +18,9 @@ from atlasfs.formats.dolma.names import folder_name
 from atlasfs.formats.dolma.saved import STATE_VERSION, decode_state, encode_state
 from atlasfs.formats.dolma.scan import LINES_PER_BLOCK, ODD_TEXT, Described, Scan, line_id, make_sample, scan_files
 from atlasfs.formats.dolma.seek import DolmaError, OpenFiles, Reader
+from atlasfs.formats.naming import MAX_NAME_BYTES, NO_KEY, example_fields, index_key_width
 from atlasfs.formats.source import SourceShard
 from atlasfs.storage import LOCAL, Storage, StorageUnavailableError, UnfitFileError
-from atlasfs.tree.naming import MAX_NAME_BYTES, NO_KEY, example_fields, index_key_width
 
 log = logging.getLogger("atlasfs")
 

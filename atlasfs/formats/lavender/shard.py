@@ -14,9 +14,9 @@ import numpy as np
 from atlasfs.formats import state
 from atlasfs.formats.lavender import cells
 from atlasfs.formats.lavender.files import LavenderError, ShardFile, uid_text
+from atlasfs.formats.naming import INDEX_KEY_MIN_WIDTH, index_key_width, key_problem
 from atlasfs.formats.source import SourceShard
 from atlasfs.storage import StorageUnavailableError
-from atlasfs.tree.naming import INDEX_KEY_MIN_WIDTH, index_key_width, key_problem
 
 if TYPE_CHECKING:
     from atlasfs.formats.lavender.source import LavenderSource

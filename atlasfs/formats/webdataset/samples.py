@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from atlasfs.tree.naming import field_name_problem, index_key_width, is_metadata
+from atlasfs.formats.naming import field_name_problem, index_key_width, is_metadata
 
 #: webdataset's ``base_plus_ext``: (key, field) of a member name.
 _KEY_FIELD = re.compile(r"^((?:.*/|)[^.]+)[.]([^/]*)$")

@@ -10,13 +10,13 @@ from typing import Any
 import numpy as np
 
 from atlasfs.formats import state
+from atlasfs.formats.naming import MAX_NAME_BYTES, example_fields
 from atlasfs.formats.source import Source, SourceShard, shown_names, stat_shard_file
 from atlasfs.formats.webdataset.samples import BLOCK_BYTES, BLOCK_SAMPLES, Samples, group, key_field
 from atlasfs.formats.webdataset.walk import WebDatasetError, Walk, walk
 from atlasfs.storage import LOCAL, LocalStorage, Storage, StorageChangedError, StorageUnavailableError
 from atlasfs.storage.files import relative
 from atlasfs.storage.files import walk as walk_folders
-from atlasfs.tree.naming import MAX_NAME_BYTES, example_fields
 
 log = logging.getLogger("atlasfs")
 

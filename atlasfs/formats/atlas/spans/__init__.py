@@ -14,7 +14,7 @@ protocol 5), so that a ``.npy`` file is a small header followed by that run.
 file table is built), where each such file's run lies in the decompressed
 block, as a :class:`~atlasfs.formats.source.Locator` (here called a *span*);
 it keeps a span only after checking that the bytes there equal the file's real
-encoding (:func:`atlasfs.tree.naming.encode_as`). :func:`file_locators` adds the
+encoding (:func:`atlasfs.formats.naming.encode_as`). :func:`file_locators` adds the
 small files (:data:`INLINE_MAX` bytes or less: ``cls`` ints, small ``json``
 dicts), and the files of no run up to :data:`WHOLE_MAX` (a ``json`` of a larger dict), as
 *inline* locators holding their bytes, tied to the block by its fingerprint

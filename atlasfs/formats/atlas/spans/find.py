@@ -17,8 +17,8 @@ import numpy as np
 import zstandard
 
 from atlasfs.formats.atlas.meta import CompressionStrategy
+from atlasfs.formats.naming import TEXT_EXTS, encode_as
 from atlasfs.formats.source import Locator
-from atlasfs.tree.naming import TEXT_EXTS, encode_as
 
 #: A span is a locator of a run (the tree's name for what a source records).
 Span = Locator
@@ -178,7 +178,7 @@ def find_spans(payload: bytes, fields: Sequence[Sequence[tuple[str, Any]]]) -> l
     """The span of every file of a block, or None where its bytes are not one run there.
 
     ``payload`` is the block's decompressed pickle and ``fields[i]`` the files
-    of its example ``i`` as :func:`~atlasfs.tree.naming.example_fields` names them
+    of its example ``i`` as :func:`~atlasfs.formats.naming.example_fields` names them
     (``(suffix, value)``, the values being the unpickled example's own
     objects). The result has the shape of ``fields``. Every span found
     satisfies ``span.prefix + payload[span.offset:span.end] ==
