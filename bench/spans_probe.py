@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Probe for issue #18: how many files of the benchmark's three data sets get a span
-(atlasfs/sources/atlas/spans/), what finding them adds to a table build, and what a cold read of
+(atlasfs/formats/atlas/spans/), what finding them adds to a table build, and what a cold read of
 one file costs through its span against the block path, in one run.
 
     python bench/spans_probe.py                  # default sizes (bench/datagen.py), strategy 2

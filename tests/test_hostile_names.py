@@ -25,7 +25,7 @@ from fusemount import IN_CI, atlasfs, mounted
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 #: What the README's line archives, and into what, as it is written there.
-README_FOLDER, README_TAR = "/mnt/ds/00", "00.tar"
+README_FOLDER, README_TAR = "/tmp/ds/0", "0.tar"
 
 #: Keys that are options or trimmed; each also a folder (``<key>/inner``).
 HOSTILE_KEYS = ["-rf", "-C", "-Cx", "--checkpoint-action=exec=touch PWNED", "--", "-", " lead", "trail ",

@@ -1,4 +1,4 @@
-"""The saved-state codec every format stores its shard's state with (atlasfs/sources/state.py).
+"""The saved-state codec every format stores its shard's state with (atlasfs/formats/state.py).
 
 A stored state is untrusted input (another user may have written the table): every blob
 that is not exactly what ``encode`` made for that kind and version is refused with one
