@@ -10,6 +10,7 @@ import random
 import subprocess
 import sys
 import tarfile
+import time
 from pathlib import Path
 
 import numpy as np
@@ -20,7 +21,7 @@ from atlasfs import AtlasDataset, AtlasWriter
 from atlasfs.tree.blocktree import BlockTree
 from atlasfs.tree.tablestore import TableStore
 from atlasfs.tree.tarview import TarLayout, TarView
-from fusemount import atlasfs, mounted
+from fusemount import atlasfs, engine_answered, mounted
 from helpers import REFERENCE, TORCH_STANDIN, expected_examples, in_threads, reference_names
 
 
@@ -172,6 +173,98 @@ def test_view_both_shows_folders_and_tars(tmp_path: Path) -> None:
         assert sum(len(files) for _, _, files in os.walk(mnt / "0")) == 150
         with tarfile.open(mnt / "0.tar") as archive:
             assert archive.getnames()[:3] == [n for n in os.listdir(mnt / "0")][:3]
+
+
+def _members(tar: Path) -> dict[str, bytes]:
+    """Member path -> bytes of a tar ``atlasfs export`` wrote."""
+    with tarfile.open(tar) as archive:
+        return {m.name: archive.extractfile(m).read() for m in archive.getmembers()}  # type: ignore[union-attr]
+
+
+def _answered(log: Path) -> dict[str, tuple[int, int]]:
+    """The native engine's counts (in C, in Python) from its log line as the daemon ends."""
+    deadline = time.monotonic() + 20
+    while True:
+        lines = [line for line in log.read_text().splitlines() if "native engine answered" in line] \
+            if log.exists() else []
+        if lines or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    assert lines, log.read_text() if log.exists() else "no log"
+    return engine_answered(lines[-1])
+
+
+@pytest.mark.parametrize("view", ["files", "both"])
+def test_view_both_answers_per_sample_files_in_c_as_view_files_does(tmp_path: Path, view: str) -> None:
+    """Per-sample files under --view both are the engine's in C, as under --view files (issue
+    #36, point 2): 4 readers, each opening every file by its path in its own order, then
+    listing each folder with attributes; bytes and listings those of export, no read and no
+    lookup in a shard folder asked Python past the first few that attach its table."""
+    dataset = _dataset(tmp_path / "ds", examples=150, plain_keys=True)
+    _export(dataset, tmp_path / "out")
+    atlasfs("index", str(dataset))  # sizes stored, as a training set would be
+    shards = ["0", "1", "2"]
+    exported = {shard: _members(tmp_path / "out" / f"{shard}.tar") for shard in shards}
+    files = [(shard, name) for shard in shards for name in exported[shard]]
+    log = tmp_path / "daemon.log"
+    errors: list[str] = []
+    with mounted(dataset, "--view", view, "-o", f"log_file={log}") as mnt:
+        def reader(seed: int) -> None:
+            order = files[:]
+            random.Random(seed).shuffle(order)
+            for shard, name in order:
+                with open(mnt / shard / name, "rb", buffering=0) as f:
+                    if f.read() != exported[shard][name]:
+                        errors.append(f"{shard}/{name}")
+
+        in_threads(reader, 4)
+        for shard in shards:  # listed in example order, with their sizes (READDIRPLUS, then stat)
+            assert os.listdir(mnt / shard) == list(exported[shard])
+            assert [(mnt / shard / name).stat().st_size for name in exported[shard]] == \
+                [len(data) for data in exported[shard].values()]
+    assert errors == []
+    answered = _answered(log)
+    assert answered["read"][1] == 0 and answered["read"][0] >= len(files), answered
+    # Python: the root's lookups of each shard folder, and in each folder the first lookups
+    # before its table is attached (one a reader at most)
+    assert answered["lookup"][1] <= len(shards) * 5 and answered["lookup"][0] > 0, answered
+    assert answered["getattr"][1] <= len(shards) + 1, answered
+
+
+def test_view_both_reads_files_and_tars_at_once_with_the_exported_bytes(tmp_path: Path) -> None:
+    """Readers of per-sample files (answered in C) and of the tars (the view's) at once: each
+    tar byte for byte the export's, every file its member's bytes."""
+    dataset = _dataset(tmp_path / "ds", examples=150, plain_keys=True)
+    _export(dataset, tmp_path / "out")
+    atlasfs("index", str(dataset))
+    shards = ["0", "1", "2"]
+    exported = {shard: _members(tmp_path / "out" / f"{shard}.tar") for shard in shards}
+    tars = {shard: (tmp_path / "out" / f"{shard}.tar").read_bytes() for shard in shards}
+    errors: list[str] = []
+    with mounted(dataset, "--view", "both") as mnt:
+        def reader(i: int) -> None:
+            rng = random.Random(i)
+            if i % 2:  # a tar read whole, then pieces of it at random
+                shard = shards[i // 2 % len(shards)]
+                if (mnt / f"{shard}.tar").read_bytes() != tars[shard]:
+                    errors.append(f"{shard}.tar")
+                fd = os.open(mnt / f"{shard}.tar", os.O_RDONLY)
+                try:
+                    for _ in range(100):
+                        offset, size = rng.randrange(len(tars[shard])), rng.choice([1, 700, 4096, 200_000])
+                        if os.pread(fd, size, offset) != tars[shard][offset:offset + size]:
+                            errors.append(f"{shard}.tar {offset}+{size}")
+                finally:
+                    os.close(fd)
+            else:
+                order = [(shard, name) for shard in shards for name in exported[shard]]
+                rng.shuffle(order)
+                for shard, name in order:
+                    if (mnt / shard / name).read_bytes() != exported[shard][name]:
+                        errors.append(f"{shard}/{name}")
+
+        in_threads(reader, 6)
+    assert errors == []
 
 
 def test_wids_reads_every_sample_by_index_through_the_mount(tmp_path: Path) -> None:

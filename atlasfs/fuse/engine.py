@@ -117,10 +117,16 @@ class NativeBridge:
         self._ids: dict[str, int] = {"/": ROOT}
         self._next_id = ROOT + 1
         self._listings: OrderedDict[int, _Listing] = OrderedDict()
-        #: A tree whose inode numbers from TABLE_NODES on name shard folders and table rows
-        #: (BlockTree) resolves them; the engine answers those rows from attached tables.
-        self._path_of_ino: Callable[[int], str | None] | None = getattr(tree, "path_of_ino", None)
-        self._tables = getattr(tree, "tables", None) if self._path_of_ino is not None else None
+        #: The tree whose inode numbers from TABLE_NODES on name shard folders and table rows
+        #: (a BlockTree: ``tree`` itself, or the base a view shows at the same paths, its
+        #: ``rows``) resolves them; the engine answers those rows from attached tables.
+        rows = getattr(tree, "rows", tree)
+        self._rows: Any = rows
+        self._path_of_ino: Callable[[int], str | None] | None = getattr(rows, "path_of_ino", None)
+        self._tables = getattr(rows, "tables", None) if self._path_of_ino is not None else None
+        #: Node ids in [TABLE_NODES, _rows_end) are the rows tree's inode numbers (nothing kept
+        #: for them); any other inode number (a view's own files) gets a counted node below.
+        self._rows_end = (len(self._tables.shards) + 1) << 32 if self._tables is not None else TABLE_NODES
         self.attachments = Attachments()
         self.session: Any = None
         #: Set when a callback met SystemExit or KeyboardInterrupt: the loop is asked to end.
@@ -133,7 +139,7 @@ class NativeBridge:
         found = self._nodes.get(node)
         if found is not None:
             return found[0]
-        path = self._path_of_ino(node) if node >= TABLE_NODES and self._path_of_ino is not None else None
+        path = self._path_of_ino(node) if TABLE_NODES <= node < self._rows_end and self._path_of_ino else None
         if path is None:
             raise OSError(errno.ESTALE, os.strerror(errno.ESTALE), node)
         return path
@@ -141,7 +147,7 @@ class NativeBridge:
     def _node(self, path: str, entry: Entry) -> int:
         """The node id of ``path``: its inode number where that names it (a shard folder or a
         table row of a tree that says so: nothing kept), else a counted node of our own."""
-        if entry.ino >= TABLE_NODES and self._path_of_ino is not None:
+        if TABLE_NODES <= entry.ino < self._rows_end:
             return entry.ino
         return self._register(path)
 
@@ -284,8 +290,8 @@ class NativeBridge:
         if table is None or not table.flat:
             return False
         if not self.attachments.attached(s, table):
-            self.attachments.attach(self.session, s, table, self.tree.lookup(self._path(folder)).mtime,
-                                    getattr(self.tree, "native_spans", lambda _: None)(s))
+            self.attachments.attach(self.session, s, table, self._rows.lookup(self._path(folder)).mtime,
+                                    getattr(self._rows, "native_spans", lambda _: None)(s))
         return self.attachments.attached(s, table)
 
     def release(self, s: int) -> None:
@@ -302,7 +308,7 @@ class NativeBridge:
         the block for one costs far more than the read (4.4 ms for a block of 128 tiny
         examples, against 0.6 ms to decode it and one example's encoding)."""
         try:
-            tree: Any = self.tree
+            tree: Any = self._rows  # the rows' own tree: a view shows its files at the same paths
             entry = tree.lookup(self._path(((shard + 1) << 32) + 1 + row))
             ref = entry.ref
             if ref is None:

@@ -334,6 +334,14 @@ class TarView(Tree):
         self.loaders = LoaderFiles({tar: shard for tar, (shard, _) in self._tars.items()}, self.layout,
                                    LOADER_INO_BASE, loaders, store)
 
+    @property
+    def rows(self) -> Tree | None:
+        """The tree whose files this view shows at the same paths, for the native engine to
+        answer them itself (docs/native.md: shard folders and table rows by inode number):
+        the base with ``folders=True`` (inside a shard folder the view is the base's, its tars
+        and indexes lie beside shard folders, never in one), else None (no per-sample files)."""
+        return self.base if self.show_folders else None
+
     def layout(self, shard: str) -> TarLayout:
         """The layout of ``shard``'s tar, made on first use and kept (at most :data:`LAYOUT_BYTES`
         of layouts, the least recently used let go); raises :class:`~atlasfs.tree.base.Unreadable`
