@@ -21,8 +21,8 @@ from atlasfs.options import MountOptions
 from atlasfs.sizes import parse_size
 from atlasfs.tree.base import Entry, Tree
 from atlasfs.tree.blocktree import BlockTree
-from atlasfs.tree.filetable import Locators
-from atlasfs.tree.tablestore import TableStore
+from atlasfs.tree.table.filetable import Locators
+from atlasfs.tree.table.store import TableStore
 from atlasfs.tree.tarview import TarLayout
 
 __all__ = ["BlockTree", "DolmaSource", "Entry", "FORMAT_VERSION", "Locators", "MAX_NAME_BYTES", "MountOptions",

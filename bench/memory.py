@@ -56,7 +56,7 @@ log = harness.log
 GENERATOR_VERSION = 1
 #: What the daemon may use beyond its cache bound, whatever the number of files it has listed,
 #: read or tarred (docs/performance.md, "Memory"): since issue #26 stored file tables are mapped,
-#: at most atlasfs.tree.tables.RESIDENT_TABLE_BYTES of them at once (16 MiB), inside this.
+#: at most atlasfs.tree.table.tables.RESIDENT_TABLE_BYTES of them at once (16 MiB), inside this.
 FIXED_OVERHEAD = 100 * MiB
 #: How often the readers' phase samples the daemon's RSS.
 SAMPLE_SECONDS = 0.02

@@ -14,8 +14,8 @@ import pytest
 
 from atlasfs import AtlasDataset, AtlasWriter
 from atlasfs.tree.blocktree import BlockTree
-from atlasfs.tree.filetable import UNKNOWN_SIZE, FileTable
-from atlasfs.tree.tablestore import TableStore
+from atlasfs.tree.table.filetable import UNKNOWN_SIZE, FileTable
+from atlasfs.tree.table.store import TableStore
 from threadwait import wait_until
 
 
@@ -218,7 +218,7 @@ import sys
 import atlasfs.fuse.mount  # what the daemon imports before it serves
 from atlasfs import AtlasDataset
 from atlasfs.tree.blocktree import BlockTree
-from atlasfs.tree.tablestore import TableStore
+from atlasfs.tree.table.store import TableStore
 dataset = AtlasDataset({str(dataset)!r})  # opened before the mount goes live
 before = set(sys.modules)
 for _ in range(2):  # building the tables, then loading them

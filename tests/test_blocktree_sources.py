@@ -20,7 +20,7 @@ from atlasfs.errors import AtlasFormatError
 from atlasfs.formats.naming import NO_KEY, encode_as, index_key_width
 from atlasfs.formats.source import Source, SourceShard
 from atlasfs.tree.blocktree import BlockTree
-from atlasfs.tree.tablestore import TableStore
+from atlasfs.tree.table.store import TableStore
 
 LINES_PER_BLOCK = 3
 

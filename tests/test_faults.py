@@ -251,7 +251,7 @@ def test_index_stores_every_good_shard_and_names_the_bad_one(tmp_path: Path, fau
     # the good shards' tables are there: a mount lists them without decoding
     from atlasfs import AtlasDataset
     from atlasfs.tree.blocktree import BlockTree
-    from atlasfs.tree.tablestore import TableStore
+    from atlasfs.tree.table.store import TableStore
     with AtlasDataset(dataset, tolerate_broken_shards=True) as source:
         tree = BlockTree(source, store=TableStore(str(dataset)), log_failures=False)
         for shard in GOOD:

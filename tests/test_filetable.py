@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from atlasfs import AtlasDataset, AtlasWriter
-from atlasfs.tree.filetable import DIR, FILE, UNREADABLE, FileTable, Limits, TableError
-from atlasfs.tree.tablestore import BESIDE_DATASET
+from atlasfs.tree.table.filetable import DIR, FILE, UNREADABLE, FileTable, Limits, TableError
+from atlasfs.tree.table.store import BESIDE_DATASET
 from fusemount import atlasfs, mounted
 
 #: Files in example order: the keys are unsorted and the folder "a" comes back after "b.txt".
@@ -28,7 +28,7 @@ def test_the_path_order_is_the_order_of_the_path_bytes(fixed_width: bool, monkey
     """by_path (what proves a stored table's paths unique) sorts the UTF-8 bytes of the paths,
     whether sorted as fixed-width strings or, past their bound, by Python."""
     if not fixed_width:
-        monkeypatch.setattr("atlasfs.tree.tablebuilder._SORT_BYTES", 0)
+        monkeypatch.setattr("atlasfs.tree.table.builder._SORT_BYTES", 0)
     rng = np.random.default_rng(5)
     alphabet = ["a", "b", "ab", "é", "z", "0", "-", ".", "~", "ü", "\u4e2d"]
     names = {"".join(rng.choice(alphabet, size=int(rng.integers(1, 6)))) + f".{i % 3}" for i in range(3000)}

@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 
 from atlasfs import AtlasWriter
-from atlasfs.tree.filetable import FILE, UNKNOWN_SIZE, FileTable, Limits
-from atlasfs.tree.tablestore import BESIDE_DATASET
+from atlasfs.tree.table.filetable import FILE, UNKNOWN_SIZE, FileTable, Limits
+from atlasfs.tree.table.store import BESIDE_DATASET
 from fusemount import IN_CI, atlasfs, mounted
 
 README = Path(__file__).resolve().parent.parent / "README.md"

@@ -26,8 +26,8 @@ import pytest
 from atlasfs import AtlasDataset, AtlasWriter
 from atlasfs.formats.atlas.spans.find import inline_check, stored_crc
 from atlasfs.tree.blocktree import BlockTree
-from atlasfs.tree.filetable import FILE, INLINE, NO_LOCATOR, FileTable, Limits, Locators
-from atlasfs.tree.tablestore import BESIDE_DATASET, TableStore, cache_folder
+from atlasfs.tree.table.filetable import FILE, INLINE, NO_LOCATOR, FileTable, Limits, Locators
+from atlasfs.tree.table.store import BESIDE_DATASET, TableStore, cache_folder
 from fusemount import atlasfs, force_unmount, require_fuse, wait_mounted
 from otheruser import NOBODY, require_root
 
@@ -40,7 +40,7 @@ _FOREGROUND = """
 import sys
 from atlasfs.commands import cli
 from atlasfs.fuse import attachments
-from atlasfs.tree import tables
+from atlasfs.tree.table import tables
 if sys.argv[1] == "1":
     tables.RESIDENT_TABLE_BYTES = 1
     attachments.FILE_TABLES_MAX = 0

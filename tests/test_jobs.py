@@ -71,7 +71,7 @@ def test_a_table_stored_without_its_sizes_is_sized_on_the_next_run(tmp_path: Pat
     know every size: valid, but not done; the next run sizes it."""
     from atlasfs import AtlasDataset
     from atlasfs.tree.blocktree import BlockTree
-    from atlasfs.tree.tablestore import TableStore
+    from atlasfs.tree.table.store import TableStore
     dataset = _dataset(tmp_path / "ds")
     folder = tmp_path / "tables"
     with AtlasDataset(dataset) as source:  # what a first listing stores: names, not every size

@@ -27,7 +27,7 @@ from atlasfs.formats.factory import SourceOptions, open_source
 from atlasfs.tree.blocktree import BlockTree
 from atlasfs.tree.indexes import energon
 from atlasfs.tree.indexes.served import LoaderSettings
-from atlasfs.tree.tablestore import TableStore
+from atlasfs.tree.table.store import TableStore
 from atlasfs.tree.tarview import TarView
 from fusemount import atlasfs, mounted
 from loaderdata import loader_dataset, sqlite_rows

@@ -24,9 +24,9 @@ from atlasfs import AtlasDataset, AtlasWriter
 from atlasfs.commands import cli
 from atlasfs.formats.atlas import spans
 from atlasfs.tree.blocktree import BlockTree
-from atlasfs.tree.filetable import (INLINE, INLINE_AVERAGE, KEPT, KEPT_AVERAGE, KEPT_MAX, NO_LOCATOR, FileTable, Limits,
+from atlasfs.tree.table.filetable import (INLINE, INLINE_AVERAGE, KEPT, KEPT_AVERAGE, KEPT_MAX, NO_LOCATOR, FileTable, Limits,
                                     Locators, TableError)
-from atlasfs.tree.tablestore import TableStore, table_file_name
+from atlasfs.tree.table.store import TableStore, table_file_name
 from fusemount import atlasfs, engine_answered, mounted, wait_mounted
 from helpers import REFERENCE, in_threads, reference_names
 
@@ -417,7 +417,7 @@ def test_a_table_not_yet_sized_sizes_located_files_at_lookup_without_decoding(tm
     """A first mount's table knows the sizes of raw bytes only (so that its listings hand
     out no attributes it would have to size); a located file's lookup takes its size from
     its locator, and its read decodes nothing."""
-    from atlasfs.tree.filetable import UNKNOWN_SIZE
+    from atlasfs.tree.table.filetable import UNKNOWN_SIZE
     dataset = _write(tmp_path / "ds", _examples(7), 2, shard_size=24)
     exported = _export(dataset, tmp_path / "export")
     _tree(dataset, tmp_path / "tables").table(0)  # built by naming, and stored
@@ -606,7 +606,7 @@ _FOREGROUND = """
 import sys
 from atlasfs.commands import cli
 from atlasfs.fuse import attachments
-from atlasfs.tree import tables
+from atlasfs.tree.table import tables
 tables.RESIDENT_TABLE_BYTES = 1  # the tree holds one table at a time
 attachments.FILE_TABLES_MAX = int(sys.argv[1])
 sys.exit(cli.main(["mount", "-f", sys.argv[2], sys.argv[3], "-o", "log_file=" + sys.argv[4]]))

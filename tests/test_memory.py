@@ -266,8 +266,8 @@ def test_listing_and_looking_up_300000_files_keeps_memory_within_the_resident_ta
     per process) grew by 97 bytes a file here (29 MB)."""
     from fusemount import atlasfs
 
-    import atlasfs.tree.tables as tables
-    from atlasfs.tree.tablestore import TableStore
+    import atlasfs.tree.table.tables as tables
+    from atlasfs.tree.table.store import TableStore
 
     shards, per_shard = 12, 12_500
     dataset = tmp_path / "ds"

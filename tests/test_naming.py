@@ -275,7 +275,7 @@ FINE_NAMES = ["rf", "a-C..", "a b", "x-", "C..", "_-rf", "ünï", "例子", "x" 
 def _raw_table(path: str):
     """A table holding the file ``path`` (its folders before it), its columns made directly
     (no builder in between), saved and loaded: what a forged stored table gives."""
-    from atlasfs.tree.filetable import DIR, FILE, FileTable
+    from atlasfs.tree.table.filetable import DIR, FILE, FileTable
     parts = path.split("/")
     paths = ["/".join(parts[:k]) for k in range(1, len(parts))] + [path]
     kinds = [DIR] * (len(paths) - 1) + [FILE]
@@ -289,7 +289,7 @@ def _raw_table(path: str):
 
 def _table_refuses(path: str, folder: str) -> str | None:
     """Why loading a stored table with the file ``path`` fails, or None if it loads."""
-    from atlasfs.tree.filetable import FileTable, Limits, TableError
+    from atlasfs.tree.table.filetable import FileTable, Limits, TableError
     stored = os.path.join(folder, "t.table")
     _raw_table(path).save(stored, {"layout": 2})
     try:
@@ -342,7 +342,7 @@ def test_a_stored_table_is_checked_by_the_naming_layers_rule(path: str, tmp_path
 def test_every_name_the_naming_layer_makes_loads_as_a_stored_table(tmp_path) -> None:
     """Files named by KeyAssigner and example_files, hostile keys and fields included, make a
     table that loading accepts."""
-    from atlasfs.tree.filetable import FILE, FileTable, Limits
+    from atlasfs.tree.table.filetable import FILE, FileTable, Limits
     assigner = KeyAssigner(6)
     rows = []
     for i, name in enumerate(HOSTILE_NAMES + FINE_NAMES + ["a/b", "a/-rf", "-C../x"]):

@@ -25,7 +25,7 @@ TIMEOUT = 10
 _FOREGROUND = """
 import sys
 from atlasfs.commands import cli
-from atlasfs.tree import tables
+from atlasfs.tree.table import tables
 tables.RESIDENT_TABLE_BYTES = 1  # the tree holds one table at a time: the others are the engine's, from their files
 sys.exit(cli.main(["mount", "-f", sys.argv[1], sys.argv[2], "-o", "log_file=" + sys.argv[3]]))
 """

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from atlasfs.formats import factory
-from atlasfs.formats import state as saved
 from atlasfs.formats import naming
+from atlasfs.formats import state as saved
 from atlasfs.formats.pbin import (
     DOCUMENTS_PER_BLOCK,
     STATE_VERSION,
@@ -24,7 +24,7 @@ from atlasfs.formats.pbin import (
     write_pbin,
 )
 from atlasfs.tree.blocktree import BlockTree
-from atlasfs.tree.tablestore import TableStore
+from atlasfs.tree.table.store import TableStore
 
 
 def _named(shard: PbinShard, block: int) -> list[tuple[object, list[tuple[str, int]]]]:

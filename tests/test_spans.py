@@ -34,7 +34,7 @@ from atlasfs.formats.atlas.spans import (
     run_check,
 )
 from atlasfs.formats.naming import MAX_NAME_BYTES, encode_as, example_fields, index_key_width
-from atlasfs.tree.filetable import NO_LOCATOR, Locators
+from atlasfs.tree.table.filetable import NO_LOCATOR, Locators
 from helpers import REFERENCE, reference_names
 
 # ---------------------------------------------------------------- helpers
@@ -452,11 +452,11 @@ def test_columns_round_trip_and_share_prefixes() -> None:
 
 
 def test_columns_keep_prefixes_up_to_their_bound(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("atlasfs.tree.filetable.MAX_PREFIXES", 2)
+    monkeypatch.setattr("atlasfs.tree.table.filetable.MAX_PREFIXES", 2)
     spans = [Span(i, 1, 0, b"\x93NUMPY" + bytes([i])) for i in range(4)] + [Span(9, 1, 0, b"\x93NUMPY\x00")]
     columns = Locators.build(spans)
     assert columns is not None and list(columns.offset != NO_LOCATOR) == [True, True, False, False, True]
-    monkeypatch.setattr("atlasfs.tree.filetable.MAX_PREFIXES", 100)
-    monkeypatch.setattr("atlasfs.tree.filetable.MAX_PREFIX_BYTES", 15)  # room for two 7-byte prefixes
+    monkeypatch.setattr("atlasfs.tree.table.filetable.MAX_PREFIXES", 100)
+    monkeypatch.setattr("atlasfs.tree.table.filetable.MAX_PREFIX_BYTES", 15)  # room for two 7-byte prefixes
     columns = Locators.build(spans)
     assert columns is not None and list(columns.offset != NO_LOCATOR) == [True, True, False, False, True]

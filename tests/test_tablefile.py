@@ -1,4 +1,4 @@
-"""Stored file tables mapped in place (atlasfs/tree/tablefile.py): every bound a forged or
+"""Stored file tables mapped in place (atlasfs/tree/table/ondisk.py): every bound a forged or
 damaged file can break is found at load, the table is rebuilt with one log line, nothing
 is read past a file's end; tables of other users are mapped from a private copy; at most
 RESIDENT_TABLE_BYTES of tables stay mapped."""
@@ -19,8 +19,8 @@ import pytest
 
 from atlasfs import AtlasDataset, AtlasWriter
 from atlasfs.tree.blocktree import BlockTree
-from atlasfs.tree.filetable import FILE, UNKNOWN_SIZE, FileTable, Limits, TableError
-from atlasfs.tree.tablestore import TableStore, cache_folder
+from atlasfs.tree.table.filetable import FILE, UNKNOWN_SIZE, FileTable, Limits, TableError
+from atlasfs.tree.table.store import TableStore, cache_folder
 
 ROWS = [(f"{i:05d}.{ext}", FILE, 1 + i, i // 4, i % 4, j) for i in range(40) for j, ext in enumerate(("cls", "txt"))]
 KEY = {"layout": 1, "files": {"data.bin": [10, 20]}}
@@ -242,7 +242,7 @@ def test_another_users_table_is_mapped_from_a_copy_and_survives_truncation_in_pl
 
 def test_tables_past_the_resident_bound_are_let_go_and_mapped_again(
         tmp_path: Path, cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import atlasfs.tree.tables as tables
+    import atlasfs.tree.table.tables as tables
 
     dataset = _dataset(tmp_path / "ds", shards=6)
     expected = _every_file(BlockTree(AtlasDataset(dataset), store=TableStore(str(dataset))))
@@ -267,7 +267,7 @@ def _mapped_tables(folder: str) -> set[str]:
 
 def test_tables_without_a_store_are_let_go_too_and_built_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """``atlasfs export`` has no store: its tables are held in memory, within the same bound."""
-    import atlasfs.tree.tables as tables
+    import atlasfs.tree.table.tables as tables
 
     dataset = _dataset(tmp_path / "ds", shards=4)
     expected = _every_file(BlockTree(AtlasDataset(dataset)))
@@ -280,7 +280,7 @@ def test_tables_without_a_store_are_let_go_too_and_built_again(tmp_path: Path, m
 
 def test_sizes_learnt_by_a_table_let_go_are_stored_first(
         tmp_path: Path, cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import atlasfs.tree.tables as tables
+    import atlasfs.tree.table.tables as tables
 
     dataset = _dataset(tmp_path / "ds", shards=3)
     tree = BlockTree(AtlasDataset(dataset), store=TableStore(str(dataset)))

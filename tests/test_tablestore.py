@@ -14,7 +14,7 @@ import pytest
 
 from atlasfs import AtlasDataset, AtlasWriter
 from atlasfs.tree.blocktree import BlockTree
-from atlasfs.tree.tablestore import BESIDE_DATASET, TableStore, cache_folder, cached_tables
+from atlasfs.tree.table.store import BESIDE_DATASET, TableStore, cache_folder, cached_tables
 from fusemount import atlasfs, mounted
 
 

@@ -19,7 +19,7 @@ import webdataset as wds
 
 from atlasfs import AtlasDataset, AtlasWriter
 from atlasfs.tree.blocktree import BlockTree
-from atlasfs.tree.tablestore import TableStore
+from atlasfs.tree.table.store import TableStore
 from atlasfs.tree.tarview import TarLayout, TarView
 from fusemount import atlasfs, engine_answered, mounted
 from helpers import REFERENCE, TORCH_STANDIN, expected_examples, in_threads, reference_names

@@ -245,7 +245,7 @@ def cmd_index(args: argparse.Namespace) -> int:
 
 def _index(args: argparse.Namespace, report: object, where: dict[str, object]) -> int:
     from atlasfs.commands.indexing import index_all, make_store, store_energon_index
-    from atlasfs.tree.tablestore import make_shared_folder
+    from atlasfs.tree.table.store import make_shared_folder
     with _source(args) as dataset:
         store = make_store(dataset, args.settings.index_dir)
         if args.settings.index_dir is not None or not dataset.storage.remote:  # a bucket says so at the first write
@@ -277,20 +277,20 @@ def _index(args: argparse.Namespace, report: object, where: dict[str, object]) -
 
 def cmd_cache(args: argparse.Namespace) -> int:
     from atlasfs.sizes import format_size
-    from atlasfs.tree import tablestore
+    from atlasfs.tree.table import store
     if args.clear:
-        freed = tablestore.clear(args.dataset)
+        freed = store.clear(args.dataset)
         what = f"the tables of {args.dataset}" if args.dataset else "every table"
-        print(f"removed {what} from {tablestore.cache_root()} ({format_size(freed)})")
+        print(f"removed {what} from {store.cache_root()} ({format_size(freed)})")
         return 0
-    tables = tablestore.cached_tables(args.dataset)
-    by_dataset: dict[str, list[tablestore.CachedTable]] = {}
+    tables = store.cached_tables(args.dataset)
+    by_dataset: dict[str, list[store.CachedTable]] = {}
     for table in tables:
         by_dataset.setdefault(table.dataset, []).append(table)
     for dataset, found in sorted(by_dataset.items(), key=lambda item: -item[1][-1].used):
         print(f"{dataset}: {len(found)} tables, {format_size(sum(t.bytes for t in found))}")
     total = sum(t.bytes for t in tables)
-    print(f"{tablestore.cache_root()}: {format_size(total)} of {format_size(tablestore.cache_bound())} "
+    print(f"{store.cache_root()}: {format_size(total)} of {format_size(store.cache_bound())} "
           "(least recently used tables go first past that bound; ATLASFS_TABLE_CACHE_SIZE sets it)")
     return 0
 

@@ -23,8 +23,8 @@ from atlasfs.formats.source import Source
 from atlasfs.progress import progress_bar, say
 from atlasfs.tree.base import Unreadable
 from atlasfs.tree.blocktree import BlockTree
-from atlasfs.tree.filetable import UNKNOWN_SIZE
-from atlasfs.tree.tablestore import TableStore
+from atlasfs.tree.table.filetable import UNKNOWN_SIZE
+from atlasfs.tree.table.store import TableStore
 
 #: What one shard's indexing found: it was stored before (nothing done), or built now.
 STORED_BEFORE, BUILT = "stored before", "built"

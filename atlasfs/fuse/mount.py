@@ -32,8 +32,8 @@ from atlasfs.options import MountOptions
 from atlasfs.storage import is_url, redact, set_default_options
 from atlasfs.tree.base import Tree
 from atlasfs.tree.blocktree import BlockTree
-from atlasfs.tree.tablestore import TableStore
 from atlasfs.tree.indexes.served import LoaderSettings
+from atlasfs.tree.table.store import TableStore
 from atlasfs.tree.tarview import TarView
 
 log = logging.getLogger("atlasfs")

@@ -1,1 +1,1 @@
-"""The tree layer: any source as a tree of WebDataset-style files (tables, naming, caches, the tar view)."""
+"""The tree layer: any source as a tree of WebDataset-style files (its file tables in ``table/``, caches, the tar view)."""

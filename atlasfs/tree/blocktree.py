@@ -7,7 +7,7 @@ format. It only answers the tree's calls; each job is a module of its own:
 
 - :mod:`atlasfs.tree.placement`: which folder each shard is, and the folders above
   shards named with slashes;
-- :mod:`atlasfs.tree.tables`: each shard's file table (names, sizes, block and position
+- :mod:`atlasfs.tree.table.tables`: each shard's file table (names, sizes, block and position
   of every file), loaded, built, sized and stored;
 - :mod:`atlasfs.tree.listing`: a folder's listing and lookup index made from its table,
   and the cache of recently listed folders;
@@ -36,13 +36,13 @@ import numpy as np
 from atlasfs.formats.source import NativeSpans, Source, SourceShard
 from atlasfs.tree.base import Entry, Tree, not_found
 from atlasfs.tree.blocks import Blocks, eio
-from atlasfs.tree.filetable import FILE, UNKNOWN_SIZE, UNREADABLE, FileTable, Locators
 from atlasfs.tree.listing import FolderCache, Listing, row_entries, row_entry
 from atlasfs.tree.located import LocatedReads
 from atlasfs.tree.placement import ShardPlacement
 from atlasfs.tree.shardfiles import shard_files
-from atlasfs.tree.tables import Tables
-from atlasfs.tree.tablestore import TableStore
+from atlasfs.tree.table.filetable import FILE, UNKNOWN_SIZE, UNREADABLE, FileTable, Locators
+from atlasfs.tree.table.store import TableStore
+from atlasfs.tree.table.tables import Tables
 
 #: Entries of recently looked up files kept for the reads that follow (each ~350 bytes).
 RECENT_ENTRIES = 4096
@@ -88,12 +88,12 @@ class BlockTree(Tree):
         return self.blocks.failures(s)
 
     def table(self, s: int, sizes: bool = False) -> FileTable:
-        """The file table of shard position ``s`` (see :meth:`atlasfs.tree.tables.Tables.table`)."""
+        """The file table of shard position ``s`` (see :meth:`atlasfs.tree.table.tables.Tables.table`)."""
         return self.tables.table(s, sizes)
 
     def forget(self, s: int) -> None:
         """Drop shard position ``s``'s table, listings and entries (see :meth:`Tables.forget
-        <atlasfs.tree.tables.Tables.forget>`) and close its files (reopened if it is read again):
+        <atlasfs.tree.table.tables.Tables.forget>`) and close its files (reopened if it is read again):
         ``index`` and ``export`` keep one shard's at a time, and as many descriptors."""
         self.tables.forget(s)
         self.folders.forget(s)

@@ -18,8 +18,8 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from atlasfs.tree.base import Entry
-from atlasfs.tree.filetable import DIR, FILE, UNKNOWN_SIZE, FileTable
 from atlasfs.tree.placement import shard_ino
+from atlasfs.tree.table.filetable import DIR, FILE, UNKNOWN_SIZE, FileTable
 
 #: Row numbers kept for the listings of recently listed sub-folders (4 bytes each; a shard
 #: folder without sub-folders is listed from its table as it is and keeps none).
@@ -194,7 +194,7 @@ class FolderCache:
     for a big folder in many replies, and tar and find list every folder on every pass.
     A flat shard folder's costs its object only; a sub-folder's keeps its rows, at most
     :data:`FOLDER_CACHE_ROWS` in all; at most :data:`FOLDER_CACHE_LISTINGS` listings. No
-    listing holds its table (they are mapped, and let go, by :class:`atlasfs.tree.tables.Tables`)."""
+    listing holds its table (they are mapped, and let go, by :class:`atlasfs.tree.table.tables.Tables`)."""
 
     def __init__(self) -> None:
         self.listings: OrderedDict[tuple[int, str], Listing] = OrderedDict()

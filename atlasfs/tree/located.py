@@ -23,9 +23,9 @@ from atlasfs.formats.source import SpanMismatch
 from atlasfs.storage import StorageUnavailableError
 from atlasfs.tree.base import Entry
 from atlasfs.tree.blocks import Blocks, log_unavailable
-from atlasfs.tree.filetable import FileTable
 from atlasfs.tree.listing import FileRef
 from atlasfs.tree.placement import shard_ino
+from atlasfs.tree.table.filetable import FileTable
 
 log = logging.getLogger("atlasfs")
 

@@ -5,7 +5,7 @@ A table is built for lookups: every file's row, the path-sorted order, the looku
 the locators of random reads. A pass that writes every file in order needs none of that:
 each block is decoded once, its examples named by the same rules and the same
 :class:`~atlasfs.formats.naming.KeyAssigner` a table is built with
-(:meth:`~atlasfs.tree.tables.Tables.block_rows`), and its files encoded as a read
+(:meth:`~atlasfs.tree.table.tables.Tables.block_rows`), and its files encoded as a read
 encodes them (:meth:`~atlasfs.tree.blocks.Blocks.example_of`), so the names and bytes
 are the table's and the mount's. Memory is one decoded block at a time (through the
 block cache), whatever the shard's size.
@@ -17,8 +17,8 @@ from collections.abc import Iterator
 
 from atlasfs.formats.naming import KeyAssigner
 from atlasfs.tree.blocks import eio
-from atlasfs.tree.filetable import FILE
-from atlasfs.tree.tables import Tables
+from atlasfs.tree.table.filetable import FILE
+from atlasfs.tree.table.tables import Tables
 
 
 def shard_files(tables: Tables, s: int) -> Iterator[tuple[str, bytes]]:

@@ -25,9 +25,9 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from atlasfs.tree import tablestore
 from atlasfs.tree.base import Unreadable
 from atlasfs.tree.indexes import dali, energon, sqlitefile
+from atlasfs.tree.table import store
 
 log = logging.getLogger("atlasfs")
 #: Bytes of per-tar indexes kept (the most recently used; at least one).
@@ -293,7 +293,7 @@ class LoaderFiles:
             found = sqlitefile.find(self._store, key) if self._store is not None else None  # type: ignore[arg-type]
             if found is not None:  # up to date: readable by every user, as `atlasfs index` leaves tables
                 path = os.path.join(self._store.save_folder, sqlitefile.file_name(key))  # type: ignore[attr-defined]
-                tablestore._share(found, path, os.fstat(found))  # noqa: SLF001
+                store._share(found, path, os.fstat(found))  # noqa: SLF001
                 os.close(found)
                 return path
             fd, where = self._build_sqlite(tars, key)

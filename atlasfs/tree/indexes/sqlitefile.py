@@ -2,7 +2,7 @@
 
 The file is named after what it was built from (``energon-<key>.sqlite``, the key a hash of
 every tar's layout: names, sizes and offsets) and kept where the dataset's file tables are
-(:class:`~atlasfs.tree.tablestore.TableStore`): a mount looks in ``--index-dir``, beside the
+(:class:`~atlasfs.tree.table.store.TableStore`): a mount looks in ``--index-dir``, beside the
 dataset (``.atlasfs-tables/``, written only by ``atlasfs index``) and in the user's cache,
 and builds it into ``--index-dir`` or the user's cache (counted in the cache's bound), never
 into the dataset. A stored file is used only if it passes the tables' trust rule (opened
@@ -22,9 +22,10 @@ import stat
 import tempfile
 from collections.abc import Callable
 
-from atlasfs.tree import tablefile, tablestore
-from atlasfs.tree.filetable import TableError
 from atlasfs.tree.indexes.energon import SCHEMA
+from atlasfs.tree.table import ondisk
+from atlasfs.tree.table.filetable import TableError
+from atlasfs.tree.table.store import SHARED_FILE_MODE, TableStore, _write_source, make_shared_folder
 
 log = logging.getLogger("atlasfs")
 PREFIX = "energon-"
@@ -54,14 +55,14 @@ def check(fd: int) -> str | None:
     return None
 
 
-def find(store: tablestore.TableStore, key: str) -> int | None:
+def find(store: TableStore, key: str) -> int | None:
     """A descriptor of a stored, usable ``index.sqlite`` built from ``key``, or None."""
     for folder in store.folders:
         if store._store_of(folder).remote:  # noqa: SLF001 (a bucket: built locally instead)
             continue
         path = os.path.join(folder, file_name(key))
         try:
-            fd = tablefile.open_table(path)
+            fd = ondisk.open_table(path)
         except TableError as exc:
             log.info("ignoring %s: it %s; building it again", path, exc)
             continue
@@ -75,7 +76,7 @@ def find(store: tablestore.TableStore, key: str) -> int | None:
     return None
 
 
-def build(store: tablestore.TableStore | None, key: str, write: Callable[[str], None]) -> tuple[int, str | None]:
+def build(store: TableStore | None, key: str, write: Callable[[str], None]) -> tuple[int, str | None]:
     """Build the file with ``write(path)`` into the store's folder for new files (shared
     beside the dataset or in ``--index-dir``, private in the user's cache); returns its
     descriptor and where it was stored (None: an unnamed temporary file)."""
@@ -84,11 +85,11 @@ def build(store: tablestore.TableStore | None, key: str, write: Callable[[str], 
         shared = folder != store.cache_folder
         try:
             if shared:
-                tablestore.make_shared_folder(folder)
+                make_shared_folder(folder)
             else:
                 os.makedirs(folder, exist_ok=True)
-                tablestore._write_source(folder, store.dataset_root)  # noqa: SLF001
-            fd, path = _written(folder, write, tablestore.SHARED_FILE_MODE if shared else 0o600)
+                _write_source(folder, store.dataset_root)
+            fd, path = _written(folder, write, SHARED_FILE_MODE if shared else 0o600)
         except OSError as exc:
             log.warning("cannot store energon's index.sqlite in %s (%s): building it in a temporary file",
                         folder, exc.strerror or exc)
@@ -111,7 +112,7 @@ def _written(folder: str, write: Callable[[str], None], mode: int) -> tuple[int,
     fd = -1
     try:
         write(path)  # sqlite makes the file (and its journal beside it, gone once committed)
-        fd = os.open(path, tablefile.OPEN_FLAGS)
+        fd = os.open(path, ondisk.OPEN_FLAGS)
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise OSError(f"{path}: not a regular file")
         os.fchmod(fd, mode)

@@ -42,12 +42,12 @@ _NPY_MAGIC = b"\x93NUMPY"
 #: Files of at most this many bytes are kept whole in the file table (inline
 #: locators) instead of located in their block: a read of one needs no
 #: decompression. 128 covers ``cls`` files and small ``json`` dicts (a URL and a few
-#: numbers); the table keeps at most :data:`atlasfs.tree.filetable.INLINE_AVERAGE` bytes a
+#: numbers); the table keeps at most :data:`atlasfs.tree.table.filetable.INLINE_AVERAGE` bytes a
 #: file of them in all.
 INLINE_MAX = 128
 #: Files with no run (a JSON of a dict: no bytes of the pickle are its encoding) of at most
 #: this many bytes are given whole too, as inline locators: the table keeps them
-#: compressed a block at a time (:data:`atlasfs.tree.filetable.KEPT`), so that a random
+#: compressed a block at a time (:data:`atlasfs.tree.table.filetable.KEPT`), so that a random
 #: read of one needs neither the block nor Python.
 WHOLE_MAX = 16 << 10
 #: Blocks whose frame has no content checksum (strategy 0, frames of writers that

@@ -12,7 +12,7 @@ blob of names: 43 bytes per entry plus its path.
 A table can be saved to a file and loaded back: the mount keeps one per
 shard so that a second mount lists without decoding anything. A loaded table is
 the file mapped, its arrays and names views of the map, nothing copied
-(:mod:`atlasfs.tree.tablefile`, the format). It carries
+(:mod:`atlasfs.tree.table.ondisk`, the format). It carries
 its source's *state* too (what a pass over the shard's files learned, such
 as Dolma's gzip seek points; :meth:`atlasfs.formats.source.SourceShard.prepare`),
 so that the second mount makes no pass either. A stored table
@@ -47,7 +47,7 @@ import zstandard
 
 from atlasfs.formats.naming import paths_problem
 from atlasfs.formats.source import Locator
-from atlasfs.tree import tablefile
+from atlasfs.tree.table import ondisk
 
 FILE, DIR, UNREADABLE = 0, 1, 2
 #: The size of a file whose bytes have not been encoded yet: a table can name
@@ -143,8 +143,8 @@ class Locators:
         None if no row has one. Locators past the bounds (:data:`MAX_PREFIXES`,
         :data:`MAX_PREFIX_BYTES`, :data:`INLINE_MAX`, :data:`INLINE_AVERAGE` a row of those
         before it, :data:`KEPT_MAX`, :data:`KEPT_AVERAGE`, offsets of 4 GiB) are left out:
-        their files keep their blocks. (A shard's table: :class:`atlasfs.tree.tablebuilder.TableBuilder`.)"""
-        from atlasfs.tree.tablebuilder import LocatorColumns
+        their files keep their blocks. (A shard's table: :class:`atlasfs.tree.table.builder.TableBuilder`.)"""
+        from atlasfs.tree.table.builder import LocatorColumns
 
         columns = LocatorColumns()
         for loc in locators:
@@ -255,7 +255,7 @@ class FileTable:
         self.sections: dict[str, tuple[int, int]] = {}
         #: The limits the table was checked against (None: not checked, a built table).
         self.limits: Limits | None = None
-        #: What the tree keeps while the table's sizes are being learnt (tree/tables.py).
+        #: What the tree keeps while the table's sizes are being learnt (tree/table/tables.py).
         self.unsized: Any = None
 
     def nbytes(self) -> int:
@@ -274,7 +274,7 @@ class FileTable:
         if index is None:
             bounds = self._offsets.tolist()
             names = self._names
-            hashes = tablefile.path_hashes([names[a:b] for a, b in zip(bounds, bounds[1:])])
+            hashes = ondisk.path_hashes([names[a:b] for a, b in zip(bounds, bounds[1:])])
             order = np.argsort(hashes, kind="stable")
             index = self._index = (hashes[order], order.astype(np.uint32))
         return index
@@ -288,8 +288,8 @@ class FileTable:
         example order (``size`` may be :data:`UNKNOWN_SIZE`); folders implied by paths are
         added. Paths must be unique (the naming layer guarantees it). A row's locator, if
         any, must be of a file whose size is unknown or the locator's. (A shard's table is
-        built a block at a time: :class:`atlasfs.tree.tablebuilder.TableBuilder`.)"""
-        from atlasfs.tree.tablebuilder import TableBuilder
+        built a block at a time: :class:`atlasfs.tree.table.builder.TableBuilder`.)"""
+        from atlasfs.tree.table.builder import TableBuilder
 
         builder = TableBuilder()
         builder.add(rows)
@@ -351,7 +351,7 @@ class FileTable:
             # memoryviews: indexed from Python they give ints at C speed (numpy's scalars cost more)
             search = self._search = (_view(hashes, "Q"), _view(rows, "I"), _view(self._offsets, "Q"))
         hashes_view, rows_view, offsets = search
-        wanted = tablefile.path_hash(path)
+        wanted = ondisk.path_hash(path)
         j = bisect_left(hashes_view, wanted)
         names = self._names
         while j < len(hashes_view) and hashes_view[j] == wanted:  # more than once only if two hashes collide
@@ -392,11 +392,11 @@ class FileTable:
             files = files[np.lexsort((self.file[files], self.pos[files], self.block[files]))]
         return files.tolist()
 
-    # -- storage (the format: atlasfs.tree.tablefile)
+    # -- storage (the format: atlasfs.tree.table.ondisk)
 
     def to_bytes(self, key: dict[str, Any]) -> bytes:
         """The table as stored, tagged with ``key`` (what it was built from)."""
-        return b"".join(tablefile.encode(self, key))
+        return b"".join(ondisk.encode(self, key))
 
     def save(self, path: str, key: dict[str, Any]) -> None:
         """Write the table to the local file ``path`` atomically (:meth:`to_bytes`): a
@@ -404,7 +404,7 @@ class FileTable:
         fd, tmp = tempfile.mkstemp(prefix=".table-", dir=os.path.dirname(path))
         try:
             with os.fdopen(fd, "wb") as f:
-                f.writelines(tablefile.encode(self, key))
+                f.writelines(ondisk.encode(self, key))
             os.replace(tmp, path)
         except BaseException:
             if os.path.exists(tmp):
@@ -413,9 +413,9 @@ class FileTable:
 
     @classmethod
     def load(cls, path: str, key: dict[str, Any], limits: "Limits | LimitsOf") -> "FileTable | None":
-        """The table stored in the local file ``path``, mapped (:func:`atlasfs.tree.tablefile.open_mapped`),
+        """The table stored in the local file ``path``, mapped (:func:`atlasfs.tree.table.ondisk.open_mapped`),
         or None if there is no such file; raises :class:`TableError` as :meth:`from_bytes` does."""
-        return tablefile.open_mapped(path, key, limits)
+        return ondisk.open_mapped(path, key, limits)
 
     @classmethod
     def from_bytes(cls, data: bytes, key: dict[str, Any], limits: "Limits | LimitsOf") -> "FileTable":
@@ -425,7 +425,7 @@ class FileTable:
         ``limits`` may be a function of the stored state that returns them (it takes the
         state back into the shard's source first, raising ``ValueError`` if it does not fit)."""
         try:
-            return tablefile.parse(data, key, limits)
+            return ondisk.parse(data, key, limits)
         except (ValueError, KeyError, TypeError, UnicodeDecodeError, IndexError) as exc:
             if isinstance(exc, TableError):
                 raise

@@ -18,15 +18,15 @@ import numpy as np
 import zstandard
 
 from atlasfs.formats.source import Locator
-from atlasfs.tree import filetable, tablefile
-from atlasfs.tree.filetable import DIR, FILE, INLINE, KEPT, NO_LOCATOR, UNKNOWN_SIZE, FileTable, Locators
+from atlasfs.tree.table import filetable, ondisk
+from atlasfs.tree.table.filetable import DIR, FILE, INLINE, KEPT, NO_LOCATOR, UNKNOWN_SIZE, FileTable, Locators
 
 
 class LocatorColumns:
-    """Locators added one row at a time into :class:`~atlasfs.tree.filetable.Locators`'
+    """Locators added one row at a time into :class:`~atlasfs.tree.table.filetable.Locators`'
     columns, within their bounds (distinct prefixes and their bytes; inline bytes at most
-    :data:`~atlasfs.tree.filetable.INLINE_AVERAGE` a row of those added so far; kept bytes
-    at most :data:`~atlasfs.tree.filetable.KEPT_AVERAGE`): a locator past a bound is left out,
+    :data:`~atlasfs.tree.table.filetable.INLINE_AVERAGE` a row of those added so far; kept bytes
+    at most :data:`~atlasfs.tree.table.filetable.KEPT_AVERAGE`): a locator past a bound is left out,
     and its file keeps its block. An inline locator too big to be kept as it is, is kept
     with the other such files of its block, compressed when the block's rows are done
     (blocks come in order)."""
@@ -146,7 +146,7 @@ def _take(values: np.ndarray, order: np.ndarray, default: int) -> np.ndarray:
 class TableBuilder:
     """Rows ``(path, kind, size, block, pos, file[, locator])`` of files in example order,
     added a block at a time (:meth:`add`); :meth:`finish` makes the
-    :class:`~atlasfs.tree.filetable.FileTable` (folders implied by paths added, in tree
+    :class:`~atlasfs.tree.table.filetable.FileTable` (folders implied by paths added, in tree
     order). Paths must be unique (the naming layer guarantees it). A row's locator is kept
     only for a file whose size is unknown or the locator's."""
 
@@ -192,7 +192,7 @@ class TableBuilder:
             columns = {name: _take(values, order, DIR if name == "kind" else 0) for name, values in columns.items()}
         self._names, self._ends = bytearray(), array("Q")  # let go before the path order is made
         columns["by_path"] = _path_order(names, offsets)
-        hashes = np.concatenate([np.zeros(0, dtype="<u8")] + [tablefile.path_hashes(chunk)
+        hashes = np.concatenate([np.zeros(0, dtype="<u8")] + [ondisk.path_hashes(chunk)
                                                              for chunk in _path_chunks(names, offsets)])
         rows = np.argsort(hashes, kind="stable")
         columns["hashes"], columns["hash_rows"] = hashes[rows], rows.astype(np.uint32)

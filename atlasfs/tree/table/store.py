@@ -30,7 +30,7 @@ after the check (map, copy, read, ``fchmod``) goes through the descriptor checke
 path again. Tables in a bucket come from the store the data comes from, and are trusted as
 it is.
 
-A table is mapped from its file, not read (:mod:`atlasfs.tree.tablefile`), if it is a local
+A table is mapped from its file, not read (:mod:`atlasfs.tree.table.ondisk`), if it is a local
 file of the daemon's own user, which atlasfs only ever replaces by rename; another (trusted)
 user's table, or one in a bucket, is copied into the user's cache first and the copy mapped
 (the copy counts in the cache's bound), so that no one can cut a mapped file short under a
@@ -59,8 +59,8 @@ from typing import Any
 
 from atlasfs.sizes import parse_size
 from atlasfs.storage import LOCAL, Storage, StorageUnavailableError, is_url, redact
-from atlasfs.tree import tablefile
-from atlasfs.tree.filetable import FileTable, Limits, LimitsOf, TableError
+from atlasfs.tree.table import ondisk
+from atlasfs.tree.table.filetable import FileTable, Limits, LimitsOf, TableError
 
 log = logging.getLogger("atlasfs")
 #: The folder ``atlasfs index`` writes inside a dataset (hidden, so never taken for a shard).
@@ -202,7 +202,7 @@ class TableStore:
     def _local(self, folder: str, path: str, key: dict[str, Any], limits: Limits | LimitsOf) -> FileTable | None:
         """The table in the local file ``path`` if there is one and it may be used; every use of
         it through the one descriptor checked."""
-        fd = tablefile.open_table(path)
+        fd = ondisk.open_table(path)
         if fd is None:
             return None
         try:
@@ -211,7 +211,7 @@ class TableStore:
             if why is not None:
                 raise TableError(why)
             # Touched before it is mapped: a file is mapped again without a pass only while
-            # its size and mtime are those it had when checked (tablefile.map_descriptor).
+            # its size and mtime are those it had when checked (ondisk.map_descriptor).
             if folder == self.cache_folder and st.st_uid == os.geteuid():
                 _touch(fd)  # eviction goes by last use
             table = self._open(folder, fd, path, st, key, limits)
@@ -229,7 +229,7 @@ class TableStore:
         in place) copied into the user's cache by the size its header states, and the copy mapped
         (read into memory instead if the copy cannot be written)."""
         if st.st_uid == os.geteuid():
-            return tablefile.map_descriptor(fd, path, key, limits)
+            return ondisk.map_descriptor(fd, path, key, limits)
         bound = cache_bound()
         if folder == self.cache_folder:  # not ours, in our cache: read, not mapped
             return FileTable.from_bytes(_read_stated(fd, st, bound), key, limits)
@@ -241,7 +241,7 @@ class TableStore:
         except OSError:
             return FileTable.from_bytes(_read_stated(fd, st, bound), key, limits)
         try:
-            table = tablefile.map_descriptor(copy_fd, copy, key, limits)
+            table = ondisk.map_descriptor(copy_fd, copy, key, limits)
         except TableError:
             _unlink(copy)
             raise
@@ -257,7 +257,7 @@ class TableStore:
         found = store.stat(path)
         if found is None:
             return None
-        data = tablefile.read_stated(lambda offset, count: store.pread(path, offset, count), found[0], cache_bound())
+        data = ondisk.read_stated(lambda offset, count: store.pread(path, offset, count), found[0], cache_bound())
         copy = os.path.join(self.cache_folder, path.rsplit("/", 1)[-1])
         try:
             os.makedirs(self.cache_folder, exist_ok=True)
@@ -286,14 +286,14 @@ class TableStore:
         there now is checked as at first (a symbolic link, or a file of another user put in its
         place, is never mapped)."""
         try:
-            fd = tablefile.open_table(path)
+            fd = ondisk.open_table(path)
             if fd is None:
                 return None
             try:
                 why = self._distrust(os.fstat(fd), mapped=True)
                 if why is not None:
                     raise TableError(why)
-                return tablefile.map_descriptor(fd, path, key, limits)
+                return ondisk.map_descriptor(fd, path, key, limits)
             finally:
                 os.close(fd)
         except (TableError, OSError) as exc:
@@ -461,23 +461,23 @@ def _stated(fd: int, st: os.stat_result, bound: int, key: dict[str, Any]) -> int
     sparse 1 GiB table in a dataset's .atlasfs-tables, its owner's, was copied whole into the
     user's cache (1 GiB written on every mount, other tables evicted) before its key was read."""
     head = os.pread(fd, 16, 0)
-    wanted, end = tablefile.stated_size(head)
+    wanted, end = ondisk.stated_size(head)
     if end < 0:
         head += os.pread(fd, wanted - 16, 16)
-        wanted, end = tablefile.stated_size(head)
+        wanted, end = ondisk.stated_size(head)
         if end < 0:
             raise TableError("is corrupt (cut short in its header)")
     if end != st.st_size:
         raise TableError(f"is corrupt ({st.st_size} bytes where its header means {end})")
     if end > bound:
         raise TableError(f"is {end} bytes, more than the table cache's bound of {bound} (ATLASFS_TABLE_CACHE_SIZE)")
-    tablefile.check_header(head, end, key)
+    ondisk.check_header(head, end, key)
     return end
 
 
 def _read_stated(fd: int, st: os.stat_result, bound: int) -> bytes:
-    """The bytes of the table open as ``fd``, read by the size its header states (:func:`tablefile.read_stated`)."""
-    return tablefile.read_stated(lambda offset, count: os.pread(fd, count, offset), st.st_size, bound)
+    """The bytes of the table open as ``fd``, read by the size its header states (:func:`ondisk.read_stated`)."""
+    return ondisk.read_stated(lambda offset, count: os.pread(fd, count, offset), st.st_size, bound)
 
 
 def _copy_into(fd: int, size: int, folder: str, name: str) -> tuple[int, str]:

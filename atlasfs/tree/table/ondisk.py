@@ -29,7 +29,7 @@ another user could change between two opens); atlasfs writes those by rename, ne
 place, so a mapped file is never truncated under the map (deleting or replacing it leaves
 the mapped inode alone). A table stored by another user (beside a shared dataset, or in a
 bucket) is first copied into the user's cache, by the size its header states
-(:func:`read_stated`), and the copy is mapped (:mod:`atlasfs.tree.tablestore`).
+(:func:`read_stated`), and the copy is mapped (:mod:`atlasfs.tree.table.store`).
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import numpy as np
 
 if TYPE_CHECKING:
-    from atlasfs.tree.filetable import FileTable, Limits, LimitsOf
+    from atlasfs.tree.table.filetable import FileTable, Limits, LimitsOf
 
 MAGIC = b"ATLFSTB7"  # 7: kept files (6: mapped in place, with the lookup index and section checksums)
 _HEADER_MAX = 1 << 20
@@ -140,7 +140,7 @@ class _Layout:
     """A stored table's header, every bound it states checked against the file's size."""
 
     def __init__(self, data: Any, key: dict[str, Any]) -> None:
-        from atlasfs.tree.filetable import MAX_PREFIXES, TableError
+        from atlasfs.tree.table.filetable import MAX_PREFIXES, TableError
 
         size = len(data)
         if size < 16 or bytes(data[:8]) != MAGIC:
@@ -190,7 +190,7 @@ class _Layout:
 
     def check_sums(self, data: Any) -> None:
         """Every section's checksum (a pass over the file)."""
-        from atlasfs.tree.filetable import TableError
+        from atlasfs.tree.table.filetable import TableError
 
         view = memoryview(data)
         try:
@@ -210,7 +210,7 @@ def parse(data: Any, key: dict[str, Any], limits: "Limits | LimitsOf",
     """The table in ``data`` (bytes, or a map of its file), its arrays views of ``data``;
     ``blob(offset, length)`` gives the names, inline and kept sections (default: copies).
     With ``validated`` (the file was found valid before), only the header is checked."""
-    from atlasfs.tree.filetable import FileTable, Limits, Locators, TableError
+    from atlasfs.tree.table.filetable import FileTable, Limits, Locators, TableError
 
     layout = _Layout(data, key)
     if not validated:
@@ -276,7 +276,7 @@ def open_table(path: str) -> int | None:
     """A descriptor of the local table file ``path`` (:data:`OPEN_FLAGS`), or None if there is
     no such file; :class:`TableError` if it is a symbolic link (never followed: a link's target
     can be changed by whoever owns the link, whatever its owner's) or cannot be opened."""
-    from atlasfs.tree.filetable import TableError
+    from atlasfs.tree.table.filetable import TableError
 
     try:
         return os.open(path, OPEN_FLAGS)
@@ -293,7 +293,7 @@ def stated_size(head: bytes) -> tuple[int, int]:
     16 bytes to learn how many to pass (``head`` holding the header whole), then with those.
     Raises :class:`TableError` if they are no table's. Lets a table be read by what it says
     it is, never whole before anything is checked (another user's file may be 2 GiB of zeros)."""
-    from atlasfs.tree.filetable import TableError
+    from atlasfs.tree.table.filetable import TableError
 
     if len(head) < 16 or head[:8] != MAGIC:
         raise TableError("is not a file table of this atlasfs version")
@@ -339,7 +339,7 @@ def read_stated(pread: Callable[[int, int], bytes], size: int, bound: int) -> by
     """The bytes of a table whose file is ``size`` bytes, read with ``pread(offset, count)``:
     its header first, then (if the header states exactly ``size`` bytes, at most ``bound``)
     the rest. :class:`TableError` otherwise, before anything past the header is read."""
-    from atlasfs.tree.filetable import TableError
+    from atlasfs.tree.table.filetable import TableError
 
     head = pread(0, 16)
     wanted, end = stated_size(head)
@@ -375,7 +375,7 @@ def map_descriptor(fd: int, path: str, key: dict[str, Any], limits: "Limits | Li
     for the native engine and messages), mapped (its arrays and names are views of the map:
     nothing is copied). The size column is a copy in memory if some sizes are unknown (they are
     filled in at lookup). The caller closes ``fd`` (the maps keep the file)."""
-    from atlasfs.tree.filetable import UNKNOWN_SIZE, Limits, TableError
+    from atlasfs.tree.table.filetable import UNKNOWN_SIZE, Limits, TableError
 
     st = os.fstat(fd)
     if not stat.S_ISREG(st.st_mode):

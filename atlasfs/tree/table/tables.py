@@ -9,7 +9,7 @@ example, as reading it would), and the table is stored again once it knows them 
 A block that cannot be decoded gives ``<index key>.unreadable`` rows whose lookups
 and reads fail with EIO; a shard that cannot be opened fails its folder.
 
-Stored tables are mapped from their files, not read (:mod:`atlasfs.tree.tablefile`), and a
+Stored tables are mapped from their files, not read (:mod:`atlasfs.tree.table.ondisk`), and a
 table built here is mapped from its file once stored. At most :data:`RESIDENT_TABLE_BYTES`
 of tables are held, the least recently used let go first (mapped again from their files
 when next used; a table that could not be stored is built again): the memory tables take
@@ -32,9 +32,9 @@ from atlasfs.formats.naming import LAYOUT_VERSION, NO_KEY, KeyAssigner, declared
 from atlasfs.formats.source import SourceShard
 from atlasfs.storage import StorageUnavailableError
 from atlasfs.tree.blocks import Blocks, max_suffix_bytes
-from atlasfs.tree.filetable import FILE, UNKNOWN_SIZE, UNREADABLE, FileTable, Limits, Rows
-from atlasfs.tree.tablebuilder import TableBuilder
-from atlasfs.tree.tablestore import TableStore
+from atlasfs.tree.table.builder import TableBuilder
+from atlasfs.tree.table.filetable import FILE, UNKNOWN_SIZE, UNREADABLE, FileTable, Limits, Rows
+from atlasfs.tree.table.store import TableStore
 
 log = logging.getLogger("atlasfs")
 
