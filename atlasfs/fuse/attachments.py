@@ -56,7 +56,7 @@ class Attachments:
         blocks lie (``found``: the tree's ``native_spans(s)``, or None), and remember how to
         attach it from its file if it may be."""
         try:
-            session.attach(s, mtime, table._names, table._offsets, table.kind, table.size, table.by_path,
+            session.attach(s, mtime, table.names, table.offsets, table.kind, table.size, table.by_path,
                            table.block)
         except (ValueError, TypeError, BufferError) as exc:  # a column that is no plain buffer: Python answers
             log.debug("shard %d: table not attached to the engine: %s", s, exc)

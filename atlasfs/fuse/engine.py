@@ -314,8 +314,7 @@ class NativeBridge:
             if ref is None:
                 return -errno.EISDIR
             data = tree.read(entry, offset, size)
-            last, run = tree.blocks.last_block[ref.shard]
-            if last == ref.block and run >= IN_ORDER_BLOCKS and (ref.shard, ref.block) in tree.blocks.cache:
+            if tree.in_order_run(ref.shard, ref.block) >= IN_ORDER_BLOCKS:
                 files = tree.block_files(ref.shard, ref.block)
                 if files is not None:
                     return files

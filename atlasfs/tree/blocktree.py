@@ -134,6 +134,14 @@ class BlockTree(Tree):
         np.cumsum([len(part) for part in parts], out=offsets[1:])
         return int(rows[0]), offsets, b"".join(parts)
 
+    def in_order_run(self, s: int, block: int) -> int:
+        """How many blocks of shard position ``s`` readers have gone through in order, ending
+        with ``block``, while ``block`` is still decoded in the cache; 0 if ``block`` is not the
+        last one read or not cached. The native engine hands a reader going through a shard in
+        order the files of whole blocks (:meth:`block_files`)."""
+        last, run = self.blocks.last_block[s]
+        return run if last == block and (s, block) in self.blocks.cache else 0
+
     def native_spans(self, s: int) -> tuple[Locators, NativeSpans] | None:
         """The locators of shard position ``s``'s table (held) and where its blocks lie, for
         the native engine to read its located files itself; None when located reads are off,

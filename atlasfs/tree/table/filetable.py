@@ -258,6 +258,18 @@ class FileTable:
         #: What the tree keeps while the table's sizes are being learnt (tree/table/tables.py).
         self.unsized: Any = None
 
+    @property
+    def names(self) -> Any:
+        """The blob of every row's path, in row order (bytes, or the map of a stored table's
+        names: both slice to bytes): row ``i``'s path is ``names[offsets[i]:offsets[i + 1]]``."""
+        return self._names
+
+    @property
+    def offsets(self) -> np.ndarray:
+        """Where each row's path starts in :attr:`names`, then where the last ends (uint64, one
+        more than the rows)."""
+        return self._offsets
+
     def nbytes(self) -> int:
         """Bytes the table keeps: its file's if mapped (its size column in memory counted too,
         if copied), else its arrays' and names'."""
