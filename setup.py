@@ -18,7 +18,7 @@ from setuptools import Extension, setup
 
 SOURCES = ["atlasfs/fuse/native/module.c", "atlasfs/fuse/native/ops.c", "atlasfs/fuse/native/bridge.c",
            "atlasfs/fuse/native/tables.c", "atlasfs/fuse/native/cache.c", "atlasfs/fuse/native/located.c",
-           "atlasfs/fuse/native/dictionaries.c"]
+           "atlasfs/fuse/native/dictionaries.c", "atlasfs/fuse/native/diskblocks.c"]
 SANITIZE = ["-fsanitize=address,undefined", "-fno-omit-frame-pointer", "-fno-sanitize-recover=undefined"]
 
 

@@ -387,7 +387,8 @@ class NativeSession:
     """A mount served by the native engine until unmounted or signalled."""
 
     def __init__(self, bridge: NativeBridge, mountpoint: str, options: dict[str, str | bool | int],
-                 threads: bool = True, debug: bool = False, cache_bytes: int = 0) -> None:
+                 threads: bool = True, debug: bool = False, cache_bytes: int = 0,
+                 decoded_cache: tuple[str, int, str] | None = None) -> None:
         native = native_module()
         self.bridge = bridge
         self.mountpoint = mountpoint
@@ -396,6 +397,8 @@ class NativeSession:
         tables = bridge._tables
         self.session = native.Session(bridge, threads=threads, shards=len(tables.shards) if tables else 0,
                                       cache_bytes=cache_bytes, **settings)
+        if decoded_cache is not None:  # (folder, bound, dataset identity): diskblocks.c
+            self.session.decoded_cache(*decoded_cache)
         bridge.session = self.session
         if tables is not None:
             tables.on_release = bridge.release
@@ -432,6 +435,12 @@ class NativeSession:
                  ", ".join(f"{kind} {n['c']} in C, {n['python']} in Python" for kind, n in stats.items()),
                  native_module().dictionaries(), frames["whole"], frames["partial"], frames["waited"],
                  frames["kept"], frames["of"])
+        decoded = self.session.decoded()
+        if decoded is not None:
+            log.info("%s: decoded cache: %d hits, %d misses, %d written, %d failed to write, %d bad, %d evicted, "
+                     "%d found at start, %d ignored; %d bytes of %d", self.mountpoint, decoded["hits"],
+                     decoded["misses"], decoded["written"], decoded["write_failed"], decoded["bad"],
+                     decoded["evicted"], decoded["found"], decoded["ignored"], decoded["bytes"], decoded["bound"])
         if self.bridge.critical is not None:
             raise self.bridge.critical
         if err and self.stop_signal is None:
@@ -439,7 +448,10 @@ class NativeSession:
 
 
 def native_main(tree: Tree, mountpoint: str, options: dict[str, str | bool | int], on_init: Callable[[], None],
-                threads: bool = True, debug: bool = False, cache_bytes: int = 0) -> None:
+                threads: bool = True, debug: bool = False, cache_bytes: int = 0,
+                decoded_cache: tuple[str, int, str] | None = None) -> None:
     """Serve ``tree`` at ``mountpoint`` through the native engine until unmounted or
-    signalled, its byte cache bounded at ``cache_bytes``."""
-    NativeSession(NativeBridge(tree, on_init), mountpoint, options, threads, debug, cache_bytes).run()
+    signalled, its byte cache bounded at ``cache_bytes``; ``decoded_cache``: the decoded-block
+    cache's (folder, bound, dataset identity), or None."""
+    NativeSession(NativeBridge(tree, on_init), mountpoint, options, threads, debug, cache_bytes,
+                  decoded_cache).run()

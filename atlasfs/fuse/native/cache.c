@@ -29,6 +29,8 @@ int cache_init(Session *s, size_t bound)
     s->cache_bytes = 0;
     s->cache_evicted = s->cache_trimmed_at = 0;
     s->cache_flight = 0;
+    s->reserve_next = s->reserve_turn = 0;
+    s->cache_idle = 0;
     s->pool_bytes = 0;
     memset(s->pool, 0, sizeof s->pool);
     s->cache_head = s->cache_tail = NULL;
@@ -156,12 +158,27 @@ static void lru_push_front(Session *s, CachedBlock *b)
     s->cache_head = b;
 }
 
+/* Whether the entry (in the cache) could be evicted now: ready, and no one reads it. shrink
+ * looks for nothing while none is (s->cache_idle counts them). */
+static int idle(const CachedBlock *b)
+{
+    return b->state == READY && b->readers == 0;
+}
+
 static void insert(Session *s, CachedBlock *b)
 {
     CachedBlock **head = &s->cache_buckets[bucket_of(b->shard, b->kind, b->block)];
     b->hnext = *head;
     *head = b;
     lru_push_front(s, b);
+    s->cache_idle += idle(b);
+}
+
+/* A reader more of an entry in the cache. */
+static void read_more(Session *s, CachedBlock *b)
+{
+    s->cache_idle -= idle(b);
+    b->readers++;
 }
 
 /* Out of the hash table and the LRU list. */
@@ -173,12 +190,13 @@ static void unlink_entry(Session *s, CachedBlock *b)
     if (*at == b)
         *at = b->hnext;
     lru_unlink(s, b);
+    s->cache_idle -= idle(b);
 }
 
 /* Freed; the bytes it was charged given back. */
 static void release_entry(Session *s, CachedBlock *b)
 {
-    if (b->state == READY) {
+    if (b->state == READY && !b->in_flight) {
         s->cache_bytes -= b->bytes;
         __atomic_add_fetch(&s->cache_evicted, b->bytes, __ATOMIC_RELAXED);
     }
@@ -277,6 +295,8 @@ static void shrink(Session *s)
 {
     CachedBlock *b;
     int maps;
+    if (s->cache_idle == 0)
+        return;  /* nothing to evict: no walk of the whole list (every release calls this) */
     for (b = s->cache_tail; over(s) && b != NULL;) {
         CachedBlock *prev = b->prev;
         if (b->kind == KIND_RUN && b->state == READY && b->readers == 0)
@@ -307,7 +327,7 @@ static CachedBlock *take_locked(Session *s, uint64_t shard, int kind, uint64_t b
         pthread_cond_wait(&s->cache_filled, &s->cache_lock);
     if (b == NULL || b->state != READY)
         return NULL;
-    b->readers++;
+    read_more(s, b);
     lru_unlink(s, b);
     lru_push_front(s, b);
     return b;
@@ -366,7 +386,7 @@ CachedBlock *cache_acquire_min(Session *s, uint64_t shard, int kind, uint64_t bl
         pthread_cond_wait(&s->cache_filled, &s->cache_lock);
     }
     if (b != NULL && b->length >= min_length) {
-        b->readers++;
+        read_more(s, b);
         lru_unlink(s, b);
         lru_push_front(s, b);
     } else {
@@ -410,18 +430,44 @@ void cache_complete(Session *s, CachedBlock *b, char *data, size_t length)
     cache_complete_sized(s, b, data, length, length);
 }
 
-void cache_complete_sized(Session *s, CachedBlock *b, char *data, size_t length, size_t capacity)
+static void complete(Session *s, CachedBlock *b, char *data, size_t length, size_t capacity, int reserved)
 {
     pthread_mutex_lock(&s->cache_lock);
     b->data = data;
     b->length = length;
     b->capacity = capacity > length || b->sparse ? capacity : length;
     b->bytes = b->capacity + (b->count + 1) * sizeof(uint64_t) * (b->offsets != NULL) + sizeof *b;
-    b->state = READY;
-    s->cache_bytes += b->bytes;
+    b->state = READY;  /* its filler reads it: not idle */
+    b->in_flight = reserved;
+    if (!reserved)
+        s->cache_bytes += b->bytes;
     pthread_cond_broadcast(&s->cache_filled);
     shrink(s);
     pthread_mutex_unlock(&s->cache_lock);
+}
+
+void cache_complete_sized(Session *s, CachedBlock *b, char *data, size_t length, size_t capacity)
+{
+    complete(s, b, data, length, capacity, 0);
+}
+
+void cache_complete_reserved(Session *s, CachedBlock *b, char *data, size_t length, size_t capacity)
+{
+    complete(s, b, data, length, capacity, 1);
+}
+
+void cache_settle(Session *s, CachedBlock *b, size_t reserved)
+{
+    pthread_mutex_lock(&s->cache_lock);
+    s->cache_flight -= reserved < s->cache_flight ? reserved : s->cache_flight;
+    if (b->in_flight) {
+        b->in_flight = 0;
+        s->cache_bytes += b->bytes;
+    }
+    pthread_cond_broadcast(&s->cache_room);
+    shrink(s);
+    pthread_mutex_unlock(&s->cache_lock);
+    give_back(s);
 }
 
 void cache_abandon(Session *s, CachedBlock *b)
@@ -434,14 +480,21 @@ void cache_abandon(Session *s, CachedBlock *b)
 
 void cache_reserve(Session *s, size_t bytes)
 {
+    uint64_t ticket;
     pthread_mutex_lock(&s->cache_lock);
     /* Room if the others' payloads and this one fit half the bound (the other half stays for
      * the payloads kept: 4 readers making theirs at once evicted them all); none in flight:
-     * room whatever this one's size (a worker reserves only while it holds no other entry: it
-     * never waits for itself, and every payload in flight is given back once served). */
-    while (s->cache_flight > 0 && (bytes > s->cache_bound / 2 || s->cache_flight > s->cache_bound / 2 - bytes))
+     * room whatever this one's size (a worker reserves only while it holds no other
+     * reservation: it never waits for itself, and every payload in flight is given back once
+     * served). In turn, by ticket: a payload larger than half the bound waits for none to be in
+     * flight, and small ones arriving meanwhile queue behind it instead of starving it. */
+    ticket = s->reserve_next++;
+    while (ticket != s->reserve_turn
+           || (s->cache_flight > 0 && (bytes > s->cache_bound / 2 || s->cache_flight > s->cache_bound / 2 - bytes)))
         pthread_cond_wait(&s->cache_room, &s->cache_lock);
+    s->reserve_turn++;
     s->cache_flight += bytes;
+    pthread_cond_broadcast(&s->cache_room);  /* the next ticket may fit beside this one */
     shrink(s);
     pthread_mutex_unlock(&s->cache_lock);
 }
@@ -462,6 +515,8 @@ void cache_release(Session *s, CachedBlock *b)
     b->readers--;
     if (b->orphan && b->readers == 0)
         release_entry(s, b);
+    else if (!b->orphan)
+        s->cache_idle += idle(b);
     shrink(s);
     pthread_mutex_unlock(&s->cache_lock);
     give_back(s);

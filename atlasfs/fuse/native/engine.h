@@ -7,6 +7,7 @@
  * cache.c   the byte cache: a block's encoded files, or its decompressed bytes
  * located.c files read where their bytes lie (the table's locators), without Python
  * dictionaries.c zstd dictionaries shared by the shards that have the same one
+ * diskblocks.c the decoded-block cache on local disk (--decoded-cache)
  *
  * Everything a Python callback returns is checked here as untrusted: a wrong type or
  * value becomes EIO with one log line, never a crash.
@@ -42,6 +43,7 @@ enum { ST_LOOKUP, ST_GETATTR, ST_READDIR, ST_READ, ST_LOCATED, ST_STORED, ST_COU
 #define TABLE_NODES (UINT64_C(1) << 32)
 
 typedef struct Located Located;
+typedef struct DiskBlocks DiskBlocks;
 
 /* One column of an attached table: a Python buffer (a view of the mapped table file, or an
  * array in memory), or `len` bytes at `at` of the table's file, read with pread (`fd`, the
@@ -104,6 +106,8 @@ struct CachedBlock {
     uint64_t served;    /* KIND_PAYLOAD: bytes of runs checked in it (what it gave; eviction's guide) */
     int state, readers;
     int orphan;         /* replaced by a longer one while read: freed by its last reader */
+    int in_flight;      /* a payload completed while its bytes are still reserved (cache_reserve):
+                         * charged to the bound as reserved, not twice (cache_settle) */
     int sparse;         /* KIND_PAYLOAD: the frame's map and only its compressed zstd blocks'
                          * bytes (located.c Sparse); `length` is then how far it maps */
     CachedBlock *next, *prev;  /* the LRU list, most recently used first */
@@ -137,6 +141,8 @@ typedef struct {
     CachedBlock *cache_head, *cache_tail, **cache_buckets;
     size_t cache_bytes, cache_bound;
     size_t cache_flight;  /* bytes reserved for payloads being made and served (cache_reserve) */
+    uint64_t reserve_next, reserve_turn;  /* cache_reserve's tickets: waiters served in turn */
+    size_t cache_idle;    /* entries ready in the cache that no one reads (what shrink can evict) */
     size_t cache_evicted, cache_trimmed_at;  /* bytes evicted so far, and when memory was last given back */
     /* Free buffers kept for the next payloads (cache.c buffer_get/buffer_put): at most
      * POOL_SLOTS, pool_bytes within min(cache_bound / 2, POOL_MAX), under cache_lock. */
@@ -150,6 +156,7 @@ typedef struct {
     /* What payloads made so far cost the cache, and the stored bytes they were made of
      * (located.c keep_whole: what a pass over the attached shards would need kept). */
     uint64_t kept_made, kept_stored;
+    DiskBlocks *disk;  /* the decoded-block cache on disk (diskblocks.c), NULL: off */
 } Session;
 
 /* ops.c */
@@ -211,12 +218,32 @@ void cache_release(Session *s, CachedBlock *b);
  * to be in flight, and goes alone. Given back by cache_unreserve. */
 void cache_reserve(Session *s, size_t bytes);
 void cache_unreserve(Session *s, size_t bytes);
+/* As cache_complete_sized, for a payload whose `reserved` bytes are still reserved: charged
+ * as reserved until cache_settle gives the reservation back and charges it as an entry. */
+void cache_complete_reserved(Session *s, CachedBlock *b, char *data, size_t length, size_t capacity);
+void cache_settle(Session *s, CachedBlock *b, size_t reserved);
 
 /* located.c */
 PyObject *located_attach(Session *self, PyObject *args);
 void located_free(Located *l);
 int located_read(Session *s, ShardTable *t, fuse_req_t req, uint64_t shard, uint64_t row, uint64_t block,
                  uint64_t fsize, size_t size, off_t off);
+
+/* diskblocks.c: decoded blocks kept in files of a folder (Session.decoded_cache). */
+PyObject *diskblocks_configure(Session *self, PyObject *args);
+PyObject *diskblocks_stats(Session *self, PyObject *unused);
+void diskblocks_free(Session *s);
+/* The key of a shard's blocks' files: its data.bin (resolved path) and the signatures of
+ * data.bin and index.npy, under the dataset's identity; 0: no decoded cache. GIL held. */
+uint64_t diskblocks_key(const Session *s, const char *data_path, const int64_t sig[4]);
+/* Whether a block of `size` decoded bytes would be kept. */
+int diskblocks_fits(const Session *s, uint64_t size);
+/* Bytes [at, at + size) of block `block`'s file into `out`: 0, 1 not there, -1 there but not
+ * readable as written (dropped). The caller checks the bytes (CRC-32), diskblocks_drop if not. */
+int diskblocks_read(Session *s, uint64_t key, uint64_t block, uint64_t at, size_t size, char *out);
+void diskblocks_drop(Session *s, uint64_t key, uint64_t block);
+/* The `size` decoded bytes of block `block` kept in a file (once; within the bound). */
+void diskblocks_write(Session *s, uint64_t key, uint64_t block, const char *data, size_t size);
 
 /* dictionaries.c: one decompression dictionary for every shard made with the same bytes. */
 typedef struct SharedDict SharedDict;

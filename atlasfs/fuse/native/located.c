@@ -60,6 +60,7 @@ struct Located {
     int compressed;
     SharedDict *dictionary;  /* shared with the shards that have the same one; NULL: none */
     uint8_t *unlocated;  /* one byte a block: a located read of it failed here */
+    uint64_t disk_key;   /* its blocks' files in the decoded cache (diskblocks.c); 0: none */
     Session *session;    /* whose located_stored counts data_size, once attached */
 };
 
@@ -213,6 +214,10 @@ PyObject *located_attach(Session *self, PyObject *args)
     l->index_mtime_ns = sig[3];
     l->compressed = compressed;
     l->max_block_bytes = max_block_bytes;
+    if (compressed) {  /* blocks stored as they are are read from data.bin anyway */
+        int64_t signatures[4] = {sig[0], sig[1], sig[2], sig[3]};
+        l->disk_key = diskblocks_key(self, data_path, signatures);
+    }
     if (dictionary != Py_None && (l->dictionary = dictionary_take(dictionary)) == NULL)
         goto fail;
     {
@@ -1020,14 +1025,24 @@ static void keep_map(Session *s, uint64_t shard, uint64_t block, FrameBlock *map
         free(map);
 }
 
+/* A frame decompressed whole to be written to the decoded cache once the read is answered
+ * (serve_run): the payload's own bytes, or (`pooled`) the decompression buffer, whose
+ * `reserved` bytes stay reserved until it goes back to the pool. */
+typedef struct {
+    char *data;
+    size_t length, capacity, reserved;
+    int pooled;
+} Pending;
+
 /* Block `block`'s payload, at least its first `need` bytes, held for reading: one in the cache,
  * or one another worker is making (waited for: never made twice at once), else made by this
  * worker (a longer one in place of a shorter; its bytes reserved within the cache's bound,
- * *reserved, to give back once served). With compression, *map_out (malloc'd, *nmap_out
- * entries): the frame's map learnt on the way, for keep_map once the payload was given back.
- * NULL: no room, or not loadable. */
+ * *reserved, to settle once served). With compression, *map_out (malloc'd, *nmap_out
+ * entries): the frame's map learnt on the way, for keep_map once the payload was given back;
+ * with a decoded cache, the frame decompressed whole and *pending what to write of it. NULL:
+ * no room, or not loadable. */
 static CachedBlock *acquire_payload(Session *s, const Located *l, uint64_t shard, uint64_t block, uint64_t need,
-                                    size_t *reserved, FrameBlock **map_out, size_t *nmap_out)
+                                    size_t *reserved, FrameBlock **map_out, size_t *nmap_out, Pending *pending)
 {
     int mine, waited;
     CachedBlock *b = cache_acquire_min(s, shard, KIND_PAYLOAD, block, (size_t)need, &mine, &waited);
@@ -1035,10 +1050,11 @@ static CachedBlock *acquire_payload(Session *s, const Located *l, uint64_t shard
     size_t cap, capacity = 0, decoded = 0, nmap = 0;
     FrameBlock *map = NULL;
     char *data = NULL;
-    int whole;
+    int whole, to_disk;
     *reserved = 0;
     *map_out = NULL;
     *nmap_out = 0;
+    memset(pending, 0, sizeof *pending);
     if (waited)
         __atomic_add_fetch(&s->frames_waited, 1, __ATOMIC_RELAXED);
     if (b == NULL || !mine)
@@ -1055,7 +1071,7 @@ static CachedBlock *acquire_payload(Session *s, const Located *l, uint64_t shard
             cache_unreserve(s, (size_t)stored);
             return NULL;
         }
-        cache_complete(s, b, data, decoded);
+        cache_complete_reserved(s, b, data, decoded, decoded);
         *reserved = (size_t)stored;
         return b;
     }
@@ -1063,7 +1079,9 @@ static CachedBlock *acquire_payload(Session *s, const Located *l, uint64_t shard
         cache_abandon(s, b);
         return NULL;
     }
-    whole = keep_whole(s, l, block) || need >= content - content / 8;
+    /* With a decoded cache, whole: written once, never decompressed again. */
+    to_disk = l->disk_key != 0 && diskblocks_fits(s, content);
+    whole = to_disk || keep_whole(s, l, block) || need >= content - content / 8;
     want = whole ? content : need;
     cap = (size_t)(whole || content - need < ZSTD_BLOCKSIZE_MAX ? content : need + ZSTD_BLOCKSIZE_MAX);
     cache_reserve(s, cap);
@@ -1076,21 +1094,34 @@ static CachedBlock *acquire_payload(Session *s, const Located *l, uint64_t shard
         return NULL;
     }
     __atomic_add_fetch(decoded == content ? &s->frames_whole : &s->frames_partial, 1, __ATOMIC_RELAXED);
+    to_disk = to_disk && decoded == content;
     {
         char *blob;
         size_t blob_len;
         uint64_t stored = l->starts[block + 1] - l->starts[block];
         if (make_sparse(data, decoded, map, nmap, &blob, &blob_len)) {
             /* Only what cannot be read from disk stays: the decompressed buffer goes back to the
-             * pool, and its reservation with it. */
-            buffer_put(s, data, capacity);
+             * pool, and its reservation with it (once written to the decoded cache, if any). */
             b->sparse = 1;
             cache_complete_sized(s, b, blob, decoded, blob_len);
-            cache_unreserve(s, cap);
+            if (to_disk) {
+                pending->data = data;
+                pending->length = decoded;
+                pending->capacity = capacity;
+                pending->reserved = cap;
+                pending->pooled = 1;
+            } else {
+                buffer_put(s, data, capacity);
+                cache_unreserve(s, cap);
+            }
             cap = 0;
             capacity = blob_len;
         } else {
-            cache_complete_sized(s, b, data, decoded, capacity);
+            cache_complete_reserved(s, b, data, decoded, capacity);
+            if (to_disk) {  /* the payload's own bytes: held by this reader until written */
+                pending->data = data;
+                pending->length = decoded;
+            }
         }
         if (decoded == content) {  /* what a whole one costs a stored byte (keep_whole) */
             __atomic_add_fetch(&s->kept_made, (uint64_t)capacity, __ATOMIC_RELAXED);
@@ -1103,8 +1134,80 @@ static CachedBlock *acquire_payload(Session *s, const Located *l, uint64_t shard
     return b;
 }
 
-/* A run of the block's payload (decompressed once, kept in the byte cache): 1, or 0. A read
- * of the whole file takes the run alone where it is stored as is (read_stored_run). */
+/* The frame `pending` holds written to the decoded cache (when `write`), its buffer and
+ * reservation given back. */
+static void finish_pending(Session *s, const Located *l, uint64_t block, Pending *pending, int write)
+{
+    if (pending->data == NULL)
+        return;
+    if (write)
+        diskblocks_write(s, l->disk_key, block, pending->data, pending->length);
+    if (pending->pooled) {
+        buffer_put(s, pending->data, pending->capacity);
+        cache_unreserve(s, pending->reserved);
+    }
+    pending->data = NULL;
+}
+
+/* The payload `b` let go of: its reservation settled (charged as an entry from now), read no more. */
+static void let_go(Session *s, CachedBlock *b, size_t reserved)
+{
+    if (reserved)
+        cache_settle(s, b, reserved);
+    cache_release(s, b);
+}
+
+/* A file read in pieces (`run`: its run, checked) kept whole for its next pieces, which the
+ * payload, if it cannot stay in the cache, would otherwise be made again for (KIND_RUN). */
+static void keep_pieces(Session *s, uint64_t shard, uint64_t row, const Span *span, const char *run)
+{
+    uint64_t file_length = span->prefix_len + span->length;
+    int mine;
+    CachedBlock *kept = cache_acquire(s, shard, KIND_RUN, row, &mine);
+    if (kept != NULL && mine) {
+        char *file = malloc((size_t)file_length);
+        if (file == NULL) {
+            cache_abandon(s, kept);
+            kept = NULL;
+        } else {
+            if (span->prefix_len > 0)
+                memcpy(file, span->prefix, span->prefix_len);
+            memcpy(file + span->prefix_len, run, (size_t)span->length);
+            cache_complete(s, kept, file, (size_t)file_length);
+        }
+    }
+    if (kept != NULL)
+        cache_release(s, kept);
+}
+
+/* The run read from the block's file in the decoded cache, checked, and answered: 1, or 0 (not
+ * there; or not as written: dropped, the block is decompressed again). */
+static int serve_decoded(Session *s, const Located *l, fuse_req_t req, uint64_t shard, uint64_t row,
+                         uint64_t block, const Span *span, size_t size, off_t off)
+{
+    int owned = 0, got;
+    uint64_t file_length = span->prefix_len + span->length;
+    char *run = assembly_buffer((size_t)span->length, &owned);
+    if (run == NULL)
+        return 0;
+    got = diskblocks_read(s, l->disk_key, block, span->offset, (size_t)span->length, run);
+    if (got == 0 && !run_checks(span, run)) {  /* a corrupt file: never served */
+        diskblocks_drop(s, l->disk_key, block);
+        got = -1;
+    }
+    if (got == 0) {
+        reply_parts(req, span->prefix, span->prefix_len, run, (size_t)span->length, size, off);
+        if ((off != 0 || size < file_length) && file_length <= RUN_KEEP_MAX)
+            keep_pieces(s, shard, row, span, run);
+    }
+    if (owned)
+        free(run);
+    return got == 0;
+}
+
+/* A run of the block's payload (decompressed once, kept in the byte cache, or read from the
+ * decoded cache): 1, or 0. A read of the whole file takes the run alone where it is stored as
+ * is (read_stored_run). */
 static int serve_run(Session *s, const Located *l, fuse_req_t req, uint64_t shard, uint64_t row, uint64_t block,
                      const Span *span, size_t size, off_t off)
 {
@@ -1115,6 +1218,7 @@ static int serve_run(Session *s, const Located *l, fuse_req_t req, uint64_t shar
     uint64_t end = span->offset + span->length;
     size_t reserved = 0, nmap = 0;
     FrameBlock *map = NULL;
+    Pending pending = {NULL, 0, 0, 0, 0};
     int ok = 0, tries;
     if (span->length == 0) {
         if (!run_checks(span, ""))  /* not NULL: zlib answers 0 for a NULL buffer */
@@ -1124,14 +1228,17 @@ static int serve_run(Session *s, const Located *l, fuse_req_t req, uint64_t shar
     }
     if (end > l->max_block_bytes)
         return 0;
-    /* The block's payload if it is here already (as far as the run); else a read of the whole
-     * file takes the run alone where it is stored as is, and the first read of a file read in
-     * pieces (the kernel's read-ahead) takes it whole and keeps it for the next pieces. */
+    /* The block's payload if it is here already (as far as the run); else its file in the
+     * decoded cache; else a read of the whole file takes the run alone where it is stored as
+     * is, and the first read of a file read in pieces (the kernel's read-ahead) takes it whole
+     * and keeps it for the next pieces. */
     b = cache_peek(s, shard, KIND_PAYLOAD, block);
     if (b != NULL && b->length < end) {
         cache_release(s, b);
         b = NULL;
     }
+    if (b == NULL && l->disk_key != 0 && serve_decoded(s, l, req, shard, row, block, span, size, off))
+        return 1;
     if (b == NULL) {
         uint64_t file_length = span->prefix_len + span->length;
         CachedBlock *kept = file_length <= RUN_KEEP_MAX ? cache_peek(s, shard, KIND_RUN, row) : NULL;
@@ -1153,14 +1260,13 @@ static int serve_run(Session *s, const Located *l, fuse_req_t req, uint64_t shar
     /* A payload another worker made only as far as its own file may end before this run: then
      * this worker makes a longer one (at most twice more: a third would be another's lie). */
     for (tries = 0; b == NULL && tries < 3; tries++) {
-        b = acquire_payload(s, l, shard, block, end, &reserved, &map, &nmap);
+        b = acquire_payload(s, l, shard, block, end, &reserved, &map, &nmap, &pending);
         if (b == NULL)
             return 0;
         if (b->length < end) {
-            cache_release(s, b);
+            finish_pending(s, l, block, &pending, 1);
+            let_go(s, b, reserved);
             b = NULL;
-            if (reserved)
-                cache_unreserve(s, reserved);
             reserved = 0;
             keep_map(s, shard, block, map, nmap);
         }
@@ -1188,32 +1294,17 @@ static int serve_run(Session *s, const Located *l, fuse_req_t req, uint64_t shar
     if (ok) {
         uint64_t file_length = span->prefix_len + span->length;
         reply_parts(req, span->prefix, span->prefix_len, run, (size_t)span->length, size, off);
-        if ((off != 0 || size < file_length) && file_length <= RUN_KEEP_MAX) {
-            /* A file read in pieces: kept whole for its next pieces, which the payload, if it
-             * cannot stay in the cache, would otherwise be made again for. */
-            int mine;
-            CachedBlock *kept = cache_acquire(s, shard, KIND_RUN, row, &mine);
-            if (kept != NULL && mine) {
-                char *file = malloc((size_t)file_length);
-                if (file == NULL) {
-                    cache_abandon(s, kept);
-                    kept = NULL;
-                } else {
-                    if (span->prefix_len > 0)
-                        memcpy(file, span->prefix, span->prefix_len);
-                    memcpy(file + span->prefix_len, run, (size_t)span->length);
-                    cache_complete(s, kept, file, (size_t)file_length);
-                }
-            }
-            if (kept != NULL)
-                cache_release(s, kept);
-        }
+        if ((off != 0 || size < file_length) && file_length <= RUN_KEEP_MAX)
+            keep_pieces(s, shard, row, span, run);
     }
     if (owned)
         free(assembled);
-    cache_release(s, b);
+    /* After the reply: the write costs this reader nothing, and no other (no lock is held; the
+     * block's other readers read the payload meanwhile). Only a frame whose run checked out. */
     if (reserved)
-        cache_unreserve(s, reserved);
+        cache_settle(s, b, reserved);
+    finish_pending(s, l, block, &pending, ok);
+    cache_release(s, b);
     keep_map(s, shard, block, map, nmap);  /* after the payload went, if it must: the map stays */
     return ok;
 }

@@ -201,6 +201,7 @@ static void Session_dealloc(Session *self)
     int i;
     session_close(self);
     tables_free(self);
+    diskblocks_free(self);
     if (self->cache_buckets != NULL)
         cache_free(self);
     for (i = 0; i < CB_COUNT; i++)
@@ -231,6 +232,12 @@ static PyMethodDef Session_methods[] = {
      "Blocks' zstd frames decompressed in C so far: {'whole': n (kept for the pass), 'partial': n (up to a "
      "file's end), 'waited': n (reads that waited for another worker's), 'kept': bytes the whole ones cost the "
      "cache, 'of': their stored bytes}."},
+    {"decoded_cache", (PyCFunction)diskblocks_configure, METH_VARARGS,
+     "decoded_cache(path, bound, identity): keep blocks decompressed whole in files of the folder `path` (this "
+     "user's, writable by no one else), at most `bound` bytes, named under the dataset's `identity` (diskblocks.c)."},
+    {"decoded", (PyCFunction)diskblocks_stats, METH_NOARGS,
+     "The decoded cache's counts ({'hits': n, 'misses': n, 'written': n, 'write_failed': n, 'bad': n, 'evicted': n, "
+     "'found': n, 'ignored': n, 'bytes': n, 'bound': n}), or None when it is off."},
     {"fd", (PyCFunction)Session_fd, METH_NOARGS, "The session's /dev/fuse descriptor, -1 when closed."},
     {NULL, NULL, 0, NULL},
 };
