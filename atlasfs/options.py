@@ -19,6 +19,9 @@ from atlasfs.sizes import format_size, parse_size
 from atlasfs.storage import StorageOptions
 from atlasfs.tree.blocktree import DEFAULT_CACHE_BYTES
 
+#: The decoded cache's default bound (``--decoded-cache-size``), lowered to a quarter of the
+#: folder's free space at mount when that is less.
+DECODED_CACHE_BYTES = 8 << 30
 #: What a mount can show: the files of every sample (``files``), each shard as one
 #: tar file with a wids index (``tars``), or both side by side.
 VIEWS = ("files", "tars", "both")
@@ -78,11 +81,19 @@ class MountOptions:
     lenient: bool = False
     #: Processes working on shards at once (``index``, ``export``; None: one per core).
     jobs: int | None = None
+    #: A folder to keep blocks decompressed whole in, as files (None: off; docs/native.md).
+    decoded_cache: str | None = None
+    #: The bound of ``decoded_cache`` (None: :data:`DECODED_CACHE_BYTES`, or a quarter of the
+    #: folder's free space when that is less).
+    decoded_cache_bytes: int | None = None
 
     def describe(self) -> str:
         """The settings that matter, for the log."""
         flags = [f"cache {format_size(self.cache_bytes)}", "threads" if self.threads else "single thread"]
         flags += [name for name in ("allow_other", "trust_pickle") if getattr(self, name)]
+        if self.decoded_cache is not None:
+            bound = "" if self.decoded_cache_bytes is None else f" ({format_size(self.decoded_cache_bytes)})"
+            flags.append(f"decoded cache {self.decoded_cache}{bound}")
         flags += [k if v is True else f"{k}={v}" for k, v in self.fuse_options.items()]
         return ", ".join(flags)
 
@@ -207,6 +218,12 @@ OPTIONS: tuple[Option, ...] = (
            "runs code from the dataset; only for datasets you trust", DATASET_COMMANDS),
     Option("cache_size", "cache_bytes", parse_size, "bound of the block cache (decoded blocks and their files), "
            "e.g. 512M or 2G", ("mount", "export"), "SIZE"),
+    Option("decoded_cache", "decoded_cache", _text, "keep blocks decompressed whole in files in DIR (yours, "
+           "writable by no one else; made 0700 if missing), so that later reads and mounts read them from the page "
+           "cache instead of decompressing again (default: off)", ("mount",), "DIR"),
+    Option("decoded_cache_size", "decoded_cache_bytes", parse_size, "bound of --decoded-cache, the files already in "
+           "DIR included, least recently used first to go (default 8G, or a quarter of DIR's free space when "
+           "less)", ("mount",), "SIZE"),
     Option("view", "view", _choice(VIEWS, "view"), "what to show: the files of every sample, one folder per shard "
            "(files); each shard as one seekable <shard>.tar with a wids index shards.json (tars); or both",
            ("mount",), "VIEW"),

@@ -13,7 +13,7 @@ shift
 tests=("$@")
 if [ ${#tests[@]} -eq 0 ]; then
     tests=(tests/test_native.py tests/test_mount.py tests/test_hardening_mount.py tests/test_safety.py
-           tests/test_faults.py tests/test_tarview.py tests/test_located_reads.py tests/test_located_kinds.py tests/test_native_fifos.py tests/test_native_memory.py
+           tests/test_faults.py tests/test_tarview.py tests/test_located_reads.py tests/test_located_kinds.py tests/test_native_fifos.py tests/test_native_memory.py tests/test_decoded_cache.py
            tests/test_order.py)
 fi
 repo=$(cd "$(dirname "$0")/.." && pwd)

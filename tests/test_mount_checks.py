@@ -40,7 +40,8 @@ def test_every_option_is_one_name_with_one_default_as_flag_and_as_o() -> None:
     values = {"format": "pbin", "uid_column": "id", "cache_size": "1G", "view": "both", "index_dir": "/x",
               "log_file": "/y", "endpoint_url": "http://127.0.0.1:1", "disk_cache": "/z", "disk_cache_size": "2G",
               "join": "left", "main_shardset": "m", "deadline": "3",
-              "energon_split": "8:1:1", "energon_dataset": "/d.yaml"}
+              "energon_split": "8:1:1", "energon_dataset": "/d.yaml", "decoded_cache": "/c",
+              "decoded_cache_size": "4G"}
     parser = build_parser()
     for option in OPTIONS:
         if "mount" not in option.commands:

@@ -16,6 +16,7 @@ import gc
 import logging
 import os
 import shutil
+import stat
 import subprocess
 import sys
 import threading
@@ -28,12 +29,12 @@ from atlasfs.formats.factory import open_source
 from atlasfs.fuse.daemonlog import PROBLEM_PREFIX, StartupReport, file_handler, log_in_background
 from atlasfs.fuse.engine import NATIVE_CACHE_SHARE, native_main, native_module
 from atlasfs.fuse.sdnotify import notify
-from atlasfs.options import MountOptions
+from atlasfs.options import DECODED_CACHE_BYTES, MountOptions
 from atlasfs.storage import is_url, redact, set_default_options
 from atlasfs.tree.base import Tree
 from atlasfs.tree.blocktree import BlockTree
 from atlasfs.tree.indexes.served import LoaderSettings
-from atlasfs.tree.table.store import TableStore
+from atlasfs.tree.table.store import TableStore, cache_folder
 from atlasfs.tree.tarview import TarView
 
 log = logging.getLogger("atlasfs")
@@ -169,11 +170,50 @@ def _wait_until_live(mountpoint: str, timeout: float) -> bool:
     return False
 
 
+def decoded_cache(dataset_path: str, options: MountOptions) -> tuple[str, int, str] | None:
+    """``--decoded-cache``'s folder (made 0700 if missing), its bound and the dataset's identity
+    (the name of its folder in the table cache: a hash of its resolved path), for the engine;
+    None when off. :class:`MountError` (one line) for a folder that is not the user's own:
+    a symbolic link, not a folder, another user's, or writable by others."""
+    folder = options.decoded_cache
+    if folder is None:
+        if options.decoded_cache_bytes is not None:
+            raise MountError("decoded_cache_size= bounds decoded_cache=DIR: give the folder too (--decoded-cache DIR)")
+        return None
+    folder = os.path.abspath(folder)
+    what = f"{folder}: the decoded cache folder"
+    try:
+        os.makedirs(folder, mode=0o700, exist_ok=True)
+    except FileExistsError:  # a link to nothing, or a file: said below
+        pass
+    except OSError as exc:
+        raise MountError(f"{what} cannot be made ({exc.strerror})") from None
+    try:
+        st = os.lstat(folder)
+    except OSError as exc:
+        raise MountError(f"{what}: {exc.strerror}") from None
+    if stat.S_ISLNK(st.st_mode):
+        raise MountError(f"{what} is a symbolic link (never followed); give the folder it points to")
+    if not stat.S_ISDIR(st.st_mode):
+        raise MountError(f"{what} is not a folder")
+    if st.st_uid != os.geteuid():
+        raise MountError(f"{what} is owned by uid {st.st_uid}, not by this user (uid {os.geteuid()})")
+    if st.st_mode & 0o022:
+        raise MountError(f"{what} can be written by other users (mode {stat.S_IMODE(st.st_mode):04o}); "
+                         f"chmod go-w it, or give another")
+    bound = options.decoded_cache_bytes
+    if bound is None:
+        free = os.statvfs(folder)
+        bound = max(1, min(DECODED_CACHE_BYTES, free.f_bavail * free.f_frsize // 4))
+    return folder, bound, os.path.basename(cache_folder(dataset_path))
+
+
 def serve(tree: Tree, mountpoint: str, options: MountOptions, fsname: str,
-          on_ready: Callable[[], None]) -> None:
+          on_ready: Callable[[], None], decoded: tuple[str, int, str] | None = None) -> None:
     """Mount ``tree`` at ``mountpoint`` and serve until unmounted or signalled.
 
-    ``on_ready`` runs (in another thread) once the mount answers requests.
+    ``on_ready`` runs (in another thread) once the mount answers requests; ``decoded``: the
+    decoded cache's folder, bound and dataset identity (:func:`decoded_cache`), or None.
     """
     # A decoded block is thousands of new containers, and the cache keeps many
     # alive: with the default thresholds the cycle collector takes half of a
@@ -197,7 +237,7 @@ def serve(tree: Tree, mountpoint: str, options: MountOptions, fsname: str,
         threading.Thread(target=watch, name="atlasfs-ready", daemon=True).start()
 
     native_main(tree, mountpoint, fuse_options(options, fsname), on_init, threads=options.threads,
-                debug=options.debug, cache_bytes=native_cache_bytes(options))
+                debug=options.debug, cache_bytes=native_cache_bytes(options), decoded_cache=decoded)
 
 
 def fuse_options(options: MountOptions, fsname: str) -> dict[str, str | bool | int]:
@@ -253,28 +293,30 @@ def mount(dataset_path: str, mountpoint: str, options: MountOptions) -> int:
         _log_to_file(options.log_file)
     check_mountpoint(mountpoint)
     check_fuse(options.allow_other)
+    decoded = decoded_cache(dataset_path, options)
     if options.foreground:
         tree = open_tree(dataset_path, options)
-        return _serve_foreground(tree, mountpoint, options, redact(dataset_path))
+        return _serve_foreground(tree, mountpoint, options, redact(dataset_path), decoded)
     # The daemon's log is routed before the dataset opens: what the opening finds is in it too.
     report = log_in_background(mountpoint, options.log_file)
     mounted = False
     try:
         tree = open_tree(dataset_path, options)
-        _serve_background(tree, mountpoint, options, redact(dataset_path), report)
+        _serve_background(tree, mountpoint, options, redact(dataset_path), report, decoded)
         mounted = True
     finally:
         report.finish(mounted)
     return 0
 
 
-def _serve_foreground(tree: Tree, mountpoint: str, options: MountOptions, dataset_path: str) -> int:
+def _serve_foreground(tree: Tree, mountpoint: str, options: MountOptions, dataset_path: str,
+                      decoded: tuple[str, int, str] | None) -> int:
     def ready() -> None:
         log.info("mounted %s at %s (%s)", dataset_path, mountpoint, options.describe())
         notify("READY=1")
 
     try:
-        serve(tree, mountpoint, options, dataset_path, ready)
+        serve(tree, mountpoint, options, dataset_path, ready, decoded)
     except RuntimeError:
         raise MountError(f"{mountpoint}: libfuse could not mount (see its message above)") from None
     finally:
@@ -284,7 +326,7 @@ def _serve_foreground(tree: Tree, mountpoint: str, options: MountOptions, datase
 
 
 def _serve_background(tree: Tree, mountpoint: str, options: MountOptions, dataset_path: str,
-                      report: StartupReport) -> int:
+                      report: StartupReport, decoded: tuple[str, int, str] | None) -> int:
     read_end, write_end = os.pipe()
     sys.stdout.flush()
     sys.stderr.flush()
@@ -317,7 +359,7 @@ def _serve_background(tree: Tree, mountpoint: str, options: MountOptions, datase
             _redirect(1, os.O_WRONLY)
             _redirect(2, os.O_WRONLY)
         try:
-            serve(tree, mountpoint, options, dataset_path, ready)
+            serve(tree, mountpoint, options, dataset_path, ready, decoded)
             code = 0
         except RuntimeError:
             report.stop(f"{mountpoint}: libfuse could not mount (see its message above)")
