@@ -14,7 +14,8 @@ import pytest
 
 from atlasfs import AtlasDataset, AtlasWriter
 from atlasfs.tree.blocktree import BlockTree
-from atlasfs.tree.table.filetable import UNKNOWN_SIZE, FileTable
+from atlasfs.tree.table.filetable import FileTable
+from atlasfs.tree.table.layout import UNKNOWN_SIZE
 from atlasfs.tree.table.store import TableStore
 from threadwait import wait_until
 

@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from atlasfs import AtlasDataset, AtlasWriter
-from atlasfs.tree.table.filetable import DIR, FILE, UNREADABLE, FileTable, Limits, TableError
+from atlasfs.tree.table.filetable import FileTable, Limits, TableError
+from atlasfs.tree.table.layout import DIR, FILE, UNREADABLE
 from atlasfs.tree.table.store import BESIDE_DATASET
 from fusemount import atlasfs, mounted
 

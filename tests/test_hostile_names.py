@@ -19,7 +19,8 @@ from typing import Any
 import pytest
 
 from atlasfs import AtlasWriter
-from atlasfs.tree.table.filetable import FILE, UNKNOWN_SIZE, FileTable, Limits
+from atlasfs.tree.table.filetable import FileTable, Limits
+from atlasfs.tree.table.layout import FILE, UNKNOWN_SIZE
 from atlasfs.tree.table.store import BESIDE_DATASET
 from fusemount import IN_CI, atlasfs, mounted
 

@@ -26,7 +26,8 @@ import pytest
 from atlasfs import AtlasDataset, AtlasWriter
 from atlasfs.formats.atlas.spans.find import inline_check, stored_crc
 from atlasfs.tree.blocktree import BlockTree
-from atlasfs.tree.table.filetable import FILE, INLINE, NO_LOCATOR, FileTable, Limits, Locators
+from atlasfs.tree.table.filetable import FileTable, Limits, Locators
+from atlasfs.tree.table.layout import FILE, INLINE, NO_LOCATOR
 from atlasfs.tree.table.store import BESIDE_DATASET, TableStore, cache_folder
 from fusemount import atlasfs, force_unmount, require_fuse, wait_mounted
 from otheruser import NOBODY, require_root

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from atlasfs import AtlasWriter
-from atlasfs.tree.table.filetable import INLINE, KEPT, NO_LOCATOR
+from atlasfs.tree.table.layout import INLINE, KEPT, NO_LOCATOR
 from fusemount import mounted
 from helpers import in_threads
 from test_located_reads import Exported, _engine_answered, _export, _index, _tree

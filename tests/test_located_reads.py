@@ -24,8 +24,8 @@ from atlasfs import AtlasDataset, AtlasWriter
 from atlasfs.commands import cli
 from atlasfs.formats.atlas import spans
 from atlasfs.tree.blocktree import BlockTree
-from atlasfs.tree.table.filetable import (INLINE, INLINE_AVERAGE, KEPT, KEPT_AVERAGE, KEPT_MAX, NO_LOCATOR, FileTable, Limits,
-                                    Locators, TableError)
+from atlasfs.tree.table.filetable import INLINE_AVERAGE, KEPT_AVERAGE, KEPT_MAX, FileTable, Limits, Locators, TableError
+from atlasfs.tree.table.layout import INLINE, KEPT, NO_LOCATOR
 from atlasfs.tree.table.store import TableStore, table_file_name
 from fusemount import atlasfs, engine_answered, mounted, wait_mounted
 from helpers import REFERENCE, in_threads, reference_names
@@ -417,7 +417,7 @@ def test_a_table_not_yet_sized_sizes_located_files_at_lookup_without_decoding(tm
     """A first mount's table knows the sizes of raw bytes only (so that its listings hand
     out no attributes it would have to size); a located file's lookup takes its size from
     its locator, and its read decodes nothing."""
-    from atlasfs.tree.table.filetable import UNKNOWN_SIZE
+    from atlasfs.tree.table.layout import UNKNOWN_SIZE
     dataset = _write(tmp_path / "ds", _examples(7), 2, shard_size=24)
     exported = _export(dataset, tmp_path / "export")
     _tree(dataset, tmp_path / "tables").table(0)  # built by naming, and stored

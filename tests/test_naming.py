@@ -275,7 +275,8 @@ FINE_NAMES = ["rf", "a-C..", "a b", "x-", "C..", "_-rf", "ünï", "例子", "x" 
 def _raw_table(path: str):
     """A table holding the file ``path`` (its folders before it), its columns made directly
     (no builder in between), saved and loaded: what a forged stored table gives."""
-    from atlasfs.tree.table.filetable import DIR, FILE, FileTable
+    from atlasfs.tree.table.filetable import FileTable
+    from atlasfs.tree.table.layout import DIR, FILE
     parts = path.split("/")
     paths = ["/".join(parts[:k]) for k in range(1, len(parts))] + [path]
     kinds = [DIR] * (len(paths) - 1) + [FILE]
@@ -342,7 +343,8 @@ def test_a_stored_table_is_checked_by_the_naming_layers_rule(path: str, tmp_path
 def test_every_name_the_naming_layer_makes_loads_as_a_stored_table(tmp_path) -> None:
     """Files named by KeyAssigner and example_files, hostile keys and fields included, make a
     table that loading accepts."""
-    from atlasfs.tree.table.filetable import FILE, FileTable, Limits
+    from atlasfs.tree.table.filetable import FileTable, Limits
+    from atlasfs.tree.table.layout import FILE
     assigner = KeyAssigner(6)
     rows = []
     for i, name in enumerate(HOSTILE_NAMES + FINE_NAMES + ["a/b", "a/-rf", "-C../x"]):

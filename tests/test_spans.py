@@ -34,7 +34,8 @@ from atlasfs.formats.atlas.spans import (
     run_check,
 )
 from atlasfs.formats.naming import MAX_NAME_BYTES, encode_as, example_fields, index_key_width
-from atlasfs.tree.table.filetable import NO_LOCATOR, Locators
+from atlasfs.tree.table.filetable import Locators
+from atlasfs.tree.table.layout import NO_LOCATOR
 from helpers import REFERENCE, reference_names
 
 # ---------------------------------------------------------------- helpers

@@ -19,7 +19,8 @@ import pytest
 
 from atlasfs import AtlasDataset, AtlasWriter
 from atlasfs.tree.blocktree import BlockTree
-from atlasfs.tree.table.filetable import FILE, UNKNOWN_SIZE, FileTable, Limits, TableError
+from atlasfs.tree.table.filetable import FileTable, Limits, TableError
+from atlasfs.tree.table.layout import FILE, UNKNOWN_SIZE
 from atlasfs.tree.table.store import TableStore, cache_folder
 
 ROWS = [(f"{i:05d}.{ext}", FILE, 1 + i, i // 4, i % 4, j) for i in range(40) for j, ext in enumerate(("cls", "txt"))]

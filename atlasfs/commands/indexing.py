@@ -23,7 +23,7 @@ from atlasfs.formats.source import Source
 from atlasfs.progress import progress_bar, say
 from atlasfs.tree.base import Unreadable
 from atlasfs.tree.blocktree import BlockTree
-from atlasfs.tree.table.filetable import UNKNOWN_SIZE
+from atlasfs.tree.table.layout import UNKNOWN_SIZE
 from atlasfs.tree.table.store import TableStore
 
 #: What one shard's indexing found: it was stored before (nothing done), or built now.

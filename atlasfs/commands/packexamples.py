@@ -27,7 +27,7 @@ from atlasfs.formats.naming import (INT_EXTS, JSON_EXTS, MAX_NAME_BYTES, TEXT_EX
                                     example_files, field_suffix)
 from atlasfs.tree.base import Unreadable
 from atlasfs.tree.blocktree import BlockTree
-from atlasfs.tree.table.filetable import UNREADABLE
+from atlasfs.tree.table.layout import UNREADABLE
 
 Files = list[tuple[str, bytes]]
 

@@ -40,7 +40,8 @@ from atlasfs.tree.listing import FolderCache, Listing, row_entries, row_entry
 from atlasfs.tree.located import LocatedReads
 from atlasfs.tree.placement import ShardPlacement
 from atlasfs.tree.shardfiles import shard_files
-from atlasfs.tree.table.filetable import FILE, UNKNOWN_SIZE, UNREADABLE, FileTable, Locators
+from atlasfs.tree.table.filetable import FileTable, Locators
+from atlasfs.tree.table.layout import FILE, UNKNOWN_SIZE, UNREADABLE, split_ino
 from atlasfs.tree.table.store import TableStore
 from atlasfs.tree.table.tables import Tables
 
@@ -102,9 +103,9 @@ class BlockTree(Tree):
 
     def path_of_ino(self, ino: int) -> str | None:
         """The path of a shard folder's or a table row's inode number (they carry (shard, row):
-        :func:`~atlasfs.tree.placement.shard_ino`), None if it names none. The native engine
+        :func:`~atlasfs.tree.table.layout.shard_ino`), None if it names none. The native engine
         names these files by their inode numbers and keeps nothing per file (docs/native.md)."""
-        s, row = (ino >> 32) - 1, (ino & 0xFFFFFFFF) - 1
+        s, row = split_ino(ino)
         if not 0 <= s < len(self.shards) or self.placement.by_name.get(self.shards[s].name) != s:
             return None
         if row < 0:

@@ -18,8 +18,8 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from atlasfs.tree.base import Entry
-from atlasfs.tree.placement import shard_ino
-from atlasfs.tree.table.filetable import DIR, FILE, UNKNOWN_SIZE, FileTable
+from atlasfs.tree.table.filetable import FileTable
+from atlasfs.tree.table.layout import DIR, FILE, UNKNOWN_SIZE, shard_ino
 
 #: Row numbers kept for the listings of recently listed sub-folders (4 bytes each; a shard
 #: folder without sub-folders is listed from its table as it is and keeps none).

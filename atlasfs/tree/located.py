@@ -24,8 +24,8 @@ from atlasfs.storage import StorageUnavailableError
 from atlasfs.tree.base import Entry
 from atlasfs.tree.blocks import Blocks, log_unavailable
 from atlasfs.tree.listing import FileRef
-from atlasfs.tree.placement import shard_ino
 from atlasfs.tree.table.filetable import FileTable
+from atlasfs.tree.table.layout import shard_ino
 
 log = logging.getLogger("atlasfs")
 

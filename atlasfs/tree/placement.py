@@ -13,13 +13,9 @@ from collections.abc import Sequence
 from atlasfs.formats.naming import MAX_NAME_BYTES
 from atlasfs.formats.source import SourceShard
 from atlasfs.tree.base import Entry, not_found, split_path
+from atlasfs.tree.table.layout import ROOT, shard_ino
 
 log = logging.getLogger("atlasfs")
-
-
-def shard_ino(s: int) -> int:
-    """The inode number of shard position ``s``'s folder; row ``i`` of its table is this + 1 + i."""
-    return (s + 1) << 32
 
 
 class ShardPlacement:
@@ -30,7 +26,7 @@ class ShardPlacement:
         # Folders above shards named with slashes: path -> its children's names, in shard order.
         self.above: dict[str, list[str]] = {"": []}
         self._place(shards)
-        self.root = Entry(True, 0, mtime, 1)
+        self.root = Entry(True, 0, mtime, ROOT)
         self.shard_entries = [Entry(True, 0, shard.mtime, shard_ino(s)) for s, shard in enumerate(shards)]
         # Folders above shards: inode numbers below any shard's (which start at 1 << 32).
         self.above_entries = {path: Entry(True, 0, mtime, 2 + i)

@@ -17,7 +17,7 @@ from collections.abc import Iterator
 
 from atlasfs.formats.naming import KeyAssigner
 from atlasfs.tree.blocks import eio
-from atlasfs.tree.table.filetable import FILE
+from atlasfs.tree.table.layout import FILE
 from atlasfs.tree.table.tables import Tables
 
 

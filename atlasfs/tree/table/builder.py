@@ -18,8 +18,9 @@ import numpy as np
 import zstandard
 
 from atlasfs.formats.source import Locator
-from atlasfs.tree.table import filetable, ondisk
-from atlasfs.tree.table.filetable import DIR, FILE, INLINE, KEPT, NO_LOCATOR, UNKNOWN_SIZE, FileTable, Locators
+from atlasfs.tree.table import filetable, layout, ondisk
+from atlasfs.tree.table.filetable import FileTable, Locators
+from atlasfs.tree.table.layout import DIR, FILE, INLINE, KEPT, NO_LOCATOR, UNKNOWN_SIZE
 
 
 class LocatorColumns:
@@ -62,7 +63,7 @@ class LocatorColumns:
             rows = len(self.offset) + 1
             if loc.length:
                 return False
-            if len(data) > filetable.INLINE_MAX or len(self.inline) + len(data) > filetable.INLINE_AVERAGE * rows:
+            if len(data) > layout.INLINE_MAX or len(self.inline) + len(data) > filetable.INLINE_AVERAGE * rows:
                 return self._keep(loc, block)
             offset, length, number = len(self.inline), len(data), INLINE
             self.inline += data
@@ -93,7 +94,7 @@ class LocatorColumns:
         if block != self._block:
             self._close_block()
             self._block = block
-        if len(self._files) + len(data) > filetable.KEPT_BLOCK_MAX:
+        if len(self._files) + len(data) > layout.KEPT_BLOCK_MAX:
             return False
         self._rows.append(len(self.offset))
         self.offset.append(len(self._files))

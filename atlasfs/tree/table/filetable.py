@@ -48,38 +48,23 @@ import zstandard
 from atlasfs.formats.naming import paths_problem
 from atlasfs.formats.source import Locator
 from atlasfs.tree.table import ondisk
-
-FILE, DIR, UNREADABLE = 0, 1, 2
-#: The size of a file whose bytes have not been encoded yet: a table can name
-#: files before it knows how big they are (a listing needs no sizes).
-UNKNOWN_SIZE = 2**64 - 1
-#: (name, dtype) of the per-entry arrays. ``by_path``: entry numbers sorted by path bytes.
-_COLUMNS = (("kind", np.uint8), ("size", np.uint64), ("block", np.uint32), ("pos", np.uint32),
-            ("file", np.uint16), ("by_path", np.uint32))
+from atlasfs.tree.table.layout import (DIR, FILE, INLINE, INLINE_MAX, KEPT, KEPT_BLOCK_MAX, NO_LOCATOR, UNKNOWN_SIZE,
+                                       UNREADABLE)
 
 #: ``(path, kind, size, block, pos, file)``, optionally with a 7th item, the file's
 #: :class:`~atlasfs.formats.source.Locator` (or None).
 Rows = list[tuple[Any, ...]]
-#: A row's locator offset when it has none.
-NO_LOCATOR = 0xFFFFFFFF
-#: A row's prefix number when its locator is inline (its offset is then in :attr:`Locators.inline`).
-INLINE = 0xFFFF
-#: A row's prefix number when its file is kept (its offset and length are then in the
-#: decompressed frame of its block in :attr:`Locators.kept`).
-KEPT = 0xFFFE
 #: Distinct prefixes (``.npy`` headers) a table keeps, and their bytes in all: arrays of many
-#: shapes (token arrays of every length) would otherwise grow a table by megabytes.
-MAX_PREFIXES = 0xFFFD
+#: shapes (token arrays of every length) would otherwise grow a table by megabytes. Prefix
+#: numbers (1 + the prefix's index) stay below the sentinels :data:`INLINE` and :data:`KEPT`.
+MAX_PREFIXES = KEPT - 1
 MAX_PREFIX_BYTES = 1 << 20
-#: Most bytes of an inline file, and most inline bytes a table keeps, per file of the table on
-#: average (in row order: later small files past the bound get no inline locator).
-INLINE_MAX = 255
+#: Most inline bytes a table keeps, per file of the table on average (in row order: later
+#: small files past the bound get no inline locator; one is at most :data:`INLINE_MAX` bytes).
 INLINE_AVERAGE = 64
-#: Most bytes of a kept file; most bytes of a block's kept files, decompressed (the native
-#: engine's located.c bounds its decompression by the same number); most compressed kept
-#: bytes a table keeps, per file of the table on average (later blocks past it keep none).
+#: Most bytes of a kept file; most compressed kept bytes a table keeps, per file of the table
+#: on average (later blocks past it keep none; a block's, decompressed, at most :data:`KEPT_BLOCK_MAX`).
 KEPT_MAX = 16 << 10
-KEPT_BLOCK_MAX = 16 << 20
 KEPT_AVERAGE = 256
 #: Paths checked at once when a stored table is loaded (bounds the Python objects it makes).
 _CHECK_CHUNK = 1 << 16

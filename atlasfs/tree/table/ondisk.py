@@ -46,6 +46,8 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
+from atlasfs.tree.table.layout import ENTRY_SECTIONS, LOCATOR_SECTIONS, UNKNOWN_SIZE
+
 if TYPE_CHECKING:
     from atlasfs.tree.table.filetable import FileTable, Limits, LimitsOf
 
@@ -53,13 +55,6 @@ MAGIC = b"ATLFSTB7"  # 7: kept files (6: mapped in place, with the lookup index 
 _HEADER_MAX = 1 << 20
 _ALIGN = 8
 _PAGE = mmap.ALLOCATIONGRANULARITY
-#: (section, dtype, extra entries) of the per-entry arrays, in file order.
-ENTRY_SECTIONS: tuple[tuple[str, str, int], ...] = (
-    ("offsets", "<u8", 1), ("kind", "u1", 0), ("size", "<u8", 0), ("block", "<u4", 0), ("pos", "<u4", 0),
-    ("file", "<u2", 0), ("by_path", "<u4", 0), ("hashes", "<u8", 0), ("hash_rows", "<u4", 0))
-#: The optional locator columns (attribute of Locators, dtype).
-LOCATOR_SECTIONS: tuple[tuple[str, str], ...] = (
-    ("offset", "<u4"), ("length", "<u4"), ("check", "<u4"), ("prefix", "<u2"))
 #: Sections mapped on their own (sliced as bytes), so page-aligned.
 _PAGED = ("names", "inline", "kept")
 #: Files found valid (identity -> the limits they were checked against), so that mapping one again costs no pass.
@@ -375,7 +370,7 @@ def map_descriptor(fd: int, path: str, key: dict[str, Any], limits: "Limits | Li
     for the native engine and messages), mapped (its arrays and names are views of the map:
     nothing is copied). The size column is a copy in memory if some sizes are unknown (they are
     filled in at lookup). The caller closes ``fd`` (the maps keep the file)."""
-    from atlasfs.tree.table.filetable import UNKNOWN_SIZE, Limits, TableError
+    from atlasfs.tree.table.filetable import Limits, TableError
 
     st = os.fstat(fd)
     if not stat.S_ISREG(st.st_mode):

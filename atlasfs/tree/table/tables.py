@@ -33,7 +33,8 @@ from atlasfs.formats.source import SourceShard
 from atlasfs.storage import StorageUnavailableError
 from atlasfs.tree.blocks import Blocks, max_suffix_bytes
 from atlasfs.tree.table.builder import TableBuilder
-from atlasfs.tree.table.filetable import FILE, UNKNOWN_SIZE, UNREADABLE, FileTable, Limits, Rows
+from atlasfs.tree.table.filetable import FileTable, Limits, Rows
+from atlasfs.tree.table.layout import FILE, UNKNOWN_SIZE, UNREADABLE
 from atlasfs.tree.table.store import TableStore
 
 log = logging.getLogger("atlasfs")

@@ -47,7 +47,7 @@ _NPY_MAGIC = b"\x93NUMPY"
 INLINE_MAX = 128
 #: Files with no run (a JSON of a dict: no bytes of the pickle are its encoding) of at most
 #: this many bytes are given whole too, as inline locators: the table keeps them
-#: compressed a block at a time (:data:`atlasfs.tree.table.filetable.KEPT`), so that a random
+#: compressed a block at a time (:data:`atlasfs.tree.table.layout.KEPT`), so that a random
 #: read of one needs neither the block nor Python.
 WHOLE_MAX = 16 << 10
 #: Blocks whose frame has no content checksum (strategy 0, frames of writers that
