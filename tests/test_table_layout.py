@@ -4,9 +4,8 @@ C reads attached tables itself: a kind, a sentinel, a column width or the node-i
 written differently there than in Python makes the engine answer wrong sizes or rows. This
 reads the C sources (``atlasfs/fuse/native/*.c`` and ``*.h``): every ``#define`` named below,
 the column widths its reads and checks use, the node-id shift and mask, and the inline
-buffer's size, and compares each with layout.py. The Python restatements in ``fuse/engine.py``
-are compared too. The parser is checked on small C texts, so that it cannot pass by finding
-nothing.
+buffer's size, and compares each with layout.py. The parser is checked on small C texts, so
+that it cannot pass by finding nothing.
 """
 
 from __future__ import annotations
@@ -151,10 +150,7 @@ def test_the_c_engine_states_the_table_layout_as_python_does() -> None:
     assert not found, "\n".join(found)
 
 
-def test_the_engine_control_plane_uses_the_same_node_ids() -> None:
-    from atlasfs.fuse import engine
-
-    assert engine.TABLE_NODES == layout.TABLE_NODES and engine.ROOT == layout.ROOT
+def test_node_ids_split_into_the_shard_and_row_they_were_made_of() -> None:
     s, row = 5, 7
     assert layout.split_ino(layout.row_ino(s, row)) == (s, row)
     assert layout.split_ino(layout.shard_ino(s)) == (s, -1)

@@ -31,6 +31,7 @@ from typing import Any, Callable
 from atlasfs.fuse.attachments import Attachments
 from atlasfs.fuse.signals import stopped_by_signals
 from atlasfs.tree.base import Entry, Tree
+from atlasfs.tree.table.layout import ROOT, TABLE_NODES, row_ino, shard_ino, split_ino
 
 log = logging.getLogger("atlasfs")
 
@@ -39,7 +40,6 @@ INSTALL_HINT = ("the native engine (atlasfs.fuse._native) is not built: install 
                 "zlib, pkg-config, gcc and python3-dev (Debian/Ubuntu: apt-get install libfuse3-dev libzstd-dev "
                 "zlib1g-dev pkg-config gcc python3-dev), then "
                 "reinstall atlasfs (make install, or pip install -e .)")
-ROOT = 1
 #: The share of a mount's ``--cache-size`` that goes to the engine's byte cache (encoded files of
 #: blocks, read in C); the tree's block cache (decoded blocks, what fills the byte cache and
 #: serves the rest) keeps the other half: together they stay within the one bound.
@@ -49,8 +49,6 @@ NATIVE_CACHE_SHARE = 0.5
 #: random reader lands on the block after its last one now and then (1 in 16 on a shard of 16
 #: blocks), twice running seldom: at 2, 1 random read in 16 of a tiny set paid a whole block.
 IN_ORDER_BLOCKS = 3
-#: Node ids from here on are shard folders and table rows (their inode numbers); below, ours.
-TABLE_NODES = 1 << 32
 #: Options libfuse's low-level session takes on its command line; the others libfuse's
 #: high-level layer took are answered here (timeouts, uid, gid, umask, threads) or in ``init``.
 SESSION_OPTIONS = frozenset({"fsname", "subtype", "ro", "allow_other", "allow_root", "default_permissions", "nosuid",
@@ -126,7 +124,7 @@ class NativeBridge:
         self._tables = getattr(rows, "tables", None) if self._path_of_ino is not None else None
         #: Node ids in [TABLE_NODES, _rows_end) are the rows tree's inode numbers (nothing kept
         #: for them); any other inode number (a view's own files) gets a counted node below.
-        self._rows_end = (len(self._tables.shards) + 1) << 32 if self._tables is not None else TABLE_NODES
+        self._rows_end = shard_ino(len(self._tables.shards)) if self._tables is not None else TABLE_NODES
         self.attachments = Attachments()
         self.session: Any = None
         #: Set when a callback met SystemExit or KeyboardInterrupt: the loop is asked to end.
@@ -283,8 +281,8 @@ class NativeBridge:
         """Attach the table of the shard folder ``folder`` to the engine, if the tree holds it
         and it is flat (:class:`~atlasfs.fuse.attachments.Attachments`): whether the engine
         answers the folder's rows now."""
-        s, row = (folder >> 32) - 1, folder & 0xFFFFFFFF
-        if self.session is None or self._tables is None or row != 0:
+        s, row = split_ino(folder)
+        if self.session is None or self._tables is None or row != -1:
             return False
         table = self._tables.tables.get(s)
         if table is None or not table.flat:
@@ -309,7 +307,7 @@ class NativeBridge:
         examples, against 0.6 ms to decode it and one example's encoding)."""
         try:
             tree: Any = self._rows  # the rows' own tree: a view shows its files at the same paths
-            entry = tree.lookup(self._path(((shard + 1) << 32) + 1 + row))
+            entry = tree.lookup(self._path(row_ino(shard, row)))
             ref = entry.ref
             if ref is None:
                 return -errno.EISDIR
