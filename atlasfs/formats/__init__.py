@@ -3,7 +3,8 @@
 Formats: atlas, dolma, lavender, pbin, webdataset (the names of ``factory.FORMATS``,
 which ``--format`` takes; ``tests/test_docs_formats.py`` keeps this line equal to it).
 
-``source.py`` is the one interface every format answers; ``factory.py`` finds a
+``source.py`` is the one interface every format answers and ``naming.py`` the naming rules
+of its answers; ``factory.py`` finds a
 dataset's format from its layout and opens it; ``state.py`` is the one format
 every shard's saved state (what ``prepare`` learned) is stored in. ``atlas/``
 reads Atlas datasets, ``dolma/`` Dolma documents with their attribute sets,
