@@ -24,3 +24,24 @@ if "XDG_CACHE_HOME" not in os.environ:
 if "XDG_STATE_HOME" not in os.environ:
     os.environ["XDG_STATE_HOME"] = tempfile.mkdtemp(prefix="atlasfs-test-state-")
     atexit.register(shutil.rmtree, os.environ["XDG_STATE_HOME"], True)
+
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def ray_address() -> str:
+    """ONE local Ray cluster for the whole test session (``ray.init(num_cpus=2)``), shut down
+    at its end; its address, for ``--ray ADDRESS``. In CI a test that cannot start Ray
+    fails; elsewhere it is skipped when Ray is not installed."""
+    try:
+        import ray
+    except ImportError:
+        if os.environ.get("CI") == "true":
+            pytest.fail("Ray is not installed (CI installs it with the test extra)")
+        pytest.skip("Ray is not installed: pip install 'atlasfs[ray]'")
+    ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
+    try:
+        yield ray.get_runtime_context().gcs_address
+    finally:
+        ray.shutdown()

@@ -22,7 +22,7 @@ from atlasfs.errors import AtlasFormatError
 if TYPE_CHECKING:
     from tqdm import tqdm
 
-    from atlasfs.commands.jobs import Opener
+    from atlasfs.commands.jobs import Executor, Opener
     from atlasfs.formats.source import Source
     from atlasfs.options import MountOptions
 
@@ -53,6 +53,8 @@ def cmd_info(args: argparse.Namespace) -> int:
 
 def cmd_verify(args: argparse.Namespace) -> int:
     from atlasfs.commands.inspection import VerifyReport, verify
+    from atlasfs.commands.shardverify import verifier
+    verify = verifier(args, verify)  # --ray: a task per shard
     from atlasfs.progress import progress_bar
     progress: tqdm | None = None
 
@@ -171,9 +173,9 @@ def _opener(args: argparse.Namespace) -> "Opener":
     return Opener(args.dataset, settings.format, settings.source_options(), settings.storage, bool(args.verbose))
 
 
-def _jobs(args: argparse.Namespace) -> int:
-    from atlasfs.commands.jobs import default_jobs
-    return args.settings.jobs or default_jobs()
+def _jobs(args: argparse.Namespace) -> int | Executor:
+    from atlasfs.commands.jobs import default_jobs, executor_from_args
+    return executor_from_args(args, args.settings.jobs) or args.settings.jobs or default_jobs()
 
 
 def cmd_pack(args: argparse.Namespace) -> int:
@@ -304,6 +306,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``atlasfs``."""
+    from atlasfs.commands.jobs import add_executor_arguments
     from atlasfs.options import add_flags, mount_option_names
     parser = argparse.ArgumentParser(
         prog="atlasfs",
@@ -331,6 +334,7 @@ def build_parser() -> argparse.ArgumentParser:
     source(p, "info")
     p = command("verify", cmd_verify, "decode every block and check everything; exit 1 if anything is wrong")
     source(p, "verify")
+    add_executor_arguments(p)
     p = command("show", cmd_show, "print one example readably")
     source(p, "show")
     p.add_argument("index", type=int, help="global example index (negative counts from the end)")
@@ -353,12 +357,14 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("export", cmd_export, "write each shard as a WebDataset tar (<shard>.tar, samples in example order) "
                                       "and a wids index (shards.json), without FUSE")
     source(p, "export")
+    add_executor_arguments(p)
     p.add_argument("outdir", help="folder for the tar files (created if missing)")
     p.add_argument("--shards", nargs="+", metavar="SHARD", help="shard folder names to export (default: all)")
 
     p = command("pack", cmd_pack, "write any dataset atlasfs mounts as an Atlas v1 dataset (the reference "
                                   "writer's rules) whose mount shows the same files byte for byte")
     source(p, "pack")
+    add_executor_arguments(p)
     p.add_argument("outdir", help="the Atlas dataset to write (must not exist; written beside it, then renamed)")
     p.add_argument("--shard-size", type=int, metavar="N",
                    help="examples per shard (default: one Atlas shard per source shard)")
@@ -377,6 +383,7 @@ def build_parser() -> argparse.ArgumentParser:
                 "build the shards' file tables ahead of time, beside the dataset (DATASET/.atlasfs-tables), "
                 "so that every mount of it lists without decoding")
     source(p, "index")
+    add_executor_arguments(p)
 
     p = command("cache", cmd_cache, "show or clear the file tables mounts keep in the user's cache")
     p.add_argument("dataset", nargs="?", help="only this dataset's tables")

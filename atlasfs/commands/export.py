@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from atlasfs.commands.jobs import LOST, Done, Opener, Report, run
+from atlasfs.commands.jobs import LOST, Done, Opener, Report, per_machine, run
 from atlasfs.formats.source import Source, SourceShard
 from atlasfs.progress import progress_bar, say
 from atlasfs.sizes import format_size
@@ -168,7 +168,7 @@ def export_all(source: Source, opener: Opener, shards: Sequence[int], outdir: st
 def _export(source: Source, opener: Opener, shards: Sequence[int], outdir: str, cache_bytes: int, jobs: int,
             result: Exported, running: set[int]) -> None:
     names = [shard.name for shard in source.shards]
-    setup = functools.partial(_setup, cache_bytes=cache_bytes // max(jobs, 1), outdir=outdir)
+    setup = functools.partial(_setup, cache_bytes=cache_bytes // per_machine(jobs), outdir=outdir)
     with progress_bar("export", None, "samples") as bar:
 
         def report(what: str, n: int) -> None:

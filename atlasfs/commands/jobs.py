@@ -16,6 +16,11 @@ that a bar moves while a large shard is worked on.
 that dies loses its own shard only, and the pool can be stopped at once on Ctrl-C (its
 workers asked with SIGTERM to drop the shard in hand, killed if they do not within
 :data:`GRACE`), with no management thread to wait for (:mod:`.interrupts`).
+
+Where the workers run is an :class:`Executor`'s choice: :class:`Local` (this machine's
+processes, :class:`Workers`) or a Ray cluster (``--ray``: :mod:`.rayjobs`, the one module
+that imports Ray). Both give the same pool interface (:class:`Pool`), so a command's shards
+and bytes are the same whichever runs them.
 """
 
 from __future__ import annotations
@@ -29,9 +34,13 @@ import os
 import signal
 import sys
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    import argparse
 
 from atlasfs.commands import interrupts
 
@@ -88,6 +97,98 @@ Setup = Callable[[Source], Any]
 #: Does shard ``s`` with the worker's state, reporting progress; returns its :class:`Done`.
 Work = Callable[[Any, int, Report], Done]
 
+
+
+# -- executors
+
+
+class Pool(Protocol):
+    """Workers that each ran an initializer once and then take one call at a time (what
+    :class:`Workers` is on this machine, and :class:`~atlasfs.commands.rayjobs.RayPool` on a
+    cluster). Used as a context manager: leaving it on an exception stops the calls under way."""
+
+    def __enter__(self) -> Pool: ...
+    def __exit__(self, kind: type[BaseException] | None, *rest: object) -> None: ...
+    def idle(self) -> bool: ...
+    def busy(self) -> list[Any]: ...
+    def submit(self, tag: Any, func: Callable[[Any], Any], arg: Any) -> None: ...
+    def wait(self, timeout: float = ...) -> list[tuple[Any, str, Any]]: ...
+    def close(self) -> None: ...
+    def stop(self) -> None: ...
+
+
+class Executor(ABC):
+    """Where the calls of a command that works shard by shard run."""
+
+    #: Calls under way at once, at most.
+    size: int = 1
+    #: Worker processes sharing one machine's memory (a per-process cache is its share).
+    per_machine: int = 1
+    #: Whether a call whose worker died was already tried again (Ray's task retries): then
+    #: it fails at once rather than being run again alone.
+    retries_lost: bool = False
+
+    @abstractmethod
+    def parallel(self, items: int) -> bool:
+        """Whether ``items`` calls go to a :meth:`pool` (else they run in this process)."""
+
+    @abstractmethod
+    def pool(self, items: int, initializer: Callable[..., None], initargs: tuple[Any, ...],
+             on_message: Callable[..., None] | None = None) -> Pool:
+        """Workers for ``items`` calls, each running ``initializer(*initargs)`` once first;
+        ``on_message(*message)`` gets what they :func:`_send` besides their answers."""
+
+
+class Local(Executor):
+    """Up to ``jobs`` processes of this machine (:class:`Workers`); one runs in this process."""
+
+    def __init__(self, jobs: int) -> None:
+        self.size = self.per_machine = max(1, jobs)
+
+    def parallel(self, items: int) -> bool:
+        return min(self.size, items) > 1
+
+    def pool(self, items: int, initializer: Callable[..., None], initargs: tuple[Any, ...],
+             on_message: Callable[..., None] | None = None) -> Pool:
+        return Workers(min(self.size, items), initializer, initargs, on_message)
+
+
+def executor_of(jobs: int | Executor) -> Executor:
+    """``jobs`` as an executor: a number of processes is :class:`Local`."""
+    return jobs if isinstance(jobs, Executor) else Local(int(jobs))
+
+
+def per_machine(jobs: int | Executor) -> int:
+    """Worker processes of ``jobs`` sharing one machine (a memory budget is split by it)."""
+    return max(1, executor_of(jobs).per_machine)
+
+
+#: What to install for ``--ray`` (said in one line when Ray is missing).
+RAY_EXTRA = "pip install 'atlasfs[ray]'"
+
+
+def add_executor_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--ray [ADDRESS]`` on a command that works shard by shard."""
+    parser.add_argument(
+        "--ray", nargs="?", const="", default=None, metavar="ADDRESS",
+        help="one Ray task per shard: on the cluster at ADDRESS (or $RAY_ADDRESS), else on a local one started "
+             "for the command; input and output on a file system every node shares, or a bucket "
+             f"(needs {RAY_EXTRA})")
+
+
+def executor_from_args(args: argparse.Namespace, jobs: int | None) -> int | Executor | None:
+    """The executor ``--ray`` asks for (``jobs``, if given, caps the tasks under way), or
+    None without it. Ray missing: :class:`~atlasfs.options.OptionError`, one line."""
+    address = getattr(args, "ray", None)
+    if address is None:
+        return None
+    try:
+        from atlasfs.commands import rayjobs
+    except ImportError as exc:
+        from atlasfs.options import OptionError
+        missing = getattr(exc, "name", None) or "ray"
+        raise OptionError(f"--ray needs Ray ({missing} cannot be imported): {RAY_EXTRA}") from None
+    return rayjobs.RayExecutor(address or os.environ.get("RAY_ADDRESS") or None, jobs)
 
 
 # -- the pool
@@ -189,9 +290,16 @@ def _stopping(exc: BaseException) -> bool:
     return bool(_worker.get("stopping"))
 
 
+#: Sends a message to the parent where it is no pipe (a Ray task's: :mod:`.rayjobs`).
+_sender: Callable[[Any], None] | None = None
+
+
 def _send(message: Any) -> None:
     """Send ``message`` to the parent (from a worker's main thread)."""
-    _conn.send(message)
+    if _sender is not None:
+        _sender(message)
+    else:
+        _conn.send(message)
 
 
 class Workers:
@@ -386,15 +494,18 @@ def _run_in_worker(s: int) -> Done:
         return Done(s, f"{exc!r}")
 
 
-def run(source: Source, opener: Opener, setup: Setup, work: Work, shards: Iterable[int], jobs: int,
+def run(source: Source, opener: Opener, setup: Setup, work: Work, shards: Iterable[int], jobs: int | Executor,
         report: Report, running: set[int] | None = None) -> Iterator[Done]:
-    """Do ``work`` on each shard position of ``shards`` in ``jobs`` processes; yields each
-    :class:`Done` as it comes (in shard order with one job, else as they finish).
+    """Do ``work`` on each shard position of ``shards`` in ``jobs`` processes (or on the
+    executor ``jobs`` is); yields each :class:`Done` as it comes (in shard order in this
+    process, else as they finish).
     ``report`` is called in this process with the workers' progress; ``running`` (if given)
     holds the shards under way. Close the iterator (``contextlib.closing``) when leaving
     early: that stops the workers."""
     running = set() if running is None else running
-    if jobs <= 1:
+    shards = list(shards)
+    executor = executor_of(jobs)
+    if not executor.parallel(len(shards)):
         state = setup(source)
         for s in shards:
             running.add(s)
@@ -405,26 +516,30 @@ def run(source: Source, opener: Opener, setup: Setup, work: Work, shards: Iterab
             running.discard(s)
             yield done
         return
-    yield from _run_pool(opener, setup, work, list(shards), jobs, report, running)
+    yield from _run_pool(opener, setup, work, shards, executor, report, running)
 
 
-def _run_pool(opener: Opener, setup: Setup, work: Work, shards: list[int], jobs: int, report: Report,
+def _run_pool(opener: Opener, setup: Setup, work: Work, shards: list[int], executor: Executor, report: Report,
               running: set[int]) -> Iterator[Done]:
     """:func:`run` in processes. A worker that dies (killed, out of memory, a crash in a
     decoder) loses the shard it had: once the others are done, that shard is done again
-    alone (no other in flight), and if its worker dies again it fails, :data:`LOST`."""
+    alone (no other in flight), and if its worker dies again it fails, :data:`LOST` (at
+    once where the executor tried it again already)."""
     todo = collections.deque(shards)
     suspects: list[int] = []
-    with Workers(min(jobs, len(shards)), _init_worker, (opener, setup, work), report) as workers:
+    with executor.pool(len(shards), _init_worker, (opener, setup, work), report) as workers:
         yield from _drive(workers, todo, len(shards), running, suspects)
         for s in suspects:
+            if executor.retries_lost:
+                yield Done(s, LOST)
+                continue
             again: list[int] = []
             yield from _drive(workers, collections.deque([s]), 1, running, again)
             if again:
                 yield Done(s, LOST)
 
 
-def _drive(workers: Workers, todo: collections.deque[int], at_once: int, running: set[int],
+def _drive(workers: Pool, todo: collections.deque[int], at_once: int, running: set[int],
            lost: list[int]) -> Iterator[Done]:
     """Shards from ``todo``, ``at_once`` at most under way, until all are answered; those
     whose worker died go in ``lost``."""

@@ -15,8 +15,11 @@ complete: OUTDIR never holds half a dataset. Each shard is written to ``<name>.p
 inside it and renamed when complete, so a run that is killed or stops on a bad source
 shard leaves the shards it finished; a later run with the same source and settings
 (``pack.json`` records them) keeps them and writes only the others, any other run starts
-afresh. Shards are written by ``jobs`` processes at once (the first one alone under
-strategy 2: the others need its dictionary).
+afresh. Shards are written by ``jobs`` processes at once, or by Ray tasks (``jobs`` a
+:class:`~atlasfs.commands.jobs.Executor`). Under strategy 2 the shared dictionary is trained
+first, by one worker, on the first shard's blocks as its writer would (the reference
+writer's rule), kept in the folder and handed to every worker with the rest of what it
+needs: no shard is written before it, every shard is written at once after it.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import fcntl
 import json
 import logging
 import os
+import pickle
 import shutil
 import stat
 from collections import Counter
@@ -36,12 +40,12 @@ from typing import Any
 
 import zstandard
 
-from atlasfs.commands.jobs import Workers
+from atlasfs.commands.jobs import Executor, Pool, executor_of
 from atlasfs.commands.packexamples import ExampleMaker, PackError, shard_samples
 from atlasfs.errors import AtlasFormatError
 from atlasfs.formats.atlas.dataset import DICT_NAME
 from atlasfs.formats.atlas.meta import FORMAT_VERSION, CompressionStrategy, RootMeta, ShardMeta
-from atlasfs.formats.atlas.writer import ShardWriter, shard_name_width
+from atlasfs.formats.atlas.writer import PICKLE_PROTOCOL, ShardWriter, _train_dictionary, shard_name_width
 from atlasfs.formats.factory import SourceOptions, open_source
 from atlasfs.formats.naming import index_key_width
 from atlasfs.storage import StorageOptions, set_default_options
@@ -94,6 +98,8 @@ class _Context:
     settings: PackSettings
     folder: str
     width: int = 6
+    #: The shared dictionary (strategy 2), trained before any shard is written.
+    shared: bytes | None = None
 
 
 @dataclass(frozen=True)
@@ -105,7 +111,6 @@ class _Job:
     pieces: tuple[tuple[int, int, int], ...]
     first_index: int
     strategy: int
-    train_shared: bool = False
 
 
 @dataclass
@@ -173,8 +178,7 @@ def _write(job: _Job) -> tuple[str, int, Counter[str]]:
     shutil.rmtree(partial, ignore_errors=True)
     shared = None
     if job.strategy == CompressionStrategy.SHARED_DICTIONARY_COMPRESSION:
-        with open(os.path.join(context.folder, DICT_NAME), "rb") as f:
-            shared = zstandard.ZstdCompressionDict(f.read())
+        shared = zstandard.ZstdCompressionDict(context.shared)
     writer = ShardWriter(partial, settings.block_size, CompressionStrategy(job.strategy), settings.level,
                          settings.dict_size, shared)
     maker = ExampleMaker(context.width, settings.decode)
@@ -203,11 +207,6 @@ def _write(job: _Job) -> tuple[str, int, Counter[str]]:
         writer.abort()
         shutil.rmtree(partial, ignore_errors=True)
         raise
-    if job.train_shared:
-        if writer.trained_dict is not None:  # the first shard's dictionary becomes the shared one
-            _replace_file(os.path.join(context.folder, DICT_NAME), writer.trained_dict.as_bytes())
-            os.unlink(os.path.join(partial, DICT_NAME))
-            meta = ShardMeta(**{**meta.__dict__, "compression_strategy": CompressionStrategy.SHARED_DICTIONARY_COMPRESSION})
     with open(os.path.join(partial, "meta.json"), "w") as f:
         f.write(meta.to_json())
     os.rename(partial, final)
@@ -355,12 +354,13 @@ def _plan(counts: Sequence[int], shard_size: int | None) -> list[list[tuple[int,
 
 
 class _Runner:
-    """Runs jobs in this process (``jobs`` 1) or in worker processes (:class:`Workers`)."""
+    """Runs ``items`` jobs in this process (one job) or on an executor's workers."""
 
-    def __init__(self, context: _Context, jobs: int) -> None:
-        self.pool: Workers | None = None
-        if jobs > 1:
-            self.pool = Workers(jobs, _start, (context, True))
+    def __init__(self, context: _Context, jobs: int | Executor, items: int) -> None:
+        self.pool: Pool | None = None
+        executor = executor_of(jobs)
+        if executor.parallel(items):
+            self.pool = executor.pool(items, _start, (context, True))
         else:
             _start(context)
 
@@ -407,7 +407,7 @@ def _what(item: Any) -> str:
 
 
 def pack(dataset: str, outdir: str, settings: PackSettings, kind: str | None = None,
-         options: SourceOptions | None = None, storage: StorageOptions | None = None, jobs: int = 1,
+         options: SourceOptions | None = None, storage: StorageOptions | None = None, jobs: int | Executor = 1,
          progress: Callable[[int], Any] | None = None, report: PackReport | None = None) -> PackReport:
     """Write ``dataset`` (any format atlasfs mounts) as an Atlas dataset at ``outdir``.
 
@@ -442,7 +442,7 @@ def pack(dataset: str, outdir: str, settings: PackSettings, kind: str | None = N
     context = _Context(os.fspath(dataset), kind, options, storage, settings, folder.path)
     runner: _Runner | None = None
     try:
-        runner = _Runner(context, max(1, min(jobs, len(shards))))
+        runner = _Runner(context, jobs, len(shards))
         counts = [0] * len(shards)
 
         def counted(item: tuple[int, int]) -> None:
@@ -455,10 +455,14 @@ def pack(dataset: str, outdir: str, settings: PackSettings, kind: str | None = N
         firsts = [0]
         for pieces in plan:
             firsts.append(firsts[-1] + sum(b - a for _, a, b in pieces))
-        context = _Context(context.dataset, kind, options, storage, settings, folder.path, index_key_width(total))
+        width = index_key_width(total)
+        strategy, shared = settings.strategy, None
+        if strategy == CompressionStrategy.SHARED_DICTIONARY_COMPRESSION:  # 1 if no dictionary can be trained
+            strategy, shared = _shared_dictionary(runner, folder, names[0], plan[0], width)
+        context = _Context(context.dataset, kind, options, storage, settings, folder.path, width, shared)
         runner.close()
         runner = None
-        runner = _Runner(context, max(1, min(jobs, len(plan))))
+        runner = _Runner(context, jobs, len(plan))
         report = report if report is not None else PackReport(outdir)
         report.path, report.shards, report.examples = outdir, len(plan), total
         advance = progress(len(plan)) if progress else (lambda n=1: None)
@@ -467,19 +471,8 @@ def pack(dataset: str, outdir: str, settings: PackSettings, kind: str | None = N
             report.kept.update(result[2])
             advance(1)
 
-        strategy = settings.strategy
-        first = 0
-        if strategy == CompressionStrategy.SHARED_DICTIONARY_COMPRESSION:
-            if folder.done(names[0]):
-                report.reused += 1
-                advance(1)
-            else:
-                runner.map(_write, [_Job(names[0], tuple(plan[0]), 0, CompressionStrategy.DICTIONARY_COMPRESSION,
-                                         True)], written)
-            strategy = folder.meta(names[0])["compression_strategy"]  # 1 if no dictionary could be trained
-            first = 1
         todo = []
-        for i in range(first, len(plan)):
+        for i in range(len(plan)):
             if folder.done(names[i]):
                 report.reused += 1
                 advance(1)
@@ -504,6 +497,52 @@ def pack(dataset: str, outdir: str, settings: PackSettings, kind: str | None = N
         if runner is not None:
             runner.close()
         folder.close()
+
+
+def _shared_dictionary(runner: _Runner, folder: _Folder, first: str, pieces: list[tuple[int, int, int]],
+                       width: int) -> tuple[int, bytes | None]:
+    """Strategy 2's dictionary and the strategy the shards are written with: the one an
+    earlier run of the same pack trained (kept in the folder), else one trained now on the
+    first shard's blocks (:func:`_train`, by one worker) and kept in the folder before any
+    shard is written; strategy 1 and no dictionary where none can be trained."""
+    path = os.path.join(folder.path, DICT_NAME)
+    if os.path.isfile(path):
+        with open(path, "rb") as f:
+            return CompressionStrategy.SHARED_DICTIONARY_COMPRESSION, f.read()
+    if folder.done(first):  # written without one by an earlier run: none could be trained
+        return folder.meta(first)["compression_strategy"], None
+    trained: list[bytes | None] = []
+    runner.map(_train, [(tuple(pieces), width)], trained.append)
+    if trained[0] is None:
+        return CompressionStrategy.STANDARD_COMPRESSION, None
+    _replace_file(path, trained[0])
+    return CompressionStrategy.SHARED_DICTIONARY_COMPRESSION, trained[0]
+
+
+def _train(item: tuple[tuple[tuple[int, int, int], ...], int]) -> bytes | None:
+    """The dictionary the first shard's writer would train (strategy 3's): on its blocks,
+    made from its samples as :func:`_write` makes them; None if zstd trains none."""
+    pieces, width = item
+    settings: PackSettings = _worker["context"].settings
+    maker = ExampleMaker(width, settings.decode)
+    blocks: list[bytes] = []
+    block: list[Any] = []
+    index, s = 0, -1
+    try:
+        for s, start, stop in pieces:
+            where = f"source shard {_shard_name(s)}"
+            for key, files in shard_samples(_worker["tree"], s, start, stop):
+                block.append(maker.make(key, files, index, where))
+                index += 1
+                if len(block) == settings.block_size:
+                    blocks.append(pickle.dumps(block, protocol=PICKLE_PROTOCOL))
+                    block = []
+    except (AtlasFormatError, OSError) as exc:
+        raise PackError(f"source shard {_shard_name(s)} cannot be read: {_why(exc)}") from None
+    if block:
+        blocks.append(pickle.dumps(block, protocol=PICKLE_PROTOCOL))
+    trained = _train_dictionary(blocks, settings.dict_size, settings.level)
+    return None if trained is None else trained.as_bytes()
 
 
 def _count_item(s: int) -> tuple[int, int]:
