@@ -39,6 +39,7 @@ import numpy as np
 
 from atlasfs.tree.base import Entry, Tree, Unreadable, not_found, split_path
 from atlasfs.tree.indexes.served import LoaderFiles, LoaderSettings, Served
+from atlasfs.tree.tarstream import Streams
 
 BLOCK = tarfile.BLOCKSIZE
 RECORD = tarfile.RECORDSIZE
@@ -206,6 +207,34 @@ class TarLayout:
             raise OSError(errno.EIO, f"{self.folder}/{self.name(i)}: short read")
         return data
 
+    def pieces(self, chunk: int = 1 << 20) -> Iterator[bytes]:
+        """The whole tar in order, a piece at a time (a header, up to ``chunk`` bytes of a
+        file, padding, the end blocks), from one pass over the members
+        (:meth:`~atlasfs.tree.base.Tree.member_files`: no lookup per file, the bytes export
+        writes); each member checked against the layout (EIO if the tree changed under it)."""
+        sizes, mtimes = self.sizes.tolist(), self.mtimes.tolist()
+        tree, where = self.tree, self.folder
+        count = 0
+        for i, (name, entry, data) in enumerate(tree.member_files(self._members_of)):
+            size = entry.size
+            if i >= len(sizes) or size != sizes[i] or name != self.name(i):
+                raise OSError(errno.EIO, f"{where}/{name}: changed since its tar was laid out")
+            yield _header(name, size, mtimes[i])
+            if data is not None:
+                yield data
+            else:
+                for at in range(0, size, chunk):
+                    piece = tree.read(entry, at, min(chunk, size - at))
+                    if len(piece) != min(chunk, size - at):
+                        raise OSError(errno.EIO, f"{where}/{name}: short read")
+                    yield piece
+            if size % BLOCK:
+                yield bytes(BLOCK - size % BLOCK)
+            count += 1
+        if count != len(sizes):
+            raise OSError(errno.EIO, f"{where}: changed since its tar was laid out")
+        yield bytes(self.size - self.starts.item(len(sizes)))
+
     def write_to(self, out: "object", chunk: int = 1 << 20) -> None:
         """Write the whole tar to the binary file ``out``: the bytes :meth:`read` gives, the
         members checked against the layout as they come (see :func:`write_tar`)."""
@@ -312,6 +341,7 @@ class TarView(Tree):
         self._unreadable: dict[str, str] = {}
         self._index: bytes | None = None
         self._index_lock = threading.Lock()
+        self._streams = Streams()  # tars being read front to back
         root = base.lookup("/")
         self._root = root
         self._shards = base.shard_folders()
@@ -377,6 +407,7 @@ class TarView(Tree):
             while self._layout_bytes > LAYOUT_BYTES and len(self._layouts) > 1:
                 _, evicted = self._layouts.popitem(last=False)
                 self._layout_bytes -= evicted.nbytes()
+                self._streams.forget(evicted)
 
     def _index_bytes(self) -> bytes:
         """``shards.json``: every shard whose tar can be laid out (made on first use)."""
@@ -473,7 +504,12 @@ class TarView(Tree):
     def read(self, entry: Entry, offset: int, size: int) -> bytes:
         ref = entry.ref
         if isinstance(ref, TarLayout):
-            return ref.read(offset, size)
+            stop = min(offset + size, ref.size)
+            if offset >= stop:
+                return b""
+            # a reader going through the tar in order: one pass over its members, as export
+            data = self._streams.read(ref, offset, stop, ref.pieces)
+            return data if data is not None else ref.read(offset, size)
         if ref == INDEX_NAME:
             return self._index_bytes()[offset:offset + size]
         if isinstance(ref, Served):

@@ -1,0 +1,93 @@
+"""A tar read front to back is served by one pass over its members (atlasfs/tree/tarstream.py):
+the bytes export writes, requests a little out of order served from the pass's window, the
+others (and any once the pass failed) left to the random-access read."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import atlasfs.tree.tarstream as tarstream
+from atlasfs import AtlasDataset
+from atlasfs.tree.blocktree import BlockTree
+from atlasfs.tree.table.store import TableStore
+from atlasfs.tree.tarview import TarView
+from fusemount import atlasfs
+from test_tarview import _dataset, _export
+
+DATA = bytes(random.Random(3).randbytes(50_000))
+
+
+def _pieces(fail_at: int | None = None) -> Iterator[bytes]:
+    for at in range(0, len(DATA), 700):
+        if fail_at is not None and at >= fail_at:
+            raise OSError(5, "a bad block")
+        yield DATA[at:at + 700]
+
+
+def test_a_pass_serves_requests_in_and_a_little_out_of_order(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(tarstream, "WINDOW", 9000)
+    monkeypatch.setattr(tarstream, "AHEAD", 5000)
+    streams = tarstream.Streams()
+    made = []
+
+    def pieces() -> Iterator[bytes]:
+        made.append(1)
+        return _pieces()
+
+    assert streams.read("t", 100, 200, pieces) is None  # no pass begins past offset 0
+    assert streams.read("t", 0, 4096, pieces) == DATA[:4096]
+    assert streams.read("t", 8192, 12288, pieces) == DATA[8192:12288]  # within AHEAD of its end
+    assert streams.read("t", 4096, 8192, pieces) == DATA[4096:8192]  # behind, within its window
+    assert streams.read("t", 20_000, 21_000, pieces) is None  # far past it
+    assert streams.read("t", 100, 200, pieces) is None  # before its window
+    assert streams.read("t", 12288, 60_000, pieces) == DATA[12288:]  # to the end
+    assert made == [1]
+
+
+def test_a_pass_that_fails_is_left_to_the_random_read() -> None:
+    streams = tarstream.Streams()
+    assert streams.read("t", 0, 1000, lambda: _pieces(fail_at=3000)) == DATA[:1000]
+    assert streams.read("t", 1000, 5000, lambda: _pieces(fail_at=3000)) is None  # the error is not raised here
+    assert streams.read("t", 5000, 6000, lambda: _pieces()) is None
+    assert streams.read("t", 0, 1000, lambda: _pieces()) == DATA[:1000]  # a new pass from the start
+
+
+def test_passes_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(tarstream, "STREAMS", 2)
+    streams = tarstream.Streams()
+    for key in ("a", "b", "c"):
+        assert streams.read(key, 0, 10, _pieces) == DATA[:10]
+    assert streams.read("a", 10, 20, _pieces) is None  # the oldest was dropped
+    assert streams.read("c", 10, 20, _pieces) == DATA[10:20]
+    streams.forget("c")
+    assert streams.read("c", 10, 20, _pieces) is None
+
+
+def test_a_tar_read_in_order_through_the_view_makes_no_lookup_per_member(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    dataset = _dataset(tmp_path / "ds")
+    _export(dataset, tmp_path / "out")
+    atlasfs("index", str(dataset))
+    tree = BlockTree(AtlasDataset(dataset), store=TableStore(str(dataset)))
+    view = TarView(tree)
+    lookups = []
+    lookup = tree.lookup
+    monkeypatch.setattr(tree, "lookup", lambda path: lookups.append(path) or lookup(path))
+    for shard in ("0", "1", "2"):
+        expected = (tmp_path / "out" / f"{shard}.tar").read_bytes()
+        entry = view.lookup(f"/{shard}.tar")
+        got = b"".join(view.read(entry, offset, 4096) for offset in range(0, entry.size, 4096))
+        assert got == expected
+        # requests out of order, as the kernel's read-ahead answered by several threads
+        entry = view.lookup(f"/{shard}.tar")
+        order = list(range(0, entry.size, 8192))
+        for i in range(0, len(order) - 1, 2):
+            order[i], order[i + 1] = order[i + 1], order[i]
+        order.remove(0)
+        parts = {0: view.read(entry, 0, 8192), **{offset: view.read(entry, offset, 8192) for offset in order}}
+        assert b"".join(parts[offset] for offset in sorted(parts)) == expected
+    assert len(lookups) <= 10, lookups[:20]  # the folders', not one a member
