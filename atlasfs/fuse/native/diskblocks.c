@@ -205,11 +205,27 @@ uint64_t diskblocks_key(const Session *s, const char *data_path, const int64_t s
     return h ? h : 1;  /* 0 means none */
 }
 
+int diskblocks_has(Session *s, uint64_t key, uint64_t block)
+{
+    DiskBlocks *d = s->disk;
+    DiskEntry *e;
+    int ready;
+    if (d == NULL || key == 0)
+        return 0;
+    pthread_mutex_lock(&d->lock);
+    e = find(d, key, block);
+    ready = e != NULL && e->state == DISK_READY;
+    pthread_mutex_unlock(&d->lock);
+    return ready;
+}
+
 int diskblocks_fits(const Session *s, uint64_t size)
 {
     /* A block of more than a quarter of the bound would push out a quarter of the rest. */
     return s->disk != NULL && size > 0 && size <= s->disk->bound / 4;
 }
+
+static void forget(DiskBlocks *d, uint64_t key, uint64_t block, int bad);
 
 int diskblocks_read(Session *s, uint64_t key, uint64_t block, uint64_t at, size_t size, char *out)
 {
@@ -234,6 +250,10 @@ int diskblocks_read(Session *s, uint64_t key, uint64_t block, uint64_t at, size_
     pthread_mutex_unlock(&d->lock);
     name_of(key, block, name, sizeof name);
     fd = openat(d->dirfd, name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0 && errno == ENOENT) {  /* removed meanwhile (evicted, another mount, the user): a miss */
+        forget(d, key, block, 0);
+        return 1;
+    }
     if (fd >= 0) {
         /* Only this user's regular file of the size written (a truncated one is caught here,
          * a corrupt one by the caller's CRC-32), and only bytes within it. */
@@ -249,19 +269,18 @@ int diskblocks_read(Session *s, uint64_t key, uint64_t block, uint64_t at, size_
     return 0;
 }
 
-void diskblocks_drop(Session *s, uint64_t key, uint64_t block)
+/* The ready entry of the block forgotten and its file removed (a file written again meanwhile
+ * too: never one the bound does not count); with `bad`, counted. */
+static void forget(DiskBlocks *d, uint64_t key, uint64_t block, int bad)
 {
-    DiskBlocks *d = s->disk;
     DiskEntry *e;
     char name[48];
     int gone = 0;
-    if (d == NULL)
-        return;
     pthread_mutex_lock(&d->lock);
     e = find(d, key, block);
     if (e != NULL && e->state == DISK_READY) {
         remove_entry(d, e);
-        d->bad++;
+        d->bad += bad;
         gone = 1;
     }
     pthread_mutex_unlock(&d->lock);
@@ -269,6 +288,12 @@ void diskblocks_drop(Session *s, uint64_t key, uint64_t block)
         name_of(key, block, name, sizeof name);
         unlinkat(d->dirfd, name, 0);
     }
+}
+
+void diskblocks_drop(Session *s, uint64_t key, uint64_t block)
+{
+    if (s->disk != NULL)
+        forget(s->disk, key, block, 1);
 }
 
 /* All `size` bytes of `data` to `fd`: 0, or -1. */

@@ -236,6 +236,8 @@ void diskblocks_free(Session *s);
 /* The key of a shard's blocks' files: its data.bin (resolved path) and the signatures of
  * data.bin and index.npy, under the dataset's identity; 0: no decoded cache. GIL held. */
 uint64_t diskblocks_key(const Session *s, const char *data_path, const int64_t sig[4]);
+/* Whether block `block`'s file is there, written whole. */
+int diskblocks_has(Session *s, uint64_t key, uint64_t block);
 /* Whether a block of `size` decoded bytes would be kept. */
 int diskblocks_fits(const Session *s, uint64_t size);
 /* Bytes [at, at + size) of block `block`'s file into `out`: 0, 1 not there, -1 there but not

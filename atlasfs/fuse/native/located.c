@@ -1042,7 +1042,8 @@ typedef struct {
  * with a decoded cache, the frame decompressed whole and *pending what to write of it. NULL:
  * no room, or not loadable. */
 static CachedBlock *acquire_payload(Session *s, const Located *l, uint64_t shard, uint64_t block, uint64_t need,
-                                    size_t *reserved, FrameBlock **map_out, size_t *nmap_out, Pending *pending)
+                                    size_t *reserved, FrameBlock **map_out, size_t *nmap_out, Pending *pending,
+                                    int *on_disk)
 {
     int mine, waited;
     CachedBlock *b = cache_acquire_min(s, shard, KIND_PAYLOAD, block, (size_t)need, &mine, &waited);
@@ -1055,10 +1056,18 @@ static CachedBlock *acquire_payload(Session *s, const Located *l, uint64_t shard
     *map_out = NULL;
     *nmap_out = 0;
     memset(pending, 0, sizeof *pending);
+    *on_disk = 0;
     if (waited)
         __atomic_add_fetch(&s->frames_waited, 1, __ATOMIC_RELAXED);
     if (b == NULL || !mine)
         return b;
+    if (l->disk_key != 0 && diskblocks_has(s, l->disk_key, block)) {
+        /* Written by the worker that made it since this one looked (and its payload evicted
+         * meanwhile): read from there, never decompressed twice. */
+        cache_abandon(s, b);
+        *on_disk = 1;
+        return NULL;
+    }
     if (!l->compressed) {
         uint64_t stored = l->starts[block + 1] - l->starts[block];
         if (stored > l->max_block_bytes) {  /* before reserving: a lying index would empty the cache */
@@ -1219,7 +1228,7 @@ static int serve_run(Session *s, const Located *l, fuse_req_t req, uint64_t shar
     size_t reserved = 0, nmap = 0;
     FrameBlock *map = NULL;
     Pending pending = {NULL, 0, 0, 0, 0};
-    int ok = 0, tries;
+    int ok = 0, tries, on_disk = 0;
     if (span->length == 0) {
         if (!run_checks(span, ""))  /* not NULL: zlib answers 0 for a NULL buffer */
             return 0;
@@ -1260,7 +1269,11 @@ static int serve_run(Session *s, const Located *l, fuse_req_t req, uint64_t shar
     /* A payload another worker made only as far as its own file may end before this run: then
      * this worker makes a longer one (at most twice more: a third would be another's lie). */
     for (tries = 0; b == NULL && tries < 3; tries++) {
-        b = acquire_payload(s, l, shard, block, end, &reserved, &map, &nmap, &pending);
+        b = acquire_payload(s, l, shard, block, end, &reserved, &map, &nmap, &pending, &on_disk);
+        if (b == NULL && on_disk && serve_decoded(s, l, req, shard, row, block, span, size, off))
+            return 1;
+        if (b == NULL && on_disk)
+            continue;  /* not as written after all (dropped): made here next */
         if (b == NULL)
             return 0;
         if (b->length < end) {
