@@ -14,6 +14,12 @@ system, and a squashfs image of them (``mksquashfs -comp zstd -Xcompression-leve
 mounted with ``squashfuse_ll``, the peer. atlasfs is mounted with ``--cache-size`` a quarter of the
 files' bytes (the dataset is 4x its block cache; ``--cache-size`` here changes it).
 
+With the decoded cache (``--decoded-cache DIR``, bound 1.25x the dataset's stored bytes, DIR in
+the work folder), two more atlasfs passes by 1 reader: epoch 1 with DIR empty, epoch 2 in a new
+mount over what epoch 1 left there, each after dropping the page cache; they are compared with
+the same run's squashfuse_ll and tmpfs "1 reader" figures, and report what the daemon
+decompressed and read from DIR (its log).
+
 The passes, each in a fresh mount after dropping the page cache (``sync; echo 3 >
 /proc/sys/vm/drop_caches``, as root; else noted in the report): every ``.jpg`` read whole in a
 seeded shuffled order by 1 reader (this process), and by 4 reader processes (every 4th file of
@@ -63,6 +69,10 @@ MEDIA_REQUIREMENTS = os.path.join(harness.BENCH_DIR, "requirements-media.txt")
 DEFAULT_MEDIA_VENV = os.path.join(harness.BENCH_DIR, ".venv-media")
 SYSTEMS = ("atlasfs", "squashfuse_ll", "tmpfs")
 PASSES = ("1 reader", "4 readers", "map-style loop")
+#: atlasfs with ``--decoded-cache`` sized to the dataset: a shuffled pass by 1 reader with the
+#: folder empty (epoch 1), then another in a new mount over the folder it left (epoch 2), each
+#: against the same run's squashfuse_ll and tmpfs "1 reader" figures.
+DECODED_PASSES = ("decoded cache, epoch 1", "decoded cache, epoch 2")
 READERS = 4
 BLOCK_SIZE = 64
 #: AtlasWriter's default compression strategy (2: zstd with a dictionary shared by the shards).
@@ -403,6 +413,7 @@ def run(args: argparse.Namespace, ws: harness.Workspace, media_python: str, squa
     wrong: list[str] = []
     dropped = True
     how = ""
+    decoded_runs: list[dict[str, Any]] = []
     for repeat in range(args.repeat):
         for position, system in enumerate(chosen if repeat % 2 == 0 else chosen[::-1]):
             for pass_name in PASSES:
@@ -432,6 +443,16 @@ def run(args: argparse.Namespace, ws: harness.Workspace, media_python: str, squa
                              "wrong": bad, "seconds": seconds, **figures,
                              "mount_seconds": view.mount_seconds, "daemon_peak_rss": rss,
                              "load": os.getloadavg()[0]})
+        decoded_runs += decoded_epochs(args, data, state, cache, shuffled, expected_files, repeat, ws.scratch,
+                                       wrong)
+    for pass_name in DECODED_PASSES:
+        for r in decoded_runs:
+            if r["pass"] == pass_name:
+                for figure in ("per_s", "p50_ms", "p99_ms"):
+                    raw.setdefault(pass_name, {"atlasfs": {}})["atlasfs"].setdefault(figure, []).append(r[figure])
+        for other in SYSTEMS[1:]:  # the same run's 1-reader figures of the others
+            if other in raw["1 reader"]:
+                raw.setdefault(pass_name, {"atlasfs": {}})[other] = raw["1 reader"][other]
     summary: dict[str, Any] = {}
     for pass_name, per_system in raw.items():
         summary[pass_name] = {}
@@ -440,7 +461,55 @@ def run(args: argparse.Namespace, ws: harness.Workspace, media_python: str, squa
                                         for f, v in figures.items()}
     return {"data": {k: v for k, v in data.items() if k not in ("root",)}, "cache_size": cache,
             "reads": len(shuffled), "source_bytes": source_bytes, "figures": summary, "runs": runs,
+            "decoded_runs": decoded_runs,
             "wrong": wrong, "page_cache_dropped": dropped and not args.no_drop_caches, "map_style": how}
+
+
+def _daemon_counts(log_path: str) -> dict[str, int]:
+    """The frames a mount decompressed and its decoded cache's hits and writes (its last log lines)."""
+    import re
+
+    with open(log_path, errors="replace") as f:
+        text = f.read()
+    counts: dict[str, int] = {}
+    frames = re.findall(r"frames decompressed: (\d+) whole, (\d+) in part", text)
+    if frames:
+        counts.update(frames_whole=int(frames[-1][0]), frames_partial=int(frames[-1][1]))
+    decoded = re.findall(r"decoded cache: (\d+) hits, (\d+) misses, (\d+) written", text)
+    if decoded:
+        counts.update(decoded_hits=int(decoded[-1][0]), decoded_written=int(decoded[-1][2]))
+    return counts
+
+
+def decoded_epochs(args: argparse.Namespace, data: dict[str, Any], state: str, cache: str, shuffled: list[str],
+                   expected: list[tuple[int, int]], repeat: int, scratch: str, wrong: list[str]) -> list[dict[str, Any]]:
+    """The two decoded-cache epochs of one repeat (DECODED_PASSES): their figures and counts."""
+    folder = os.path.join(scratch, "decoded")
+    shutil.rmtree(folder, ignore_errors=True)
+    bound = f"{max(64, math.ceil(data['atlas_bytes'] * 1.25 / 2**20))}M"
+    system = systems.Atlasfs(data["atlas"], data["shards"], state,
+                             ["--cache-size", cache, "--decoded-cache", folder, "--decoded-cache-size", bound])
+    out = []
+    for pass_name in DECODED_PASSES:
+        log(f"repeat {repeat + 1}/{args.repeat}: atlasfs: {pass_name}")
+        if not args.no_drop_caches:
+            drop_caches()
+        with system.session() as view:
+            seconds, latencies, got = readers_pass([view.path(p) for p in shuffled], 1)
+            log_path = view.root + ".log"
+            rss = view.peak_rss()
+        bad = sum(1 for a, b in zip(got, expected) if a != b) + abs(len(got) - len(expected))
+        if bad:
+            wrong.append(f"atlasfs {pass_name} repeat {repeat + 1}: {bad} files differ")
+            log(f"WRONG BYTES: {wrong[-1]}")
+        out.append({"repeat": repeat + 1, "system": "atlasfs", "pass": pass_name, "count": len(got),
+                    "bytes": sum(n for n, _ in got), "wrong": bad, "seconds": seconds,
+                    "per_s": len(got) / seconds, "p50_ms": percentile(latencies, 50) * 1e3,
+                    "p99_ms": percentile(latencies, 99) * 1e3, "decoded_cache_size": bound,
+                    "decoded_folder_bytes": _dir_bytes(folder), "daemon_peak_rss": rss,
+                    "load": os.getloadavg()[0], **_daemon_counts(log_path)})
+    shutil.rmtree(folder, ignore_errors=True)
+    return out
 
 
 def _cell(stats: dict[str, Any] | None, digits: int) -> str:
@@ -479,6 +548,17 @@ def body(result: dict[str, Any], squashfs_version: str) -> list[str]:
                 ratios.append(f"{a['median'] / b['median']:.3g}" if a and b and b["median"] else "missing")
             rows.append([pass_name, label, *cells, *ratios])
     lines += harness.table(["pass", "figure", *SYSTEMS, "atlasfs/squashfuse_ll", "atlasfs/tmpfs"], rows)
+    if result.get("decoded_runs"):
+        lines += ["", "The decoded cache's epochs (atlasfs's 1 reader with `--decoded-cache`; squashfuse_ll's and "
+                  "tmpfs's columns above are their 1-reader figures): what each mount decompressed and read from "
+                  "the folder, from its log:", ""]
+        lines += harness.table(["pass", "repeat", "files/s", "frames decompressed (whole, in part)",
+                                "read from the folder", "files written", "folder bytes", "check", "load"],
+                               [[r["pass"], str(r["repeat"]), f"{r['per_s']:,.0f}",
+                                 f"{r.get('frames_whole', '?')}, {r.get('frames_partial', '?')}",
+                                 f"{r.get('decoded_hits', '?'):,}", f"{r.get('decoded_written', '?'):,}",
+                                 f"{r['decoded_folder_bytes']:,}", "ok" if not r["wrong"] else f"**{r['wrong']} wrong**",
+                                 f"{r['load']:.2f}"] for r in result["decoded_runs"]])
     lines += ["", "Bytes read, every pass (checked against the source files, size and CRC of each):", ""]
     checks = [[r["system"], r["pass"], str(r["repeat"]), f"{r['bytes']:,}", f"{r['expected_bytes']:,}",
                "ok" if not r["wrong"] else f"**{r['wrong']} wrong**", f"{r['seconds']:.2f}", f"{r['load']:.2f}"]
