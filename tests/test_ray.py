@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import os
 import random
 import re
@@ -219,3 +220,77 @@ def test_ray_missing_is_one_line(dataset: Path, tmp_path: Path) -> None:
                          timeout=60)
     assert got.returncode == 1
     assert got.stderr == "atlasfs: --ray needs Ray (ray cannot be imported): pip install 'atlasfs[ray]'\n"
+
+
+# -- Atlas in Ray Data (atlasfs.ray)
+
+
+def _tar_samples(folder: Path) -> list[dict[str, object]]:
+    """The samples of the tars of ``folder`` in order: ``__key__`` and each member's bytes."""
+    samples: list[dict[str, object]] = []
+    for tar_path in sorted(folder.glob("*.tar")):
+        with tarfile.open(tar_path) as tar:
+            for member in tar.getmembers():
+                key, suffix = member.name.split(".", 1)
+                if not samples or samples[-1]["__key__"] != key:
+                    samples.append({"__key__": key})
+                samples[-1][suffix] = tar.extractfile(member).read()
+    return samples
+
+
+def _ordered() -> None:
+    from ray.data import DataContext
+    DataContext.get_current().execution_options.preserve_order = True
+
+
+def test_read_atlas_gives_the_samples_in_order_from_any_format(dataset: Path, ray_address: str,
+                                                               tmp_path: Path) -> None:
+    from atlasfs.ray import read_atlas
+    _ordered()
+    expected = _tar_samples(dataset)
+    assert [dict(row) for row in read_atlas(str(dataset)).take_all()] == expected
+    packed = tmp_path / "packed"
+    assert _run(["pack", str(dataset), str(packed), "-j", "2"]).returncode == 0
+    assert [dict(row) for row in read_atlas(str(packed)).take_all()] == expected
+    decoded = read_atlas(str(packed), decode=True).take(3)
+    assert [row["txt"] for row in decoded] == [s["txt"].decode() for s in expected[:3]]
+    assert [row["bin"] for row in decoded] == [s["bin"] for s in expected[:3]]
+
+
+@pytest.fixture(scope="module")
+def pipeline(dataset: Path, ray_address: str, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list]:
+    """WebDataset -> Ray Data (a transform) -> Atlas in one pipeline; the dataset written
+    and the samples it must hold."""
+    from atlasfs.ray import read_atlas, write_atlas
+    _ordered()
+    out = tmp_path_factory.mktemp("pipeline") / "atlas"
+
+    def shout(row: dict) -> dict:
+        return {**row, "txt": row["txt"].upper()}
+    write_atlas(read_atlas(str(dataset)).map(shout), str(out), shard_size=700, block_size=32)
+    expected = [{**s, "txt": s["txt"].upper()} for s in _tar_samples(dataset)]
+    return out, expected
+
+
+def test_webdataset_to_atlas_in_one_pipeline(pipeline: tuple[Path, list]) -> None:
+    from atlasfs.formats.atlas.dataset import AtlasDataset
+    out, expected = pipeline
+    root = json.loads((out / "meta.json").read_text())
+    assert root["compression_strategy"] == 2 and (out / "zstd_dict.bin").is_file()
+    assert root["shard_sizes"] == [700, 700, 700, 700, 400] and len(expected) == 3200
+    reader = AtlasDataset(out)
+    assert [dict(reader[i]) for i in range(len(reader))] == expected
+    check = _run(["verify", str(out)])
+    assert check.returncode == 0 and check.stdout.startswith("verify: OK"), check.stdout + check.stderr
+    assert not [p for p in out.parent.iterdir() if p.name.startswith(".")]  # the temporary folder went
+
+
+@pytest.mark.fuse
+def test_the_pipeline_s_dataset_mounts(pipeline: tuple[Path, list]) -> None:
+    from fusemount import mounted
+    out, expected = pipeline
+    with mounted(out) as mnt:
+        shown = {p.relative_to(mnt).as_posix().split("/", 1)[1]: p.read_bytes()
+                 for p in sorted(mnt.rglob("*")) if p.is_file()}
+    assert shown == {f"{s['__key__']}.{suffix}": data for s in expected for suffix, data in s.items()
+                     if suffix != "__key__"}
