@@ -30,6 +30,13 @@ from bench.report import Results
 from bench.systems import System, View
 
 MB = 1e6
+#: The system name of the ``--views both`` mount (``atlasfs mount --view both``).
+VIEW_BOTH = "atlasfs-view-both"
+#: Figures over the whole mount, where --view both shows the tar view's files beside the
+#: per-sample ones: reported, not held to the per-sample files' comparison.
+WHOLE_MOUNT = ("find_cold_s", "find_warm_s", "lsR_cold_s", "lsR_warm_s", "du_cold_s", "du_warm_s")
+#: How close --view both must be to --view files on every per-sample figure (issue #36).
+VIEWS_WITHIN = 0.05
 #: Reader processes of the parallel random reads (issue #27).
 READERS = (1, 4)
 log = harness.log
@@ -46,8 +53,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--reads", type=int, help="random reads a pass (default 1000, --smoke 200)")
     p.add_argument("--parallel-reads", type=int, metavar="N",
                    help="files read by the parallel readers together (default 3000, --smoke 300)")
+    p.add_argument("--views", default="files",
+                   help="atlasfs mounts measured in the same run: files (the suite's atlasfs), and with both an "
+                        "'atlasfs --view both' mount of the same dataset, reported against it in views.md "
+                        "(default: files)")
     harness.add_ratarmount_args(p)
     args = harness.parse(p, argv)
+    args.views = [v.strip() for v in args.views.split(",") if v.strip()]
+    if "files" not in args.views or not set(args.views) <= {"files", "both"}:
+        p.error("--views: files, or files,both")
     args.datasets = [d.strip() for d in args.datasets.split(",") if d.strip()]
     unknown = [d for d in args.datasets if d not in datagen.DEFAULTS]
     if unknown or not args.datasets:
@@ -124,6 +138,8 @@ class Bench:
         timed = run(view)
         self.results.add(figure, view.system, timed.seconds)
         if what:
+            if view.system == VIEW_BOTH and figure in WHOLE_MOUNT:  # the view's tars and indexes are counted too
+                what = f"{what} ({VIEW_BOTH})"
             self.results.answer(what, view.system, timed.answer)
 
     def repeat_once(self, system: System) -> None:
@@ -245,6 +261,13 @@ def run_dataset(name: str, args: argparse.Namespace, workdir: str, shm: str, rat
                                   systems.Atlasfs(prepared.atlas, prepared.shards, state)]
         if ratarmount:
             systems_.append(systems.Ratarmount(ratarmount, prepared.tars, prepared.shards, state))
+        if "both" in args.views:  # the same dataset under --view both, its own state folder
+            both_state = os.path.join(workdir, name, "state-view-both")
+            shutil.rmtree(both_state, ignore_errors=True)
+            os.makedirs(both_state)
+            both = systems.Atlasfs(prepared.atlas, prepared.shards, both_state, extra_args=["--view", "both"])
+            both.name = VIEW_BOTH
+            systems_.append(both)
         bench = Bench(prepared, systems_, unavailable, reads, parallel, shm)
         r = bench.results
         r.answer("find -type f | wc -l", "expected", prepared.files)
@@ -266,6 +289,34 @@ def run_dataset(name: str, args: argparse.Namespace, workdir: str, shm: str, rat
             "shards": len(prepared.shards), "shard_size": spec.shard_size, "block_size": spec.block_size,
             "seed": spec.seed, "random_reads": len(reads), "parallel_reads": len(parallel)}
     return info, r
+
+
+def views_report(args: argparse.Namespace, meta: dict[str, Any], all_results: dict[str, Results]) -> None:
+    """views.md and views.json: every atlasfs figure under --view both against --view files,
+    measured in the same run (each repeat mounts both in turn), as speed ratios (>= 1: --view
+    both as fast or faster); per-sample figures must be within VIEWS_WITHIN."""
+    rows, data = [], {}
+    for name, results in all_results.items():
+        for figure in report.FIGURES:
+            if "atlasfs" not in figure.systems or figure.table == "inprocess":
+                continue
+            files, both = results.median(figure.id, "atlasfs"), results.median(figure.id, VIEW_BOTH)
+            if files is None or both is None or not files or not both:
+                rows.append([name, figure.id, "-", "-", "missing", ""])
+                continue
+            speed = both / files if figure.higher_is_better else files / both
+            whole = figure.id in WHOLE_MOUNT or figure.table == "memory"
+            verdict = "whole mount" if whole else ("ok" if speed >= 1 - VIEWS_WITHIN else "SLOWER")
+            rows.append([name, figure.id, f"{files:.4g}", f"{both:.4g}", f"{speed:.3f}", verdict])
+            data.setdefault(name, {})[figure.id] = {"files": files, "both": both, "speed": speed, "verdict": verdict}
+    body = [f"`atlasfs mount --view both` against `--view files` (the suite's atlasfs), medians of {args.repeat} "
+            f"repeats, each mounting both in turn. speed: --view both / --view files for higher-is-better figures, "
+            f"the inverse for times (>= {1 - VIEWS_WITHIN:.2f}: within {VIEWS_WITHIN:.0%}). 'whole mount': "
+            "`find`, `ls -lR`, `du` of the mount's root and the daemon's memory, where --view both also shows "
+            "the tar view's files.", ""]
+    body += harness.table(["set", "figure", "--view files", "--view both", "speed", ""], rows)
+    harness.write_report("views", argparse.Namespace(**{**vars(args), "json": None}), "--view both against --view files",
+                         body, meta, {"figures": data})
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -296,6 +347,8 @@ def main(argv: list[str] | None = None) -> int:
                                            text=True).stdout.splitlines()[0],
                         repeat=args.repeat, random_reads=args.reads, cache_bound_mib=cache_bound / 2**20,
                         notes=notes, unavailable=unavailable)
+    if "both" in args.views:
+        views_report(args, meta, all_results)
     targets = report.evaluate_targets(all_results, cache_bound / 2**20)
     harness.write_report("latest", args, "atlasfs benchmark", report.markdown(meta, infos, all_results, targets),
                          meta, report.to_json(infos, all_results, targets))
