@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
 # The main job on the built-in demo: write a dataset, mount it, look, archive a shard with tar
-# and export it with atlasfs export, read both back with webdataset, unmount. Usage: scripts/demo.sh VENV_BIN_DIR
+# and export it with atlasfs export, read both back with webdataset, unmount.
+# Usage: scripts/demo.sh [VENV_BIN_DIR [DATASET]] (default .venv/bin and ./atlasfs-demo).
+# The dataset stays at DATASET for the README's quick start (mount it, ls, umount: printed at
+# the end); a later run reuses it, once atlasfs verify finds it sound.
 set -euo pipefail
 bin=${1:-.venv/bin}
+dataset=${2:-atlasfs-demo}
 atlasfs="$bin/atlasfs"
 work=$(mktemp -d /tmp/atlasfs-demo-XXXXXX)
 mnt="$work/mnt"
@@ -13,13 +17,21 @@ cleanup() {
 trap cleanup EXIT
 step() { printf '\n==> %s\n' "$*"; }
 
-step "writing the demo dataset (200 labelled images, 4 shards, shared zstd dictionary)"
-"$atlasfs" demo "$work/dataset"
-"$atlasfs" info "$work/dataset"
+if [ -e "$dataset" ]; then
+    if ! "$atlasfs" verify -q "$dataset" >/dev/null 2>&1; then
+        echo "demo: $dataset exists and is not a sound dataset; move it away (or delete it) and run again" >&2
+        exit 1
+    fi
+    step "the demo dataset is already in $dataset (atlasfs verify finds it sound): reused"
+else
+    step "writing the demo dataset to $dataset (200 labelled images, 4 shards, shared zstd dictionary)"
+    "$atlasfs" demo "$dataset"
+fi
+"$atlasfs" info "$dataset"
 
-step "mounting it: atlasfs mount $work/dataset $mnt"
+step "mounting it: atlasfs mount $dataset $mnt"
 mkdir "$mnt"
-"$atlasfs" mount "$work/dataset" "$mnt"
+"$atlasfs" mount "$dataset" "$mnt"
 
 step "ls $mnt  (one folder per shard)"
 ls "$mnt"
@@ -39,8 +51,8 @@ echo "    find $mnt/0 -type f -printf '%P\0' | tar cf $work/0.tar -C $mnt/0 --nu
 find "$mnt/0" -type f -printf '%P\0' | tar cf "$work/0.tar" -C "$mnt/0" --null --no-recursion -T -
 ls -l "$work/0.tar"
 
-step "exporting it in the dataset's example order, without FUSE: atlasfs export $work/dataset $work/export --shards 0"
-"$atlasfs" export "$work/dataset" "$work/export" --shards 0
+step "exporting it in the dataset's example order, without FUSE: atlasfs export $dataset $work/export --shards 0"
+"$atlasfs" export "$dataset" "$work/export" --shards 0
 
 step "reading both tars back with the webdataset library"
 "$bin/python" - "$work/0.tar" "$work/export/0.tar" <<'PY'
@@ -62,3 +74,9 @@ step "unmounting: atlasfs umount $mnt"
 "$atlasfs" umount "$mnt"
 echo
 echo "demo finished: mounted, listed, archived and exported a shard, read back its 50 samples, unmounted"
+echo
+echo "The demo dataset stays in $dataset. Mount it, look, unmount:"
+echo
+echo "mkdir -p /tmp/ds && $atlasfs mount $dataset /tmp/ds"
+echo "ls /tmp/ds/0 | head"
+echo "$atlasfs umount /tmp/ds"

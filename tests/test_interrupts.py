@@ -37,7 +37,7 @@ LINES = {
 }
 SHARDS = 80
 #: What the last line of a run that finished says.
-FINISHED = {"pack": " examples, strategy ", "export": "wids index of 80 shards",
+FINISHED = {"pack": " examples, strategy ", "export": "exported 80 shards",
             "index": "file tables of 80 shards are up to date", "verify": "verify: OK (80 shards"}
 
 

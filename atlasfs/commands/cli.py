@@ -11,8 +11,10 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import signal
 import sys
-from typing import TYPE_CHECKING, Callable, Sequence
+import time
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from atlasfs import __version__
 from atlasfs.commands import interrupts
@@ -60,7 +62,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
     def on_total(total: int) -> None:
         nonlocal progress
-        progress = progress_bar("verify", total, "blocks")
+        progress = progress_bar("verify", total, "blocks", args.quiet)
 
     on_block = lambda: progress.update(1) if progress else None  # noqa: E731
     report = VerifyReport()
@@ -88,7 +90,8 @@ def cmd_verify(args: argparse.Namespace) -> int:
     if report.problems:
         print(f"verify: {len(report.problems)} problem(s) ({counts} checked)")
         return 1
-    print(f"verify: OK ({counts})")
+    if not args.quiet:
+        print(f"verify: OK ({counts})")
     return 0
 
 
@@ -107,10 +110,19 @@ def cmd_show(args: argparse.Namespace) -> int:
 
 
 def cmd_mount(args: argparse.Namespace) -> int:
-    from atlasfs.fuse.mount import mount
+    from atlasfs.fuse.mount import MountError, mount
     options: MountOptions = args.settings
     options.foreground = args.foreground
-    return mount(args.dataset, args.mountpoint, options)
+    _outside_dataset(args.mountpoint, args.dataset, "a mount point goes outside the dataset: choose another")
+    if options.index_dir is not None:  # else its first table is a log line in the daemon's log, the mount "fine"
+        _writable_index_dir(options.index_dir)
+    try:
+        return mount(args.dataset, args.mountpoint, options)
+    except MountError as exc:  # the dataset's opening failed as such (its message), or another check
+        hint = _shard_folder_hint(args.dataset, "mount")
+        if hint:
+            raise MountError(f"{exc}{hint}") from None
+        raise
 
 
 def cmd_umount(args: argparse.Namespace) -> int:
@@ -139,14 +151,18 @@ def cmd_export(args: argparse.Namespace) -> int:
         raise Interrupted(f"interrupted: {status()}") from None
 
 
-def _export(args: argparse.Namespace, export_all: Callable, write_index: Callable, result: object,
+def _export(args: argparse.Namespace, export_all: Callable, write_index: Callable, result: Any,
             asked: list[int], index: dict[str, bool]) -> int:
+    from atlasfs.progress import duration
+    from atlasfs.sizes import format_size
+    started = time.monotonic()
     with _source(args) as source:
         names = [s.name for s in source.shards]
         chosen = args.shards or names
         unknown = [n for n in chosen if n not in names]
         if unknown:
             raise UsageError(f"no shard named {unknown[0]!r} in {args.dataset} (shards: {', '.join(names)})")
+        _outside_dataset(args.outdir, args.dataset, "the tars go outside it: choose another OUTDIR")
         if os.path.lexists(args.outdir) and not os.path.isdir(args.outdir):
             raise UsageError(f"{args.outdir}: exists and is not a folder (OUTDIR is the folder the tars go in)")
         os.makedirs(args.outdir, exist_ok=True)
@@ -156,14 +172,67 @@ def _export(args: argparse.Namespace, export_all: Callable, write_index: Callabl
         positions = [position[n] for n in dict.fromkeys(chosen)]
         asked.extend(positions)
         result = export_all(source, _opener(args), positions, args.outdir, args.settings.cache_bytes, _jobs(args),
-                            result)
+                            result, verbose=args.verbose, quiet=args.quiet)
         if result.written:
             path = write_index(args.outdir, result.written)
             index["written"] = True
-            print(f"{path}: wids index of {len(result.written)} shards")
+            if not args.quiet:
+                samples = sum(n for _, n in result.written)
+                print(f"exported {len(result.written)} shards ({samples} samples, {format_size(result.size)}) "
+                      f"to {args.outdir} in {duration(time.monotonic() - started)}; wids index: {path}")
         if result.failed:
             print(f"atlasfs: {result.failed} of {len(positions)} shards not written (named above)", file=sys.stderr)
         return 1 if result.failed else 0
+
+
+def _outside_dataset(path: str, dataset: str, why: str) -> None:
+    """:class:`UsageError` if the local ``path`` is the dataset or inside it (its new files
+    would become part of what is read: tars among an export's shards, a mount over its folders)."""
+    from atlasfs.storage import is_url
+    if is_url(dataset) or is_url(path):
+        return
+    root = os.path.realpath(dataset)
+    if not os.path.isdir(root):  # a dataset that is one file (a .tar, a .pbin) holds no folder
+        return
+    where = os.path.realpath(path)
+    if where == root or where.startswith(root.rstrip(os.sep) + os.sep):
+        raise UsageError(f"{path}: inside the dataset {dataset}; {why}")
+
+
+def _writable_index_dir(folder: str) -> None:
+    """Make the folder of file tables (and its parents) if missing; :class:`UsageError` if it
+    cannot be made or written."""
+    from atlasfs.tree.table.store import make_shared_folder
+    try:
+        make_shared_folder(folder)
+    except OSError as exc:
+        raise UsageError(f"{folder}: cannot create it ({exc.strerror}); "
+                         "choose a writable folder with --index-dir DIR") from None
+    if not os.access(folder, os.W_OK):
+        raise UsageError(f"{folder}: not writable; choose a writable folder with --index-dir DIR")
+
+
+def _shard_folder_hint(dataset: str, command: str) -> str:
+    """``"; DS/0 is a shard folder of the dataset DS: mount DS"`` when the dataset given is one
+    shard of the folder holding it (an Atlas shard's meta.json is no dataset's), else ``""``."""
+    from atlasfs.formats.factory import SourceOptions, open_source
+    from atlasfs.storage import is_url
+    if is_url(dataset):
+        return ""
+    given = dataset.rstrip(os.sep) or dataset
+    parent, name = os.path.dirname(given) or os.curdir, os.path.basename(given)
+    if not os.path.isdir(parent) or os.path.realpath(parent) == os.path.realpath(given):
+        return ""
+    quiet = logging.getLogger("atlasfs")
+    level, quiet.level = quiet.level, logging.CRITICAL  # what the parent's opening finds is not the user's question
+    try:
+        with open_source(parent, None, SourceOptions()) as source:
+            shards = {shard.name for shard in source.shards}
+    except Exception:  # noqa: BLE001 (no dataset there either: no hint)
+        return ""
+    finally:
+        quiet.setLevel(level)
+    return f"; {given} is a shard folder of the dataset {parent}: {command} {parent}" if name in shards else ""
 
 
 def _opener(args: argparse.Namespace) -> "Opener":
@@ -179,10 +248,10 @@ def _jobs(args: argparse.Namespace) -> int | Executor:
 
 
 def cmd_pack(args: argparse.Namespace) -> int:
-    from atlasfs.commands.pack import (PackError, PackReport, PackSettings, finished_shards, pack, resumable,
-                                      temporary_folder)
+    from atlasfs.commands.pack import PackError, PackReport, PackSettings, finished_shards, pack, temporary_folder
     from atlasfs.progress import progress_bar
     settings = PackSettings(args.shard_size, args.block_size, args.strategy, args.level, args.dict_size, args.decode)
+    _outside_dataset(args.outdir, args.dataset, "pack writes a new dataset outside it: choose another OUTDIR")
     bar: list[tqdm] = []
     report = PackReport(os.path.abspath(args.outdir))
 
@@ -200,7 +269,7 @@ def cmd_pack(args: argparse.Namespace) -> int:
     interrupts.set_status(status)
 
     def progress(total: int):  # noqa: ANN202 (tqdm's update)
-        bar.append(progress_bar("pack", total, "shards"))
+        bar.append(progress_bar("pack", total, "shards", args.quiet))
         return bar[0].update
 
     try:
@@ -211,21 +280,46 @@ def cmd_pack(args: argparse.Namespace) -> int:
             b.close()
         raise Interrupted(f"interrupted: {status()}") from None
     except PackError as exc:
-        kept = temporary_folder(args.outdir)
-        resume = (f"; the shards finished are kept in {kept}: pack again to go on from them, or delete it"
-                  if resumable(kept) else "")
-        raise UsageError(f"pack stopped, {args.outdir} not written: {exc}{resume}") from None
+        raise UsageError(f"pack stopped, {args.outdir} not written: {exc}{_resume(args.outdir)}") from None
+    except OSError as exc:
+        raise UsageError(_unwritten(args.outdir, exc)) from None
     finally:
         for b in bar:
             b.close()
+    if args.quiet:
+        return 0
     reused = f", {report.reused} of them from an earlier run" if report.reused else ""
     print(f"{report.path}: {report.shards} shards{reused}, {report.examples} examples, "
           f"strategy {report.strategy}")
+    if report.fallback:
+        print(f"pack: {report.fallback}")
     if report.kept:
         kinds = ", ".join(f"{n} .{ext}" for ext, n in sorted(report.kept.items()))
         print(f"--decode kept {sum(report.kept.values())} fields as bytes ({kinds}): "
               "their decoded values would not give the same bytes back")
     return 0
+
+
+def _resume(outdir: str) -> str:
+    """What a stopped pack kept for the next run, said after its reason (or nothing)."""
+    from atlasfs.commands.pack import resumable, temporary_folder
+    kept = temporary_folder(outdir)
+    return (f"; the shards finished are kept in {kept}: pack again to go on from them, or delete it"
+            if resumable(kept) else "")
+
+
+def _unwritten(outdir: str, exc: OSError) -> str:
+    """Pack's line for a write that failed: named by the OUTDIR the user gave, not by the
+    hidden folder beside it that pack writes first (``.NAME.pack-partial``)."""
+    from atlasfs.commands.pack import temporary_folder
+    partial = temporary_folder(outdir)
+    failed = os.path.abspath(exc.filename) if exc.filename else ""
+    if failed != partial and not failed.startswith(partial + os.sep):
+        where = f"{exc.filename}: " if exc.filename else ""
+        return f"pack stopped, {outdir} not written: {where}{exc.strerror or exc}{_resume(outdir)}"
+    parent = os.path.dirname(partial)
+    return (f"pack stopped, {outdir} not written: {exc.strerror or exc} (pack writes it in {parent} "
+            f"first, then renames it){_resume(outdir)}")
 
 
 def cmd_index(args: argparse.Namespace) -> int:
@@ -247,27 +341,22 @@ def cmd_index(args: argparse.Namespace) -> int:
 
 def _index(args: argparse.Namespace, report: object, where: dict[str, object]) -> int:
     from atlasfs.commands.indexing import index_all, make_store, store_energon_index
-    from atlasfs.tree.table.store import make_shared_folder
     with _source(args) as dataset:
         store = make_store(dataset, args.settings.index_dir)
         if args.settings.index_dir is not None or not dataset.storage.remote:  # a bucket says so at the first write
-            try:
-                make_shared_folder(store.save_folder)
-            except OSError as exc:
-                raise UsageError(f"{store.save_folder}: cannot create it ({exc.strerror}); "
-                                 "choose a writable folder with --index-dir DIR") from None
-            if not os.access(store.save_folder, os.W_OK):
-                raise UsageError(f"{store.save_folder}: not writable; choose a writable folder with --index-dir DIR")
+            _writable_index_dir(store.save_folder)
         where.update(shards=len(dataset.shards), folder=store.save_folder)
-        report = index_all(dataset, _opener(args), args.settings.index_dir, _jobs(args), result=report)
+        report = index_all(dataset, _opener(args), args.settings.index_dir, _jobs(args), result=report,
+                           quiet=args.quiet)
         shards = len(dataset.shards)
         if report.unstored:
             raise UsageError(f"{store.save_folder}: {report.unstored} of {shards} file tables "
                              "could not be stored (see above)")
         done = shards - report.failed
         before = f" ({report.stored_before} of them were already)" if report.stored_before else ""
-        print(f"file tables of {done} of {shards} shards are up to date in {store.save_folder}{before}"
-              if report.failed else f"file tables of {done} shards are up to date in {store.save_folder}{before}")
+        if not args.quiet:
+            print(f"file tables of {done} of {shards} shards are up to date in {store.save_folder}{before}"
+                  if report.failed else f"file tables of {done} shards are up to date in {store.save_folder}{before}")
         # energon's index.sqlite beside the tables, said only when it could not be stored (the
         # tables' line is the summary); not into a bucket: mounts build it in the user's cache
         if done and (args.settings.index_dir is not None or not dataset.storage.remote):
@@ -306,11 +395,15 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``atlasfs``."""
+    from atlasfs.commands.parsing import Parser
+    from atlasfs.formats.factory import FORMATS
     from atlasfs.commands.jobs import add_executor_arguments
     from atlasfs.options import add_flags, mount_option_names
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="atlasfs",
-        description="Read, check, export and mount Atlas datasets as WebDataset-style file trees.")
+        description="Mount ML datasets read-only as WebDataset-style file trees (FUSE), and look at, check, "
+                    f"export and pack them without mounting. Formats: {', '.join(FORMATS)} (found by their "
+                    "layout, or named with --format); local folders or object storage (s3://...).")
     parser.add_argument("--version", action="version", version=f"atlasfs {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="log more (debug level)")
     # -v after the command name too; SUPPRESS keeps a -v given before it from being reset
@@ -322,7 +415,12 @@ def build_parser() -> argparse.ArgumentParser:
     def command(name: str, func: Callable[[argparse.Namespace], int], help: str) -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=help, description=help, parents=[common])
         p.set_defaults(func=func)
+        parser.commands[name] = p
         return p
+
+    def quiet(p: argparse.ArgumentParser) -> None:
+        p.add_argument("-q", "--quiet", action="store_true",
+                       help="no progress bar and no closing summary: only what went wrong is said")
 
     def source(p: argparse.ArgumentParser, command: str) -> None:
         p.add_argument("dataset", help="the dataset: an Atlas folder (meta.json), a Dolma folder (documents/), "
@@ -335,6 +433,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("verify", cmd_verify, "decode every block and check everything; exit 1 if anything is wrong")
     source(p, "verify")
     add_executor_arguments(p)
+    quiet(p)
     p = command("show", cmd_show, "print one example readably")
     source(p, "show")
     p.add_argument("index", type=int, help="global example index (negative counts from the end)")
@@ -360,6 +459,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_executor_arguments(p)
     p.add_argument("outdir", help="folder for the tar files (created if missing)")
     p.add_argument("--shards", nargs="+", metavar="SHARD", help="shard folder names to export (default: all)")
+    quiet(p)
 
     p = command("pack", cmd_pack, "write any dataset atlasfs mounts as an Atlas v1 dataset (the reference "
                                   "writer's rules) whose mount shows the same files byte for byte")
@@ -378,12 +478,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--decode", action="store_true",
                    help="store .cls/.txt/.json/.npy/.npz fields as their decoded values (webdataset's default "
                         "decoders) where encoding them gives the same bytes back; others stay bytes")
+    quiet(p)
 
     p = command("index", cmd_index,
                 "build the shards' file tables ahead of time, beside the dataset (DATASET/.atlasfs-tables), "
                 "so that every mount of it lists without decoding")
     source(p, "index")
     add_executor_arguments(p)
+    quiet(p)
 
     p = command("cache", cmd_cache, "show or clear the file tables mounts keep in the user's cache")
     p.add_argument("dataset", nargs="?", help="only this dataset's tables")
@@ -424,7 +526,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run ``atlasfs``; returns the exit code."""
     previous = interrupts.install()  # first: a Ctrl-C while the commands' modules load is one line too
     try:
-        return _main(argv, previous)
+        status = _main(argv, previous)
+        sys.stdout.flush()  # here, not at exit: a reader gone (| head) is said by the except below
+        return status
+    except BrokenPipeError:
+        return _reader_gone()
     except Interrupted as exc:
         interrupts.say(f"atlasfs: {exc.line}")
         return interrupts.STATUS
@@ -434,6 +540,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         interrupts.set_status(None)
         interrupts.restore(previous)
+
+
+def _reader_gone() -> int:
+    """The reader of the output left (``atlasfs info DS | head -5``): end quietly, as the tools
+    a shell pipes into head do (killed by SIGPIPE: status 128 + 13). The output is pointed at
+    /dev/null so that the interpreter's flush at exit finds no broken pipe to complain about."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            os.dup2(devnull, stream.fileno())
+        except (OSError, ValueError):  # no descriptor (a stream replaced by the caller)
+            pass
+    os.close(devnull)
+    return 128 + signal.SIGPIPE
 
 
 def _main(argv: Sequence[str] | None, previous: dict[int, object]) -> int:
@@ -449,7 +569,12 @@ def _main(argv: Sequence[str] | None, previous: dict[int, object]) -> int:
             args.settings = from_args(args)  # every setting: -o options, then flags
             set_default_options(args.settings.storage)
         return args.func(args)
-    except (AtlasFormatError, MountError, OptionError, UsageError) as exc:
+    except BrokenPipeError:  # the reader of the output left: main ends quietly
+        raise
+    except AtlasFormatError as exc:
+        hint = _shard_folder_hint(args.dataset, args.command) if getattr(args, "dataset", None) and args.command != "cache" else ""
+        print(f"atlasfs: {exc}{hint}", file=sys.stderr)
+    except (MountError, OptionError, UsageError) as exc:
         print(f"atlasfs: {exc}", file=sys.stderr)
     except FileExistsError as exc:
         print(f"atlasfs: {exc}", file=sys.stderr)

@@ -87,6 +87,8 @@ class Exported:
     written: list[tuple[str, int]] = field(default_factory=list)
     failed: int = 0
     samples: dict[int, int] = field(default_factory=dict)
+    #: Bytes of the tars written.
+    size: int = 0
 
 
 def _setup(source: Source, cache_bytes: int, outdir: str) -> tuple[BlockTree, str]:
@@ -95,35 +97,47 @@ def _setup(source: Source, cache_bytes: int, outdir: str) -> tuple[BlockTree, st
     return BlockTree(source, cache_bytes=cache_bytes, log_failures=False), outdir
 
 
+def shard_weight(shard: SourceShard) -> int:
+    """What a shard counts for in export's bar: the bytes its files take (at least 1: a shard
+    that cannot be opened still moves the bar once). Known before any shard is read, so the
+    bar's total is right from the start (samples are known only once a shard was prepared:
+    a Dolma shard's pass over its file); a shard's bytes go by as its samples are written."""
+    return max(int(shard.data_size or 0), 1)
+
+
 class _Counted:
-    """Samples written, reported a few hundred at a time (a worker's report takes a lock). The
-    shard's total is reported as its first sample comes: a shard's samples are known once
-    its source has prepared it (a Dolma shard's pass over its file), which writing does first."""
+    """Samples written, reported as the part of the shard's :func:`shard_weight` they are, a
+    few hundred samples at a time (a worker's report takes a lock). The shard's samples are
+    counted as its first one comes: its source has prepared it by then (writing does first)."""
 
     def __init__(self, report: Report, shard: SourceShard, every: int = 256) -> None:
         self.report, self.shard, self.every = report, shard, every
+        self.weight = shard_weight(shard)
         self.total: int | None = None
-        self.sent = self.held = 0
+        self.written = self.held = self.sent = 0
 
     def one(self) -> None:
         if self.total is None:
             shard = self.shard
-            self.total = sum(shard.block_length(block) for block in range(shard.num_blocks))
-            self.report("total", self.total)
+            self.total = max(sum(shard.block_length(block) for block in range(shard.num_blocks)), 1)
         self.held += 1
         if self.held >= self.every:
             self.flush()
 
     def flush(self) -> None:
-        if self.held:
-            self.report("done", self.held)
-            self.sent, self.held = self.sent + self.held, 0
+        if self.held and self.total is not None:
+            self.written, self.held = self.written + self.held, 0
+            reached = self.weight * min(self.written, self.total) // self.total
+            if reached > self.sent:
+                self.report("done", reached - self.sent)
+                self.sent = reached
 
     def finish(self) -> None:
         """Move the bar to the shard's end (its last samples, or those a failure left unwritten)."""
         self.flush()
-        if self.total is not None and self.total > self.sent:
-            self.report("done", self.total - self.sent)
+        if self.weight > self.sent:
+            self.report("done", self.weight - self.sent)
+            self.sent = self.weight
 
 
 def _export_shard(state: tuple[BlockTree, str], s: int, report: Report) -> Done:
@@ -144,18 +158,19 @@ def _export_shard(state: tuple[BlockTree, str], s: int, report: Report) -> Done:
 
 
 def export_all(source: Source, opener: Opener, shards: Sequence[int], outdir: str, cache_bytes: int,
-               jobs: int, result: Exported | None = None) -> Exported:
+               jobs: int, result: Exported | None = None, verbose: bool = False, quiet: bool = False) -> Exported:
     """Write the tars of shard positions ``shards`` of ``source`` into ``outdir`` in ``jobs``
-    processes (each with a ``cache_bytes / jobs`` block cache), saying each as it is written
-    (failures in one line on stderr), with a progress bar of samples on a terminal; fills and
-    returns ``result``. Interrupted (KeyboardInterrupt), it stops the workers and leaves no
-    partial tar: the tars written are in ``result.samples``."""
+    processes (each with a ``cache_bytes / jobs`` block cache), with a progress bar of the
+    shards' bytes on a terminal (none if ``quiet``); a failure is one line on stderr, each tar
+    written one line on stdout if ``verbose``. Fills and returns ``result``. Interrupted
+    (KeyboardInterrupt), it stops the workers and leaves no partial tar: the tars written
+    are in ``result.samples``."""
     result = Exported() if result is None else result
     names = [shard.name for shard in source.shards]
     samples = result.samples
     running: set[int] = set()
     try:
-        _export(source, opener, shards, outdir, cache_bytes, jobs, result, running)
+        _export(source, opener, shards, outdir, cache_bytes, jobs, result, running, verbose, quiet)
     except BaseException:
         for s in running:  # the shards in hand: a worker killed before it removed its partial tar
             with contextlib.suppress(OSError):
@@ -166,24 +181,22 @@ def export_all(source: Source, opener: Opener, shards: Sequence[int], outdir: st
 
 
 def _export(source: Source, opener: Opener, shards: Sequence[int], outdir: str, cache_bytes: int, jobs: int,
-            result: Exported, running: set[int]) -> None:
+            result: Exported, running: set[int], verbose: bool, quiet: bool) -> None:
     names = [shard.name for shard in source.shards]
     setup = functools.partial(_setup, cache_bytes=cache_bytes // per_machine(jobs), outdir=outdir)
-    with progress_bar("export", None, "samples") as bar:
+    total = sum(shard_weight(source.shards[s]) for s in shards)
+    with progress_bar("export", total, "B", quiet) as bar:
 
         def report(what: str, n: int) -> None:
-            if what == "total":
-                bar.total = (bar.total or 0) + n
-                bar.refresh()
-            else:
+            if what == "done":
                 bar.update(n)
 
         with contextlib.closing(run(source, opener, setup, _export_shard, shards, jobs, report, running)) as dones:
             for done in dones:
-                _said(done, names, outdir, len(shards), result)
+                _said(done, names, outdir, len(shards), result, verbose)
 
 
-def _said(done: Done, names: list[str], outdir: str, shards: int, result: Exported) -> None:
+def _said(done: Done, names: list[str], outdir: str, shards: int, result: Exported, verbose: bool) -> None:
     """Say what became of one shard, and count it."""
     name = names[done.shard]
     if done.error is not None:
@@ -196,4 +209,6 @@ def _said(done: Done, names: list[str], outdir: str, shards: int, result: Export
         return
     out, samples, files, size = done.value
     result.samples[done.shard] = samples
-    say(f"{out}: {samples} samples, {files} files, {format_size(size)}", sys.stdout)
+    result.size += size
+    if verbose:  # 400 shards are not 400 lines unless asked: the closing line sums them up
+        say(f"{out}: {samples} samples, {files} files, {format_size(size)}", sys.stdout)

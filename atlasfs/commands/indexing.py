@@ -77,14 +77,15 @@ def _index_shard(state: tuple[BlockTree, TableStore], s: int, report: Report) ->
 
 
 def index_all(source: Source, opener: Opener, index_dir: str | None, jobs: int,
-              on_failure: Callable[[str, str], None] | None = None, result: IndexReport | None = None) -> IndexReport:
+              on_failure: Callable[[str, str], None] | None = None, result: IndexReport | None = None,
+              quiet: bool = False) -> IndexReport:
     """Build and store the table of every shard of ``source`` in ``jobs`` processes, with a
-    progress bar on a terminal; each failure is said in one line as it comes. Fills and
+    progress bar on a terminal (none if ``quiet``); each failure is said in one line as it comes. Fills and
     returns ``result`` (as shards are done: an interrupted run's counts are in it)."""
     result = IndexReport() if result is None else result
     names = [shard.name for shard in source.shards]
     setup = functools.partial(_setup, index_dir=index_dir)
-    with progress_bar("index", len(names), "shards") as bar, \
+    with progress_bar("index", len(names), "shards", quiet) as bar, \
             contextlib.closing(run(source, opener, setup, _index_shard, range(len(names)), jobs,
                                    lambda what, n: None)) as dones:
         for done in dones:

@@ -72,6 +72,14 @@ class VerifyReport:
     total: int = 0
     blocks: int = 0
     examples: int = 0
+    _said: set[str] = field(default_factory=set, repr=False)
+
+    def problem(self, line: str) -> None:
+        """Count ``line`` once: a shard's pass and its block's decode can find the same
+        thing (a WebDataset tar cut short: its last sample may lack files, said by both)."""
+        if line not in self._said:
+            self._said.add(line)
+            self.problems.append(line)
 
 
 def verify(opener: Callable[[], Source], *, on_block: Callable[[], None] | None = None,
@@ -83,7 +91,7 @@ def verify(opener: Callable[[], Source], *, on_block: Callable[[], None] | None 
     try:
         source = opener()
     except AtlasFormatError as exc:
-        report.problems.append(str(exc))
+        report.problem(str(exc))
         return report
     with source:
         report.total = len(source.shards)
@@ -92,10 +100,12 @@ def verify(opener: Callable[[], Source], *, on_block: Callable[[], None] | None 
             try:
                 ready.append(_prepared(shard))
             except AtlasFormatError as exc:
-                report.problems.append(str(exc))
+                report.problem(str(exc))
                 continue
-            report.problems.extend(shard.problems())
-        report.problems.extend(source.problems())
+            for line in shard.problems():
+                report.problem(line)
+        for line in source.problems():
+            report.problem(line)
         report.warnings.extend(source.warnings())
         if on_total is not None:
             on_total(sum(shard.num_blocks for shard in ready))
@@ -104,7 +114,7 @@ def verify(opener: Callable[[], Source], *, on_block: Callable[[], None] | None 
                 try:
                     report.examples += len(shard.decode_block(b)[0])
                 except AtlasFormatError as exc:
-                    report.problems.append(str(exc))
+                    report.problem(str(exc))
                 report.blocks += 1
                 if on_block is not None:
                     on_block()

@@ -45,7 +45,8 @@ from atlasfs.commands.packexamples import ExampleMaker, PackError, shard_samples
 from atlasfs.errors import AtlasFormatError
 from atlasfs.formats.atlas.dataset import DICT_NAME
 from atlasfs.formats.atlas.meta import FORMAT_VERSION, CompressionStrategy, RootMeta, ShardMeta
-from atlasfs.formats.atlas.writer import PICKLE_PROTOCOL, ShardWriter, _train_dictionary, shard_name_width
+from atlasfs.formats.atlas.writer import (MIN_BLOCKS_FOR_DICTIONARY, PICKLE_PROTOCOL, ShardWriter,
+                                          _train_dictionary, shard_name_width)
 from atlasfs.formats.factory import SourceOptions, open_source
 from atlasfs.formats.naming import index_key_width
 from atlasfs.storage import StorageOptions, set_default_options
@@ -123,6 +124,8 @@ class PackReport:
     strategy: int = 0
     reused: int = 0
     kept: Counter[str] = field(default_factory=Counter)
+    #: Why shards were written with another strategy than asked (one line), or None.
+    fallback: str | None = None
 
 
 _worker: dict[str, Any] = {}
@@ -481,6 +484,7 @@ def pack(dataset: str, outdir: str, settings: PackSettings, kind: str | None = N
         runner.map(_write, todo, written)
         report.strategy = strategy if settings.strategy == CompressionStrategy.SHARED_DICTIONARY_COMPRESSION \
             else settings.strategy  # under 3 the root keeps 3 whatever its shards fell back to
+        report.fallback = _fallback(settings, [folder.meta(name) for name in names])
         sizes = tuple(folder.meta(name)["stored_examples"] for name in names)
         root = RootMeta(FORMAT_VERSION, sizes, CompressionStrategy(report.strategy))
         with open(os.path.join(folder.path, "meta.json"), "w") as f:
@@ -497,6 +501,33 @@ def pack(dataset: str, outdir: str, settings: PackSettings, kind: str | None = N
         if runner is not None:
             runner.close()
         folder.close()
+
+
+def _fallback(settings: PackSettings, metas: list[dict[str, Any]]) -> str | None:
+    """Why shards were written with strategy 1 when a dictionary was asked (2 or 3), or None.
+    zstd trains a dictionary on whole blocks, at least :data:`MIN_BLOCKS_FOR_DICTIONARY` of
+    them: a small shard in big blocks has too few (one tar of the demo's export: 50 samples,
+    one block of 64)."""
+    asked = settings.strategy
+    if asked not in (CompressionStrategy.SHARED_DICTIONARY_COMPRESSION, CompressionStrategy.DICTIONARY_COMPRESSION):
+        return None
+    trained = metas[:1] if asked == CompressionStrategy.SHARED_DICTIONARY_COMPRESSION else metas
+    fell = [m for m in trained if m["compression_strategy"] == CompressionStrategy.STANDARD_COMPRESSION]
+    if not fell:
+        return None
+    blocks = [-(-m["stored_examples"] // m["block_size"]) for m in fell]
+    if asked == CompressionStrategy.SHARED_DICTIONARY_COMPRESSION:
+        head, subject = "strategy 1 used, not 2", "the first shard"
+    else:
+        head = f"strategy 1 used for {len(fell)} of {len(metas)} shards, not 3"
+        subject = "that shard" if len(fell) == 1 else "those shards"
+    if max(blocks) >= MIN_BLOCKS_FOR_DICTIONARY:
+        return f"{head}: zstd could not train a dictionary on {subject}'s blocks"
+    least = min(m["stored_examples"] for m in fell)  # a block size that gives each of them enough
+    hint = (f" (--block-size {least // MIN_BLOCKS_FOR_DICTIONARY} or less makes {MIN_BLOCKS_FOR_DICTIONARY} blocks)"
+            if least >= MIN_BLOCKS_FOR_DICTIONARY else "")
+    has = f"{'has' if len(fell) == 1 else 'have at most'} {max(blocks)} block{'s' if max(blocks) > 1 else ''}"
+    return f"{head}: {subject} {has}, fewer than the {MIN_BLOCKS_FOR_DICTIONARY} zstd trains a dictionary on{hint}"
 
 
 def _shared_dictionary(runner: _Runner, folder: _Folder, first: str, pieces: list[tuple[int, int, int]],
