@@ -9,14 +9,26 @@ BIN := $(VENV)/bin
 install: $(VENV)/.installed
 
 # libfuse3-dev, libzstd-dev, zlib1g-dev, pkg-config, gcc and python3-dev build the native engine (setup.py, docs/native.md).
-$(VENV)/.installed: pyproject.toml setup.py $(wildcard atlasfs/fuse/native/*.[ch])
-	./scripts/install-system-packages.sh fuse3 libfuse3-3 libfuse3-dev libzstd-dev zlib1g-dev pkg-config gcc python3-dev
+SYSTEM_PACKAGES := fuse3 libfuse3-3 libfuse3-dev libzstd-dev zlib1g-dev pkg-config gcc python3-dev
+NATIVE_SOURCES := pyproject.toml setup.py $(wildcard atlasfs/fuse/native/*.[ch])
+
+$(VENV)/.installed: $(NATIVE_SOURCES)
+	./scripts/install-system-packages.sh $(SYSTEM_PACKAGES)
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[test]'
 	touch $@
 
-demo: install
-	./scripts/demo.sh $(BIN)
+# The demo installs atlasfs and webdataset (the demo reads its tars back with it: the extra
+# `demo`), not the test stack; it leaves its dataset in ./atlasfs-demo (reused by the next
+# run) and ends with the README's quick start: mount it, ls, umount.
+$(VENV)/.installed-demo: $(NATIVE_SOURCES)
+	./scripts/install-system-packages.sh $(SYSTEM_PACKAGES)
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[demo]'
+	touch $@
+
+demo: $(VENV)/.installed-demo
+	./scripts/demo.sh $(BIN) atlasfs-demo
 
 # systemd provides systemd-analyze, which the unit tests use (systemd itself is not started).
 # pytest exits 5 when it collected no tests: that is a failure here, not a pass.
