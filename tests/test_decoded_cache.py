@@ -20,6 +20,7 @@ import pytest
 
 from fusemount import atlasfs, mounted
 from test_located_reads import Exported, _engine_answered, _export, _index, _write
+from test_native_memory import OVERHEAD, _status
 
 EXAMPLES_PER_BLOCK = 4
 MIB = 1 << 20
@@ -169,7 +170,8 @@ def test_corrupt_and_truncated_files_are_never_served(tmp_path: Path) -> None:
 
 def test_a_pass_over_more_than_the_bound_stays_within_it(tmp_path: Path) -> None:
     """6 blocks of ~1.7 MB through a bound of 8 MiB (fstab's -o names): the least recently
-    used go, the files under DIR never total more than the bound, the bytes stay right."""
+    used go, the files under DIR never total more than the bound, the bytes stay right, and the
+    daemon stays within its memory bound (the files are the page cache's, not its heap)."""
     blocks = 6
     dataset, exported = _dataset(tmp_path, blocks)
     folder = tmp_path / "decoded"
@@ -180,11 +182,15 @@ def test_a_pass_over_more_than_the_bound_stays_within_it(tmp_path: Path) -> None
                  "-o", f"decoded_cache={folder},decoded_cache_size=8M") as mnt:
         assert _read_pass(mnt, exported, 2, 1) == []
         total = sum(p.stat().st_size for p in folder.iterdir())
+        pid = int(re.search(r"atlasfs\[(\d+)\]: mounted", log.read_text()).group(1))  # type: ignore[union-attr]
+        peak = _status(pid, "VmHWM")
     frames, decoded = _counts(log)
     assert decoded["bound"] == 8 * MIB and decoded["evicted"] >= 1, decoded
     assert total <= 8 * MIB and decoded["bytes"] <= 8 * MIB, (total, decoded)
     assert sum(p.stat().st_size for p in _block_files(folder)) <= 8 * MIB
     assert (folder / "notes.txt").read_text() == "mine"
+    if not os.environ.get("ATLASFS_TEST_SANITIZED"):  # ASan's shadow memory is no measure of the engine's
+        assert peak <= 1 * MIB + OVERHEAD, f"peak RSS {peak / MIB:.0f} MiB"
     # A later mount with a smaller bound trims what it finds at start.
     log2 = tmp_path / "daemon2.log"
     with mounted(dataset, *_mount_args(tmp_path, log2, folder, "--decoded-cache-size", "4M")):
