@@ -16,14 +16,20 @@ times, medians of ``--repeat`` runs:
 and each packed dataset's size against the tars' (the point of Atlas: dictionary compression of
 small samples). Every packed dataset is checked: its ``atlasfs export`` holds the source's files.
 
+With ``--ray``, also ``pack -j 2`` and ``pack --ray ADDRESS`` on one local Ray cluster of two
+CPUs started for the run (bench/raycluster.py): Ray's overhead on one node is their ratio
+(issue #38: at most 1.15), and each must write the bytes of ``-j 1``. The start-up of a
+cluster for one command is timed once beside it.
+
     python bench/pack.py [--smoke] [--repeat N] [--datasets image,text,tiny] [--strategies 1,2]
-                         [--reference-python PYTHON]
+                         [--reference-python PYTHON] [--ray]
 
 Report: bench/results/pack.md and pack.json.
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import pickle
 import shutil
@@ -91,8 +97,13 @@ def reference_seconds(python: str, samples_path: str, out: str, shard_size: int,
     return float(result.stdout.split()[-1])
 
 
+def _same(a: str, b: str) -> bool:
+    """Whether folders ``a`` and ``b`` hold the same files, byte for byte."""
+    return subprocess.run(["diff", "-r", "-q", a, b], capture_output=True).returncode == 0
+
+
 def run(name: str, workdir: str, scratch: str, repeat: int, smoke: bool, strategies: list[int],
-        reference: str | None) -> dict:
+        reference: str | None, ray: str | None = None) -> dict:
     prepared = datagen.prepare(datagen.spec_for(name, smoke=smoke), workdir, harness.log)
     extracted = os.path.join(scratch, f"{name}-files")
     datagen.materialize(prepared, extracted)
@@ -101,7 +112,8 @@ def run(name: str, workdir: str, scratch: str, repeat: int, smoke: bool, strateg
     source_bytes = sum(len(data) for _, data in members)
     tar_bytes = sum(os.path.getsize(os.path.join(prepared.tars, f)) for f in os.listdir(prepared.tars)
                     if f.endswith(".tar"))
-    figures: dict[str, object] = {"files": files, "source MB": source_bytes / 1e6, "tars bytes": tar_bytes}
+    figures: dict[str, object] = {"files": files, "source MB": source_bytes / 1e6, "tars bytes": tar_bytes,
+                                  "tars": prepared.tars}
     gnu = []
     for _ in range(repeat):
         out = os.path.join(scratch, f"{name}.tar")
@@ -115,6 +127,7 @@ def run(name: str, workdir: str, scratch: str, repeat: int, smoke: bool, strateg
     from atlasfs import AtlasWriter
     for strategy in strategies:
         packs, writes, references, size = [], [], [], 0
+        parallel: dict[str, list[float]] = {"-j 2": [], "--ray": []}
         for _ in range(repeat):
             out = os.path.join(scratch, f"{name}-packed-{strategy}")
             shutil.rmtree(out, ignore_errors=True)
@@ -127,6 +140,15 @@ def run(name: str, workdir: str, scratch: str, repeat: int, smoke: bool, strateg
             if sorted(data for _, data in _members(exported)) != sorted(data for _, data in members):
                 raise SystemExit(f"pack: {name}, strategy {strategy}: the packed dataset does not hold the source's files")
             shutil.rmtree(exported)
+            if ray:  # the same pack on two processes, then as Ray tasks: the same bytes
+                for column, flags in (("-j 2", ["-j", "2"]), ("--ray", ["--ray", ray])):
+                    other = os.path.join(scratch, f"{name}-packed-{strategy}-other")
+                    shutil.rmtree(other, ignore_errors=True)
+                    parallel[column].append(harness.timed(lambda: _atlasfs(
+                        "pack", prepared.tars, other, "--strategy", str(strategy), *flags)).seconds)
+                    if not _same(out, other):
+                        raise SystemExit(f"pack {' '.join(flags)}: {name}, strategy {strategy}: other bytes than -j 1")
+                    shutil.rmtree(other)
             written = os.path.join(scratch, f"{name}-writer-{strategy}")
             shutil.rmtree(written, ignore_errors=True)
 
@@ -142,7 +164,9 @@ def run(name: str, workdir: str, scratch: str, repeat: int, smoke: bool, strateg
             shutil.rmtree(out)
         figures[f"s{strategy}"] = {"pack s": statistics.median(packs), "writer s": statistics.median(writes),
                                    "reference s": statistics.median(references) if references else None,
-                                   "bytes": size}
+                                   "bytes": size, "shards": len(prepared.shards),
+                                   **({"pack -j 2 s": statistics.median(parallel["-j 2"]),
+                                       "pack --ray s": statistics.median(parallel["--ray"])} if ray else {})}
     shutil.rmtree(extracted)
     os.unlink(samples_path)
     return figures
@@ -154,14 +178,24 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--strategies", default="1,2", help="Atlas compression strategies to pack with (default 1,2)")
     p.add_argument("--reference-python", metavar="PYTHON",
                    help="a Python in which torch_atlas_ds (the reference writer) imports (default: its column missing)")
+    p.add_argument("--ray", action="store_true", help="also pack -j 2 and pack --ray on a local Ray cluster")
     args = harness.parse(p, argv)
+    if args.ray:
+        from bench import raycluster
+        with raycluster.cluster() as address:
+            return _report(args, address)
+    return _report(args, None)
+
+
+def _report(args: argparse.Namespace, ray: str | None) -> int:
+    """Run every dataset and write the report (``ray``: the cluster of the --ray columns)."""
     strategies = [int(s) for s in args.strategies.split(",")]
-    results, rows = {}, []
+    results, rows, ray_rows = {}, [], []
     with harness.workspace("pack", args) as ws:
         for name in args.datasets.split(","):
             harness.log(f"{name}: packing")
             r = results[name] = run(name, ws.workdir, ws.scratch, args.repeat, args.smoke, strategies,
-                                    args.reference_python)
+                                    args.reference_python, ray)
             files = int(r["files"])  # type: ignore[call-overload]
             for strategy in strategies:
                 s = r[f"s{strategy}"]
@@ -170,11 +204,25 @@ def main(argv: list[str] | None = None) -> int:
                              f"{files / s['writer s']:,.0f}",
                              f"{files / s['reference s']:,.0f}" if s["reference s"] else "missing",
                              f"{s['bytes'] / r['tars bytes']:.2f}"])
+                if ray:
+                    ray_rows.append([name, str(strategy), f"{s['pack s']:.2f}", f"{s['pack -j 2 s']:.2f}",
+                                     f"{s['pack --ray s']:.2f}", f"{s['pack --ray s'] / s['pack -j 2 s']:.2f}",
+                                     f"{s['pack s'] / s['shards']:.3f}"])
+        if ray:
+            from bench import raycluster
+            results["ray startup s"] = raycluster.startup_seconds(str(r["tars"]))
     body = ["Medians. pack ÷ tar cf: files/s of `atlasfs pack` (a subprocess, -j 1) over GNU tar's into one tar "
             "of the same files on tmpfs; writer: AtlasWriter alone, in process; reference: torch-atlas-ds's "
             "AtlasDatasetWriter on the same samples; size: the packed dataset's bytes over the WebDataset tars'.", "",
             *harness.table(["set", "strategy", "pack files/s", "pack MB/s in", "pack ÷ tar cf", "writer files/s",
                             "reference files/s", "size ÷ tars"], rows)]
+    if ray:
+        body += ["", "Ray on this machine (2 CPUs): seconds of `pack -j 1`, `pack -j 2` and `pack --ray ADDRESS` on a "
+                 "local cluster of 2 CPUs started once for the run; --ray ÷ -j 2 is Ray's overhead on one node (target "
+                 "<= 1.15); per shard: -j 1's seconds per shard (one process). A cluster started for one command "
+                 f"(`--ray` with no address) adds {results['ray startup s']:.1f} s (verify's, measured once).", "",
+                 *harness.table(["set", "strategy", "-j 1 s", "-j 2 s", "--ray s", "--ray ÷ -j 2", "s per shard (-j 1)"],
+                                ray_rows)]
     meta = harness.meta("pack.py", args)
     harness.write_report("pack", args, "atlasfs pack: throughput and size", body, meta, {"results": results})
     return 0
