@@ -115,7 +115,7 @@ def cmd_mount(args: argparse.Namespace) -> int:
     options.foreground = args.foreground
     _outside_dataset(args.mountpoint, args.dataset, "a mount point goes outside the dataset: choose another")
     if options.index_dir is not None:  # else its first table is a log line in the daemon's log, the mount "fine"
-        _writable_index_dir(options.index_dir)
+        _writable_index_dir(options.index_dir, shared_ok=True)
     try:
         return mount(args.dataset, args.mountpoint, options)
     except MountError as exc:  # the dataset's opening failed as such (its message), or another check
@@ -199,10 +199,13 @@ def _outside_dataset(path: str, dataset: str, why: str) -> None:
         raise UsageError(f"{path}: inside the dataset {dataset}; {why}")
 
 
-def _writable_index_dir(folder: str) -> None:
+def _writable_index_dir(folder: str, shared_ok: bool = False) -> None:
     """Make the folder of file tables (and its parents) if missing; :class:`UsageError` if it
-    cannot be made or written."""
+    cannot be made or written. With ``shared_ok`` (a mount) an existing folder this user may
+    only read passes: it holds tables another user stored for everyone (docs/reliability.md)."""
     from atlasfs.tree.table.store import make_shared_folder
+    if shared_ok and os.path.isdir(folder) and os.access(folder, os.R_OK | os.X_OK):
+        return
     try:
         make_shared_folder(folder)
     except OSError as exc:
