@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 import pickle
 import random
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -381,3 +383,16 @@ def test_bad_arguments_rejected_before_anything_is_created(tmp_path: Path, kwarg
     with pytest.raises(ValueError):
         AtlasWriter(tmp_path / "ds", **kwargs)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_the_dataset_folder_gets_the_umask_mode_as_mkdir_gives(tmp_path: Path) -> None:
+    """mkdtemp made the written dataset 0700, and other users' readers failed on it."""
+    for mask, mode in ((0o022, 0o755), (0o002, 0o775), (0o077, 0o700)):
+        out = tmp_path / f"ds{mask:o}"
+        old = os.umask(mask)
+        try:
+            with AtlasWriter(out, shard_size=2, block_size=1) as writer:
+                writer.add_examples([{"__key__": "a", "txt": "x"}, {"__key__": "b", "txt": "y"}])
+        finally:
+            os.umask(old)
+        assert stat.S_IMODE(out.stat().st_mode) == mode, (oct(mask), oct(out.stat().st_mode))

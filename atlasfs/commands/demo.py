@@ -40,16 +40,6 @@ def demo_examples(count: int = 200, seed: int = 0) -> list[dict[str, Any]]:
 
 
 def write_demo(path: str | os.PathLike[str], count: int = 200) -> None:
-    """Write the demo dataset at ``path``: 4 shards of 50, blocks of 5, shared dictionary.
-    Its folder gets the umask's mode, as ``mkdir`` would give it: the writer makes it with
-    ``mkdtemp`` (0700), and other users' ``atlasfs info`` of the demo failed on it."""
+    """Write the demo dataset at ``path``: 4 shards of 50, blocks of 5, shared dictionary."""
     with AtlasWriter(path, shard_size=50, block_size=5, compression_strategy=2) as writer:
         writer.add_examples(demo_examples(count))
-    os.chmod(path, 0o777 & ~_umask())
-
-
-def _umask() -> int:
-    """This process's umask (read by setting it, then setting it back)."""
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask

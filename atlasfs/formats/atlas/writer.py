@@ -239,6 +239,8 @@ class AtlasWriter:
                 os.rename(os.path.join(self._tmp, str(number)), os.path.join(self._tmp, str(number).zfill(width)))
             if os.path.lexists(self.path):  # rename(2) would silently replace an empty folder
                 raise FileExistsError(f"{self.path}: appeared while the dataset was being written")
+            # mkdtemp made it 0700: give it the mode mkdir would (other users' readers failed on it)
+            os.chmod(self._tmp, 0o777 & ~_umask())
             os.rename(self._tmp, self.path)
         except BaseException:
             self.abort()
@@ -258,3 +260,18 @@ class AtlasWriter:
             self.close()
         else:
             self.abort()
+
+
+def _umask() -> int:
+    """This process's umask, from /proc (setting it to read it races with other threads'
+    file creation), else by setting it and setting it back."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except OSError:
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
