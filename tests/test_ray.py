@@ -204,10 +204,45 @@ def test_ctrl_c_cancels_the_tasks_and_says_one_line(ray_address: str, tmp_path: 
 
 def test_a_local_cluster_started_for_the_command(dataset: Path, tmp_path: Path) -> None:
     """--ray with no address (and no RAY_ADDRESS): a cluster of this machine started for the
-    command and ended with it; nothing said but the result."""
+    command and ended with it (none of its servers or agents left), also on Ctrl-C; nothing said
+    but the result."""
+    before = _ray_servers()
     got = _run(["verify", str(dataset), "--ray"])
     assert got.returncode == 0 and got.stdout.startswith(f"verify: OK ({SHARDS} shards"), got.stderr
     assert got.stderr == ""
+    deadline = time.monotonic() + 10
+    while _ray_servers() - before and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _ray_servers() - before, "the command's cluster outlived it"
+    # Ctrl-C once its tasks run: the cluster is killed with the command, within the deadline
+    process = subprocess.Popen([*_command(), "pack", str(dataset), str(tmp_path / "out"), "--ray"],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(),
+                               start_new_session=True)
+    deadline = time.monotonic() + 60
+    while not _ray_calls() and process.poll() is None:
+        assert time.monotonic() < deadline, "no task started within 60 s"
+        time.sleep(0.02)
+    os.killpg(process.pid, signal.SIGINT)
+    sent = time.monotonic()
+    stdout, stderr = process.communicate(timeout=10)
+    assert process.returncode == 130 and time.monotonic() - sent < 2, (process.returncode, stderr)
+    assert len(stderr.splitlines()) == 1 and stderr.startswith("atlasfs: interrupted: "), stderr
+    deadline = time.monotonic() + 5
+    while _ray_servers() - before and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _ray_servers() - before, "the interrupted command's cluster outlived it"
+
+
+def _ray_servers() -> set[int]:
+    """Processes of Ray's servers and agents on this machine (raylet, gcs_server, ray::...Agent...)."""
+    found = set()
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):
+                line = (entry / "cmdline").read_bytes().split(b"\0")[0]
+                if line.endswith((b"raylet", b"gcs_server")) or b"Agent" in line or b"dashboard" in line:
+                    found.add(int(entry.name))
+    return found
 
 
 def test_ray_missing_is_one_line(dataset: Path, tmp_path: Path) -> None:

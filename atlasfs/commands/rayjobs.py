@@ -24,6 +24,7 @@ import contextlib
 import logging
 import os
 import signal
+import sys
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -109,12 +110,20 @@ class RayExecutor(jobs.Executor):
         interrupts.kill_all(set(pids))
 
     def shutdown(self) -> None:
-        """Leave the cluster (a local one started for the command ends with it)."""
-        if ray.is_initialized():
-            if interrupts.signalled() is not None:
-                self.kill()
-            with contextlib.suppress(Exception):
-                ray.shutdown()
+        """Leave the cluster (a local one started for the command ends with it). At exit.
+        Interrupted, a local cluster is killed and the process ends here with the interrupt's
+        status: Ray's own shutdown (its exit handler, next) waits a second and more for the
+        processes it started, past the interrupt's deadline."""
+        if not ray.is_initialized():
+            return
+        if interrupts.signalled() is not None and self.started:
+            self.kill()
+            for stream in (sys.stdout, sys.stderr):
+                with contextlib.suppress(Exception):
+                    stream.flush()
+            os._exit(interrupts.STATUS)
+        with contextlib.suppress(Exception):
+            ray.shutdown()
 
 
 def _progress_actor() -> Any:

@@ -75,7 +75,7 @@ def verify_shards(executor: Executor, opener: Opener, open_source: Callable[[], 
     try:
         source = open_source()
     except AtlasFormatError as exc:
-        report.problems.append(str(exc))
+        report.problem(str(exc))
         return report
     results: dict[int, tuple[list[str], list[str], int, int, bool]] = {}
     with source:
@@ -92,7 +92,8 @@ def verify_shards(executor: Executor, opener: Opener, open_source: Callable[[], 
             for done in run(source, opener, _setup, _check_shard, range(len(source.shards)), executor, progress):
                 value = done.value if done.error is None else ([done.error], [], 0, 0, False)
                 results[done.shard] = value
-                report.problems.extend(value[0] + value[1])  # found so far, said if interrupted
+                for line in value[0] + value[1]:  # found so far, said if interrupted
+                    report.problem(line)
                 report.blocks += value[2]
                 report.examples += value[3]
                 report.shards += value[4]
@@ -100,5 +101,5 @@ def verify_shards(executor: Executor, opener: Opener, open_source: Callable[[], 
         ordered += source.problems()
         report.warnings.extend(source.warnings())
         ordered += [line for s in sorted(results) for line in results[s][1]]
-        report.problems[:] = ordered
+        report.problems[:] = dict.fromkeys(ordered)  # each once, as VerifyReport.problem counts them
     return report
