@@ -44,7 +44,8 @@ TABLES = {
 
 
 class Flat(Tree):
-    """``/good``, and ``/too-long`` and ``/text`` whose reads the bridge answers wrong; the
+    """``/good``, ``/parts`` read in pieces, and ``/too-long``, ``/text``, ``/parts-long`` and
+    ``/parts-text`` whose reads the bridge answers wrong; the
     folders of :data:`TABLES`."""
 
     tables = types.SimpleNamespace(shards=list(TABLES), on_release=None, tables={})
@@ -57,7 +58,7 @@ class Flat(Tree):
             return Entry(True, 0, 0.0, 1)
         if path[1:] in TABLES:
             return Entry(True, 0, 0.0, TABLES[path[1:]][0])
-        if path in ("/good", "/too-long", "/text"):
+        if path in ("/good", "/too-long", "/text", "/parts", "/parts-long", "/parts-text"):
             return GOOD
         raise not_found(path)
 
@@ -87,6 +88,12 @@ class Hostile(NativeBridge):
             return b"x" * (size + 1)
         if path == "/text":
             return "hello"
+        if path == "/parts":  # pieces, gathered in order (the tar view's)
+            return [b"he", b"", b"llo"][:3 if offset == 0 else 0]
+        if path == "/parts-long":
+            return [b"x" * size, b"y"]
+        if path == "/parts-text":
+            return [b"he", "llo"]
         return super().read(node, offset, size)
 
     def fill(self, shard: int, row: int, offset: int, size: int):  # type: ignore[override]

@@ -233,10 +233,11 @@ def test_wrong_answers_of_the_control_plane_are_eio_never_a_crash(mountpoint: Pa
                 os.stat(mountpoint / name)
             assert failed.value.errno == errno.EIO, name
             assert os.stat(mountpoint / "good").st_size == 5  # still serving
-        for name in ("too-long", "text"):
+        for name in ("too-long", "text", "parts-long", "parts-text"):
             with pytest.raises(OSError) as failed:
                 (mountpoint / name).read_bytes()
             assert failed.value.errno == errno.EIO, name
+        assert (mountpoint / "parts").read_bytes() == b"hello"
         with pytest.raises(OSError) as failed:
             os.listdir(mountpoint)  # a name with a NUL, then an entry of two fields
         assert failed.value.errno == errno.EIO

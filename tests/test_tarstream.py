@@ -5,7 +5,8 @@ others (and any once the pass failed) left to the random-access read."""
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,13 @@ from atlasfs.tree.table.store import TableStore
 from atlasfs.tree.tarview import TarView
 from fusemount import atlasfs
 from test_tarview import _dataset, _export
+
+
+def _read(streams: tarstream.Streams, key: str, offset: int, stop: int,
+          pieces: Callable[[], Iterator[bytes]]) -> bytes | None:
+    parts = streams.read(key, offset, stop, pieces)
+    return None if parts is None else b"".join(parts)
+
 
 DATA = bytes(random.Random(3).randbytes(50_000))
 
@@ -31,6 +39,7 @@ def _pieces(fail_at: int | None = None) -> Iterator[bytes]:
 def test_a_pass_serves_requests_in_and_a_little_out_of_order(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(tarstream, "WINDOW", 9000)
     monkeypatch.setattr(tarstream, "AHEAD", 5000)
+    monkeypatch.setattr(tarstream, "LEAD", 0)  # only as far as asked: the window's bounds are what is tested
     streams = tarstream.Streams()
     made = []
 
@@ -38,33 +47,52 @@ def test_a_pass_serves_requests_in_and_a_little_out_of_order(monkeypatch: pytest
         made.append(1)
         return _pieces()
 
-    assert streams.read("t", 100, 200, pieces) is None  # no pass begins past offset 0
-    assert streams.read("t", 0, 4096, pieces) == DATA[:4096]
-    assert streams.read("t", 8192, 12288, pieces) == DATA[8192:12288]  # within AHEAD of its end
-    assert streams.read("t", 4096, 8192, pieces) == DATA[4096:8192]  # behind, within its window
-    assert streams.read("t", 20_000, 21_000, pieces) is None  # far past it
-    assert streams.read("t", 100, 200, pieces) is None  # before its window
-    assert streams.read("t", 12288, 60_000, pieces) == DATA[12288:]  # to the end
+    assert _read(streams, "t", 100, 200, pieces) is None  # no pass begins past offset 0
+    assert _read(streams, "t", 0, 4096, pieces) == DATA[:4096]
+    assert _read(streams, "t", 8192, 12288, pieces) == DATA[8192:12288]  # within AHEAD of its end
+    assert _read(streams, "t", 4096, 8192, pieces) == DATA[4096:8192]  # behind, within its window
+    assert _read(streams, "t", 20_000, 21_000, pieces) is None  # far past it
+    assert _read(streams, "t", 100, 200, pieces) is None  # before its window
+    assert _read(streams, "t", 12288, 60_000, pieces) == DATA[12288:]  # to the end
     assert made == [1]
+
+
+def test_a_pass_goes_on_by_itself_past_what_was_asked(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(tarstream, "LEAD", 7000)
+    streams = tarstream.Streams()
+    made: list[int] = []
+
+    def pieces() -> Iterator[bytes]:
+        for piece in _pieces():
+            made.append(len(piece))
+            yield piece
+
+    assert _read(streams, "t", 0, 1000, pieces) == DATA[:1000]
+    deadline = time.monotonic() + 10
+    while sum(made) < 8000 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.05)
+    assert 8000 <= sum(made) < 8000 + 700  # as far as asked + LEAD, and no further
+    assert _read(streams, "t", 1000, 8000, lambda: iter(())) == DATA[1000:8000]
 
 
 def test_a_pass_that_fails_is_left_to_the_random_read() -> None:
     streams = tarstream.Streams()
-    assert streams.read("t", 0, 1000, lambda: _pieces(fail_at=3000)) == DATA[:1000]
-    assert streams.read("t", 1000, 5000, lambda: _pieces(fail_at=3000)) is None  # the error is not raised here
-    assert streams.read("t", 5000, 6000, lambda: _pieces()) is None
-    assert streams.read("t", 0, 1000, lambda: _pieces()) == DATA[:1000]  # a new pass from the start
+    assert _read(streams, "t", 0, 1000, lambda: _pieces(fail_at=3000)) == DATA[:1000]
+    assert _read(streams, "t", 1000, 5000, lambda: _pieces(fail_at=3000)) is None  # the error is not raised here
+    assert _read(streams, "t", 5000, 6000, lambda: _pieces()) is None
+    assert _read(streams, "t", 0, 1000, lambda: _pieces()) == DATA[:1000]  # a new pass from the start
 
 
 def test_passes_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(tarstream, "STREAMS", 2)
     streams = tarstream.Streams()
     for key in ("a", "b", "c"):
-        assert streams.read(key, 0, 10, _pieces) == DATA[:10]
-    assert streams.read("a", 10, 20, _pieces) is None  # the oldest was dropped
-    assert streams.read("c", 10, 20, _pieces) == DATA[10:20]
+        assert _read(streams, key, 0, 10, _pieces) == DATA[:10]
+    assert _read(streams, "a", 10, 20, _pieces) is None  # the oldest was dropped
+    assert _read(streams, "c", 10, 20, _pieces) == DATA[10:20]
     streams.forget("c")
-    assert streams.read("c", 10, 20, _pieces) is None
+    assert _read(streams, "c", 10, 20, _pieces) is None
 
 
 def test_a_tar_read_in_order_through_the_view_makes_no_lookup_per_member(tmp_path: Path,

@@ -77,6 +77,14 @@ def native_module() -> Any:
     return _native
 
 
+def _engine_gathers() -> bool:
+    """Whether the built engine takes a read's reply as a list of pieces."""
+    try:
+        return bool(getattr(native_module(), "READ_PARTS", False))
+    except OSError:
+        return False
+
+
 class _Listing:
     """A folder being listed: its children, whether its attributes are handed out, and the
     known entries of the window of children being listed (a folder may hold millions)."""
@@ -126,6 +134,9 @@ class NativeBridge:
         #: for them); any other inode number (a view's own files) gets a counted node below.
         self._rows_end = shard_ino(len(self._tables.shards)) if self._tables is not None else TABLE_NODES
         self.attachments = Attachments()
+        #: A tree's reads in pieces, where the engine gathers them (module.c's READ_PARTS).
+        self._read_parts: Callable[[Entry, int, int], list[bytes]] | None = \
+            getattr(tree, "read_parts", None) if _engine_gathers() else None
         self.session: Any = None
         #: Set when a callback met SystemExit or KeyboardInterrupt: the loop is asked to end.
         self.critical: BaseException | None = None
@@ -269,10 +280,14 @@ class NativeBridge:
         listing.known(self.tree, 0)  # its first window
         return any(entry is not None for entry in listing.window)
 
-    def read(self, node: int, offset: int, size: int) -> bytes | int:
-        """Up to ``size`` bytes of the file ``node`` from ``offset``."""
+    def read(self, node: int, offset: int, size: int) -> bytes | list[bytes] | int:
+        """Up to ``size`` bytes of the file ``node`` from ``offset``: bytes, or a list of bytes
+        the engine gathers in order (a tree's ``read_parts``: the tar view's pieces)."""
         try:
-            data = self.tree.read(self.tree.lookup(self._path(node)), offset, size)
+            entry = self.tree.lookup(self._path(node))
+            if self._read_parts is not None:
+                return self._read_parts(entry, offset, size)
+            data = self.tree.read(entry, offset, size)
             return data if type(data) is bytes else bytes(data)
         except BaseException as exc:
             return self._failed("read", (node, offset, size), exc)

@@ -22,6 +22,9 @@ WINDOW = 4 << 20
 #: How far past what a pass made a request may start and still be served by it (the kernel's
 #: read-ahead keeps a few requests in flight, answered by threads in any order).
 AHEAD = 4 << 20
+#: How far past a request a pass goes on by itself, on a thread, while the reader takes it in
+#: (0: only as far as asked). Within WINDOW: what it makes ahead is kept for the next requests.
+LEAD = 2 << 20
 #: Passes kept at once, the least recently used dropped (at most WINDOW + a request each).
 STREAMS = 4
 
@@ -36,39 +39,66 @@ class Stream:
         self.end = 0  # where what the pass made so far ends
         self.lock = threading.Lock()
         self.failed = False
+        self.leading = False  # a thread of lead() under way
 
     def serves(self, offset: int) -> bool:
         """Whether a request at ``offset`` is this pass's to serve."""
         return not self.failed and self._start <= offset <= self.end + AHEAD
 
-    def read(self, offset: int, stop: int) -> bytes | None:
-        """Bytes ``[offset, stop)`` of the tar, the pass going on as far as ``stop``; None if
+    def read(self, offset: int, stop: int) -> list[bytes] | None:
+        """Bytes ``[offset, stop)`` of the tar in pieces, the pass going on as far as ``stop``; None if
         the request is not this pass's (lock held by the caller). An error of the pass (a
         block that fails) marks it failed and is raised no further: None."""
         if not self.serves(offset):
             return None
-        kept = self._kept
-        try:
-            while self.end < stop:
-                piece = next(self._pieces, None)
-                if piece is None:
-                    break
-                if piece:
-                    kept.append((self.end, piece))
-                    self.end += len(piece)
-        except Exception:  # noqa: BLE001 (the random read says what fails, for the ranges over it)
-            self.failed = True
+        while self.end < stop:
+            if not self._next():
+                break
+        if self.failed:
             return None
+        kept = self._kept
         parts = []
         for at, piece in kept:  # at most WINDOW + a request of pieces
             if at >= stop:
                 break
             if at + len(piece) > offset:
                 parts.append(piece[max(offset - at, 0):stop - at])
+        self._trim()
+        return parts
+
+    def _next(self) -> bool:
+        """Make the pass's next piece (lock held): False at the tar's end or if the pass failed
+        (an error of the tree: the random read says what fails, for the ranges over it)."""
+        try:
+            piece = next(self._pieces, None)
+        except Exception:  # noqa: BLE001
+            self.failed = True
+            return False
+        if piece is None:
+            return False
+        if piece:
+            self._kept.append((self.end, piece))
+            self.end += len(piece)
+        return True
+
+    def _trim(self) -> None:
+        kept = self._kept
         while kept and kept[0][0] + len(kept[0][1]) < self.end - WINDOW:
             kept.popleft()
         self._start = kept[0][0] if kept else self.end
-        return parts[0] if len(parts) == 1 else b"".join(parts)
+
+    def lead(self, target: int) -> None:
+        """Go on with the pass as far as ``target``, a piece at a time (requests go between):
+        made on a thread of its own while the reader takes what was served (kernel, copy,
+        reader), so that the next request finds its bytes made."""
+        try:
+            while not self.failed:
+                with self.lock:
+                    if self.end >= target or not self._next():
+                        break
+                    self._trim()
+        finally:
+            self.leading = False
 
 
 class Streams:
@@ -79,8 +109,9 @@ class Streams:
         self._count = 0
         self._lock = threading.Lock()
 
-    def read(self, key: object, offset: int, stop: int, pieces: Callable[[], Iterator[bytes]]) -> bytes | None:
-        """Bytes ``[offset, stop)`` of tar ``key`` from a pass that serves them, a new pass
+    def read(self, key: object, offset: int, stop: int,
+             pieces: Callable[[], Iterator[bytes]]) -> list[bytes] | None:
+        """Bytes ``[offset, stop)`` of tar ``key`` in pieces from a pass that serves them, a new pass
         begun for a request at offset 0 (``pieces`` makes its pieces); None if no pass serves
         them (read them another way)."""
         with self._lock:
@@ -102,7 +133,13 @@ class Streams:
                 return None
         stream = found[0]
         with stream.lock:
-            return stream.read(offset, stop)
+            parts = stream.read(offset, stop)
+            start_lead = parts is not None and LEAD > 0 and stream.end < stop + LEAD and not stream.leading
+            if start_lead:
+                stream.leading = True
+        if start_lead:
+            threading.Thread(target=stream.lead, args=(stop + LEAD,), name="atlasfs-tar-lead", daemon=True).start()
+        return parts
 
     def forget(self, key: object) -> None:
         """Drop the passes of tar ``key`` (its layout was let go of)."""

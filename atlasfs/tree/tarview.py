@@ -171,9 +171,13 @@ class TarLayout:
 
     def read(self, offset: int, size: int) -> bytes:
         """Up to ``size`` bytes of the tar from ``offset``; reads only the files under the range."""
+        return b"".join(self.parts(offset, size))
+
+    def parts(self, offset: int, size: int) -> list[bytes]:
+        """:meth:`read`'s bytes in pieces, in order (headers, files, padding)."""
         end = min(offset + size, self.size)
         if offset >= end:
-            return b""
+            return []
         starts = self.starts
         parts: list[bytes] = []
         i = max(int(np.searchsorted(starts, offset, side="right")) - 1, 0)
@@ -196,7 +200,7 @@ class TarLayout:
             i += 1
         if at < end:  # the end-of-archive blocks and the record padding: zeros
             parts.append(bytes(end - at))
-        return b"".join(parts)
+        return parts
 
     def _data(self, i: int, offset: int, size: int) -> bytes:
         entry = self.tree.lookup(f"{self.folder}/{self.name(i)}")
@@ -205,7 +209,7 @@ class TarLayout:
         data = self.tree.read(entry, offset, size)
         if len(data) != size:
             raise OSError(errno.EIO, f"{self.folder}/{self.name(i)}: short read")
-        return data
+        return data if type(data) is bytes else bytes(data)
 
     def pieces(self, chunk: int = 1 << 20) -> Iterator[bytes]:
         """The whole tar in order, a piece at a time (a header, up to ``chunk`` bytes of a
@@ -221,13 +225,13 @@ class TarLayout:
                 raise OSError(errno.EIO, f"{where}/{name}: changed since its tar was laid out")
             yield _header(name, size, mtimes[i])
             if data is not None:
-                yield data
+                yield data if type(data) is bytes else bytes(data)
             else:
                 for at in range(0, size, chunk):
                     piece = tree.read(entry, at, min(chunk, size - at))
                     if len(piece) != min(chunk, size - at):
                         raise OSError(errno.EIO, f"{where}/{name}: short read")
-                    yield piece
+                    yield piece if type(piece) is bytes else bytes(piece)
             if size % BLOCK:
                 yield bytes(BLOCK - size % BLOCK)
             count += 1
@@ -504,17 +508,29 @@ class TarView(Tree):
     def read(self, entry: Entry, offset: int, size: int) -> bytes:
         ref = entry.ref
         if isinstance(ref, TarLayout):
-            stop = min(offset + size, ref.size)
-            if offset >= stop:
-                return b""
-            # a reader going through the tar in order: one pass over its members, as export
-            data = self._streams.read(ref, offset, stop, ref.pieces)
-            return data if data is not None else ref.read(offset, size)
+            return b"".join(self._tar_parts(ref, offset, size))
         if ref == INDEX_NAME:
             return self._index_bytes()[offset:offset + size]
         if isinstance(ref, Served):
             return self.loaders.read(ref, offset, size)
         return self.base.read(entry, offset, size)
+
+    def read_parts(self, entry: Entry, offset: int, size: int) -> list[bytes]:
+        """:meth:`read`'s bytes in pieces, in order (the native engine gathers them into its
+        reply: a tar's request is hundreds of headers and files, joined here for nothing)."""
+        ref = entry.ref
+        if isinstance(ref, TarLayout):
+            return self._tar_parts(ref, offset, size)
+        data = self.read(entry, offset, size)
+        return [data if type(data) is bytes else bytes(data)]
+
+    def _tar_parts(self, layout: TarLayout, offset: int, size: int) -> list[bytes]:
+        stop = min(offset + size, layout.size)
+        if offset >= stop:
+            return []
+        # a reader going through the tar in order: one pass over its members, as export writes it
+        parts = self._streams.read(layout, offset, stop, layout.pieces)
+        return parts if parts is not None else layout.parts(offset, size)
 
     def total_bytes(self) -> int:
         return self.base.total_bytes()

@@ -125,6 +125,33 @@ int bridge_errno(PyObject *result, const char *what)
 char *bridge_read_reply(PyObject *r, size_t size, size_t *got, int *err, const char *what)
 {
     char *buf;
+    Py_ssize_t i, n;
+    size_t total = 0;
+    if (r != NULL && PyList_Check(r)) {
+        /* Pieces (the tar view's headers and files): gathered here, where a join in Python
+         * would make a buffer of the whole reply first (mapped afresh, every page faulted). */
+        n = PyList_GET_SIZE(r);
+        for (i = 0; i < n; i++) {
+            PyObject *piece = PyList_GET_ITEM(r, i);
+            if (!PyBytes_Check(piece) || (size_t)PyBytes_GET_SIZE(piece) > size - total) {
+                *err = bridge_errno(r, what);  /* a list of anything but bytes, or too long */
+                return NULL;
+            }
+            total += (size_t)PyBytes_GET_SIZE(piece);
+        }
+        buf = bridge_scratch(total ? total : 1);
+        if (buf == NULL) {
+            *err = ENOMEM;
+            return NULL;
+        }
+        for (i = 0, total = 0; i < n; i++) {
+            PyObject *piece = PyList_GET_ITEM(r, i);
+            memcpy(buf + total, PyBytes_AS_STRING(piece), (size_t)PyBytes_GET_SIZE(piece));
+            total += (size_t)PyBytes_GET_SIZE(piece);
+        }
+        *got = total;
+        return buf;
+    }
     if (r == NULL || !PyBytes_Check(r) || (size_t)PyBytes_GET_SIZE(r) > size) {
         *err = bridge_errno(r, what);
         return NULL;

@@ -39,8 +39,9 @@ enum {
 enum { ST_LOOKUP, ST_GETATTR, ST_READDIR, ST_READ, ST_LOCATED, ST_STORED, ST_COUNT };
 #define COUNT(s, kind, by_c) __atomic_fetch_add(&(s)->stats[kind][by_c], 1, __ATOMIC_RELAXED)
 
-/* Node ids from here on name shard folders and table rows (tables.c); below, the control plane's. */
-#define TABLE_NODES (UINT64_C(1) << 32)
+/* The table's kinds, sentinels, column widths and node ids (TABLE_NODES...): layout.h. */
+#include "layout.h"
+_Static_assert(ROOT_NODE == FUSE_ROOT_ID, "layout.h's root node is FUSE's");
 
 typedef struct Located Located;
 typedef struct DiskBlocks DiskBlocks;
@@ -183,7 +184,8 @@ int bridge_errno(PyObject *result, const char *what);
 int bridge_u64(PyObject *value, uint64_t *out);
 void bridge_forget(Session *s, fuse_ino_t ino, uint64_t nlookup);
 void *bridge_scratch(size_t size);
-/* A read's reply `r` (bytes, at most `size`) copied into the worker's scratch buffer, to be
+/* A read's reply `r` (bytes, or a list of bytes gathered in order; at most `size` in all)
+ * copied into the worker's scratch buffer, to be
  * written to the kernel with the GIL released: the copy and *got, or NULL and *err (ENOMEM,
  * or bridge_errno's answer for anything but such bytes). GIL held. */
 char *bridge_read_reply(PyObject *r, size_t size, size_t *got, int *err, const char *what);

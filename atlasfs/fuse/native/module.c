@@ -282,7 +282,9 @@ PyMODINIT_FUNC PyInit__native(void)
         return NULL;
     if (PyModule_AddObjectRef(m, "Session", (PyObject *)&SessionType) < 0
         || PyModule_AddIntConstant(m, "FUSE_ROOT_ID", FUSE_ROOT_ID) < 0
-        || PyModule_AddIntConstant(m, "LIBFUSE_VERSION", fuse_version()) < 0) {
+        || PyModule_AddIntConstant(m, "LIBFUSE_VERSION", fuse_version()) < 0
+        /* a read's reply may be a list of bytes, gathered in order (bridge_read_reply) */
+        || PyModule_AddIntConstant(m, "READ_PARTS", 1) < 0) {
         Py_DECREF(m);
         return NULL;
     }
