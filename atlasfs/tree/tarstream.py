@@ -13,8 +13,9 @@ random read then fails only the ranges over it).
 
 from __future__ import annotations
 
+import bisect
 import threading
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from collections.abc import Callable, Iterator
 
 #: Bytes of a pass kept behind what it made last, for requests served out of order.
@@ -34,7 +35,11 @@ class Stream:
 
     def __init__(self, pieces: Iterator[bytes]) -> None:
         self._pieces = pieces
-        self._kept: deque[tuple[int, bytes]] = deque()  # (tar offset, piece), in order
+        # The pieces made and where each starts, in order; those before _first are let go of
+        # (dropped from the lists now and then: a request finds its first piece by bisection).
+        self._at: list[int] = []
+        self._kept: list[bytes] = []
+        self._first = 0
         self._start = 0  # where the first kept piece starts
         self.end = 0  # where what the pass made so far ends
         self.lock = threading.Lock()
@@ -56,13 +61,14 @@ class Stream:
                 break
         if self.failed:
             return None
-        kept = self._kept
+        at, kept = self._at, self._kept
+        i = bisect.bisect_right(at, offset, self._first) - 1
         parts = []
-        for at, piece in kept:  # at most WINDOW + a request of pieces
-            if at >= stop:
-                break
-            if at + len(piece) > offset:
-                parts.append(piece[max(offset - at, 0):stop - at])
+        while i < len(kept) and at[i] < stop:
+            piece = kept[i]
+            start, end = max(offset - at[i], 0), stop - at[i]
+            parts.append(piece if start == 0 and end >= len(piece) else piece[start:end])
+            i += 1
         self._trim()
         return parts
 
@@ -77,15 +83,22 @@ class Stream:
         if piece is None:
             return False
         if piece:
-            self._kept.append((self.end, piece))
+            self._at.append(self.end)
+            self._kept.append(piece)
             self.end += len(piece)
         return True
 
     def _trim(self) -> None:
-        kept = self._kept
-        while kept and kept[0][0] + len(kept[0][1]) < self.end - WINDOW:
-            kept.popleft()
-        self._start = kept[0][0] if kept else self.end
+        """Let go of the pieces that end more than WINDOW before what the pass made."""
+        at, kept, first = self._at, self._kept, self._first
+        while first < len(kept) and at[first] + len(kept[first]) < self.end - WINDOW:
+            kept[first] = b""
+            first += 1
+        if first > 1024 and first * 2 > len(kept):
+            del at[:first], kept[:first]
+            first = 0
+        self._first = first
+        self._start = at[first] if first < len(kept) else self.end
 
     def lead(self, target: int) -> None:
         """Go on with the pass as far as ``target``, a piece at a time (requests go between):
