@@ -50,7 +50,8 @@ def native_extension() -> list[Extension]:
     if os.environ.get("ATLASFS_SANITIZE") == "1":
         compile_args += SANITIZE + ["-O1", "-g"]
         link_args += SANITIZE
-    return [Extension("atlasfs.fuse._native", SOURCES, depends=["atlasfs/fuse/native/engine.h"],
+    return [Extension("atlasfs.fuse._native", SOURCES,
+                      depends=["atlasfs/fuse/native/engine.h", "atlasfs/fuse/native/layout.h"],
                       extra_compile_args=compile_args, extra_link_args=link_args, optional=True)]
 
 

@@ -1,11 +1,12 @@
 """The native engine's table constants equal Python's (atlasfs/tree/table/layout.py).
 
 C reads attached tables itself: a kind, a sentinel, a column width or the node-id split
-written differently there than in Python makes the engine answer wrong sizes or rows. This
-reads the C sources (``atlasfs/fuse/native/*.c`` and ``*.h``): every ``#define`` named below,
-the column widths its reads and checks use, the node-id shift and mask, and the inline
-buffer's size, and compares each with layout.py. The parser is checked on small C texts, so
-that it cannot pass by finding nothing.
+written differently there than in Python makes the engine answer wrong sizes or rows. C states
+them once, in ``atlasfs/fuse/native/layout.h``: every ``#define`` there must be one this test
+knows Python's value of, equal to it, and defined nowhere else. The other C sources are read
+too (``*.c`` and ``*.h``): the column widths their reads and checks use, the node-id shift and
+mask, and the inline buffer's size. The parser is checked on small C texts, so that it cannot
+pass by finding nothing.
 """
 
 from __future__ import annotations
@@ -22,8 +23,9 @@ from atlasfs.tree.table import layout
 
 NATIVE = Path(__file__).resolve().parents[1] / "atlasfs" / "fuse" / "native"
 
-#: C ``#define`` -> its value in Python. Each must be defined in C, with this value.
-REQUIRED = {
+#: C ``#define`` -> its value in Python. Each must be defined in C, with this value (the
+#: header's others: :data:`LAYOUT_H`).
+REQUIRED: dict[str, int] = {
     "KIND_FILE": layout.FILE,
     "UNKNOWN_SIZE": layout.UNKNOWN_SIZE,
     "NO_LOCATOR": layout.NO_LOCATOR,
@@ -33,14 +35,19 @@ REQUIRED = {
     "TABLE_NODES": layout.TABLE_NODES,
     "NAME_BYTES": MAX_NAME_BYTES,
 }
-#: Names C may come to define (a header of the table's layout): checked when they are.
-OPTIONAL = {
-    "KIND_DIR": layout.DIR, "KIND_UNREADABLE": layout.UNREADABLE, "INLINE_MAX": layout.INLINE_MAX,
-    "ROW_BITS": layout.ROW_BITS, "ROW_MASK": layout.ROW_MASK, "ROOT_NODE": layout.ROOT,
-}
 #: Bytes a row of each column takes, from Python's dtypes (``offsets``: per row too).
 WIDTHS = {name: np.dtype(dtype).itemsize for name, dtype, _ in layout.ENTRY_SECTIONS}
 WIDTHS.update({name: np.dtype(dtype).itemsize for name, dtype in layout.LOCATOR_SECTIONS})
+#: The header that states the table's layout for C, and each of its ``#define``s' value in
+#: Python: it must define every one, and nothing else (a constant added to it is added here).
+HEADER = "layout.h"
+LAYOUT_H: dict[str, int] = {
+    "KIND_FILE": layout.FILE, "KIND_DIR": layout.DIR, "KIND_UNREADABLE": layout.UNREADABLE,
+    "UNKNOWN_SIZE": layout.UNKNOWN_SIZE, "NO_LOCATOR": layout.NO_LOCATOR, "INLINE_PREFIX": layout.INLINE,
+    "KEPT_PREFIX": layout.KEPT, "INLINE_MAX": layout.INLINE_MAX, "KEPT_BLOCK_MAX": layout.KEPT_BLOCK_MAX,
+    "ROOT_NODE": layout.ROOT, "ROW_BITS": layout.ROW_BITS, "TABLE_NODES": layout.TABLE_NODES,
+    "ROW_MASK": layout.ROW_MASK, **{f"WIDTH_{column.upper()}": width for column, width in WIDTHS.items()},
+}
 #: Column names read at a row index (a read at a bare row index is one byte a row).
 ROW_INDEXED = set(WIDTHS)
 
@@ -107,10 +114,9 @@ def widths_of(text: str, defines: dict[str, str]) -> list[tuple[str, int, str]]:
 def problems(sources: list[tuple[str, str]]) -> list[str]:
     """One line for each C constant that is not Python's, or required and missing."""
     defines, lines = defines_of(sources)
-    for name, value in {**REQUIRED, **OPTIONAL}.items():
+    for name, value in REQUIRED.items():
         if name not in defines:
-            if name in REQUIRED:
-                lines.append(f"{name}: not defined in atlasfs/fuse/native (Python's is {value:#x})")
+            lines.append(f"{name}: not defined in atlasfs/fuse/native (Python's is {value:#x})")
             continue
         got = c_value(defines[name], defines)
         if got != value:
@@ -138,6 +144,28 @@ def problems(sources: list[tuple[str, str]]) -> list[str]:
     return lines
 
 
+def header_problems(sources: list[tuple[str, str]]) -> list[str]:
+    """One line for each difference between the header (:data:`HEADER`) and :data:`LAYOUT_H`:
+    a constant missing from it, one it defines that Python has no value for, one of another
+    value than Python's, or one also defined in another source."""
+    texts = dict(sources)
+    if HEADER not in texts:
+        return [f"{HEADER}: not among the C sources"]
+    defines, _ = defines_of([(HEADER, texts[HEADER])])
+    lines = [f"{name}: not defined in {HEADER} (Python's is {value:#x})"
+             for name, value in LAYOUT_H.items() if name not in defines]
+    for name, text in defines.items():
+        if name not in LAYOUT_H:
+            lines.append(f"{name}: defined in {HEADER}, but this test knows no Python value for it")
+        elif (got := c_value(text, defines)) != LAYOUT_H[name]:
+            lines.append(f"{name}: {HEADER} says {text} = {got:#x}, Python {LAYOUT_H[name]:#x}")
+    for where, text in sources:
+        if where != HEADER:
+            again = set(defines_of([(where, text)])[0]) & set(LAYOUT_H)
+            lines += [f"{name}: defined in {where} too (layout.h states it once)" for name in sorted(again)]
+    return lines
+
+
 def _native_sources() -> list[tuple[str, str]]:
     paths = sorted([*NATIVE.glob("*.h"), *NATIVE.glob("*.c")])
     return [(p.name, p.read_text(errors="replace")) for p in paths]
@@ -146,7 +174,7 @@ def _native_sources() -> list[tuple[str, str]]:
 def test_the_c_engine_states_the_table_layout_as_python_does() -> None:
     sources = _native_sources()
     assert sources, f"no C sources in {NATIVE}"
-    found = problems(sources)
+    found = problems(sources) + header_problems(sources)
     assert not found, "\n".join(found)
 
 
@@ -193,11 +221,36 @@ def test_the_parser_passes_what_agrees() -> None:
     ("(ino >> 32)", "(ino >> 31)", "node ids: C shifts by 31"),
     ("0xFFFFFFFFu", "0x7FFFFFFFu", "node ids: C masks with 0x7FFFFFFFu"),
     ("inline_bytes[256]", "inline_bytes[255]", "inline_bytes[255]"),
-    ("#define NAME_BYTES 255", "#define NAME_BYTES 255\n#define KIND_DIR 2", "KIND_DIR: C says 2"),
+    ("#define NAME_BYTES 255", "#define NAME_BYTES 254", "NAME_BYTES: C says 254"),
 ])
 def test_the_parser_finds_each_difference(old: str, new: str, expected: str) -> None:
     assert old in _GOOD
     found = problems([("bad.c", _GOOD.replace(old, new))])
+    assert any(expected in line for line in found), found
+
+
+_HEADER = "\n".join(f"#define {name} {value:#x}" for name, value in LAYOUT_H.items())
+
+
+def test_the_header_check_passes_what_agrees() -> None:
+    assert header_problems([(HEADER, _HEADER), ("a.c", "#define OTHER 3\n")]) == []
+
+
+@pytest.mark.parametrize("name", sorted(LAYOUT_H))
+def test_the_header_check_finds_each_constant_changed(name: str) -> None:
+    changed = _HEADER.replace(f"#define {name} {LAYOUT_H[name]:#x}", f"#define {name} {LAYOUT_H[name] ^ 1:#x}")
+    assert changed != _HEADER
+    found = header_problems([(HEADER, changed)])
+    assert any(line.startswith(f"{name}: {HEADER} says") for line in found), found
+
+
+@pytest.mark.parametrize(("header", "other", "expected"), [
+    (_HEADER.replace("#define KIND_DIR 0x1", ""), "", "KIND_DIR: not defined in layout.h"),
+    (_HEADER + "\n#define KIND_SYMLINK 3", "", "KIND_SYMLINK: defined in layout.h, but"),
+    (_HEADER, "#define ROW_BITS 32\n", "ROW_BITS: defined in other.c too"),
+])
+def test_the_header_check_finds_what_is_missing_extra_or_twice(header: str, other: str, expected: str) -> None:
+    found = header_problems([(HEADER, header), ("other.c", other)])
     assert any(expected in line for line in found), found
 
 

@@ -643,16 +643,16 @@ int cache_read(Session *s, fuse_req_t req, fuse_ino_t ino, size_t size, off_t of
     int known = 0, mine, answered;
     if (t == NULL || row < 0 || off < 0)
         return 0;
-    shard = (ino >> 32) - 1;
+    shard = ino_shard(ino);
     pthread_rwlock_rdlock(&t->lock);
     if (t->attached && (uint64_t)row < t->n) {
         uint8_t kind;
         uint32_t row_block;
-        if (column_read(&t->kind, (uint64_t)row, &kind, 1) == 0 && kind == 0
-            && column_read(&t->size, (uint64_t)row * 8, &fsize, 8) == 0
-            && column_read(&t->block, (uint64_t)row * 4, &row_block, 4) == 0) {
+        if (column_read(&t->kind, (uint64_t)row, &kind, WIDTH_KIND) == 0 && kind == KIND_FILE
+            && column_read(&t->size, (uint64_t)row * WIDTH_SIZE, &fsize, WIDTH_SIZE) == 0
+            && column_read(&t->block, (uint64_t)row * WIDTH_BLOCK, &row_block, WIDTH_BLOCK) == 0) {
             block = row_block;
-            known = fsize != UINT64_MAX;
+            known = fsize != UNKNOWN_SIZE;
         }
     }
     pthread_rwlock_unlock(&t->lock);

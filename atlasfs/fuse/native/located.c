@@ -39,11 +39,6 @@
 #include <zlib.h>
 #include <zstd.h>
 
-#define NO_LOCATOR UINT32_MAX
-#define INLINE_PREFIX 0xFFFF
-#define KEPT_PREFIX 0xFFFE
-/* Most bytes of a block's kept files, decompressed (atlasfs/tree/filetable.py KEPT_BLOCK_MAX). */
-#define KEPT_BLOCK_MAX (16u << 20)
 /* Blocks this small with no frame checksum are fingerprinted by the CRC-32 of their stored
  * bytes (spans/find.py FINGERPRINT_READ_MAX). */
 #define FINGERPRINT_READ_MAX (256 << 10)
@@ -67,7 +62,7 @@ struct Located {
 /* One row's locator, resolved and checked against the buffers. */
 typedef struct {
     const char *prefix;
-    char inline_bytes[256];  /* an inline file's, copied: at most 255 (filetable.INLINE_MAX) */
+    char inline_bytes[INLINE_MAX + 1];  /* an inline file's, copied (layout.h) */
     size_t prefix_len;
     uint64_t offset, length;
     uint32_t check;
@@ -161,10 +156,10 @@ PyObject *located_attach(Session *self, PyObject *args)
         PyErr_SetString(PyExc_ValueError, "locate: no table attached");
         goto fail;
     }
-    if (column(t, offset, &l->offset, (int64_t)(l->rows * 4), "offset")
-        || column(t, length, &l->length, (int64_t)(l->rows * 4), "length")
-        || column(t, check, &l->check, (int64_t)(l->rows * 4), "check")
-        || column(t, prefix, &l->prefix, (int64_t)(l->rows * 2), "prefix")
+    if (column(t, offset, &l->offset, (int64_t)(l->rows * WIDTH_OFFSET), "offset")
+        || column(t, length, &l->length, (int64_t)(l->rows * WIDTH_LENGTH), "length")
+        || column(t, check, &l->check, (int64_t)(l->rows * WIDTH_CHECK), "check")
+        || column(t, prefix, &l->prefix, (int64_t)(l->rows * WIDTH_PREFIX), "prefix")
         || buffer(prefix_ends, &l->prefix_ends) || buffer(prefixes, &l->prefixes)
         || column(t, inline_bytes, &l->inline_bytes, -1, "inline") || column(t, kept, &l->kept, -1, "kept")
         || buffer(kept_ends, &l->kept_ends))
@@ -262,9 +257,10 @@ static int span_of(const Located *l, uint64_t row, Span *span)
 {
     uint32_t offset, length, check;
     uint16_t number;
-    if (row >= l->rows || column_read(&l->offset, row * 4, &offset, 4) != 0 || offset == NO_LOCATOR
-        || column_read(&l->length, row * 4, &length, 4) != 0 || column_read(&l->prefix, row * 2, &number, 2) != 0
-        || column_read(&l->check, row * 4, &check, 4) != 0)
+    if (row >= l->rows || column_read(&l->offset, row * WIDTH_OFFSET, &offset, WIDTH_OFFSET) != 0
+        || offset == NO_LOCATOR || column_read(&l->length, row * WIDTH_LENGTH, &length, WIDTH_LENGTH) != 0
+        || column_read(&l->prefix, row * WIDTH_PREFIX, &number, WIDTH_PREFIX) != 0
+        || column_read(&l->check, row * WIDTH_CHECK, &check, WIDTH_CHECK) != 0)
         return 0;
     span->prefix = NULL;
     span->prefix_len = 0;

@@ -1,9 +1,10 @@
 /* Shard file tables attached by the control plane, and the inode space that names their rows.
  *
- * Node ids of table rows carry their meaning (atlasfs/tree/placement.py's shard_ino):
- * shard s's folder is (s + 1) << 32, row i of its table (s + 1) << 32 | (i + 1). Nothing is
- * kept per file: a row's entry is read from the attached columns when asked, and FORGET of
- * such a node is nothing to do. Node ids below 1 << 32 are the control plane's own.
+ * Node ids of table rows carry their meaning (layout.h's shard_ino and row_ino, as
+ * atlasfs/tree/table/layout.py's): shard s's folder is (s + 1) << ROW_BITS, row i of its
+ * table that plus 1 + i. Nothing is kept per file: a row's entry is read from the attached
+ * columns when asked, and FORGET of such a node is nothing to do. Node ids below TABLE_NODES
+ * are the control plane's own.
  *
  * The columns are Python buffers (views of the mapped table file, or arrays in memory) the
  * control plane attaches when it has the shard's table and detaches when it lets it go; or,
@@ -26,8 +27,6 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#define KIND_FILE 0
-#define UNKNOWN_SIZE UINT64_MAX
 /* Bytes of a name compared or listed: NAME_MAX (a longer one is no name the kernel asks for). */
 #define NAME_BYTES 255
 
@@ -217,8 +216,9 @@ PyObject *tables_attach(Session *self, PyObject *args)
         return NULL;
     }
     n = fresh.kind.len;
-    if (fresh.size.len != n * 8 || fresh.by_path.len != n * 4 || fresh.block.len != n * 4
-        || fresh.offsets.len != (n + 1) * 8 || n >= UINT32_MAX) {
+    if (fresh.size.len != n * WIDTH_SIZE || fresh.by_path.len != n * WIDTH_BY_PATH
+        || fresh.block.len != n * WIDTH_BLOCK || fresh.offsets.len != (n + 1) * WIDTH_OFFSETS
+        || n >= ROW_MASK) {  /* row n - 1's node id is its shard's plus n: within ROW_MASK */
         release_columns(&fresh);
         PyErr_SetString(PyExc_ValueError, "attach: columns of different lengths");
         return NULL;
@@ -261,14 +261,14 @@ PyObject *tables_detach(Session *self, PyObject *args)
 
 static int u64_at(const Column *c, uint64_t i, uint64_t *out)
 {
-    return column_read(c, i * 8, out, 8);
+    return column_read(c, i * WIDTH_SIZE, out, WIDTH_SIZE);
 }
 
 /* Row `row`'s name's length, and up to `cap` of its first bytes in `buf`; 0, or -1 if the table lies. */
 static int row_name(const ShardTable *t, uint64_t row, char *buf, size_t cap, size_t *len)
 {
     uint64_t bounds[2];
-    if (row >= t->n || column_read(&t->offsets, row * 8, bounds, 16) != 0)
+    if (row >= t->n || column_read(&t->offsets, row * WIDTH_OFFSETS, bounds, 2 * WIDTH_OFFSETS) != 0)
         return -1;
     if (bounds[0] > bounds[1] || bounds[1] > t->names.len)
         return -1;
@@ -316,9 +316,10 @@ static int window_fill(const ShardTable *t, Window *w, uint64_t first)
 {
     uint64_t count = t->n - first < WINDOW_ROWS ? t->n - first : WINDOW_ROWS, i;
     w->count = 0;
-    if (first >= t->n || column_read(&t->offsets, first * 8, w->offsets, (size_t)(count + 1) * 8) != 0
+    if (first >= t->n
+        || column_read(&t->offsets, first * WIDTH_OFFSETS, w->offsets, (size_t)(count + 1) * WIDTH_OFFSETS) != 0
         || column_read(&t->kind, first, w->kind, (size_t)count) != 0
-        || column_read(&t->size, first * 8, w->size, (size_t)count * 8) != 0)
+        || column_read(&t->size, first * WIDTH_SIZE, w->size, (size_t)count * WIDTH_SIZE) != 0)
         return -1;
     for (i = 0; i < count; i++)
         if (w->offsets[i] > w->offsets[i + 1])
@@ -339,10 +340,10 @@ ShardTable *table_of(Session *s, fuse_ino_t ino, int64_t *row)
     uint64_t shard;
     if (ino < TABLE_NODES)
         return NULL;
-    shard = (ino >> 32) - 1;
+    shard = ino_shard(ino);
     if (shard >= (uint64_t)s->ntables)
         return NULL;
-    *row = (int64_t)(ino & 0xFFFFFFFFu) - 1;
+    *row = ino_row(ino);
     return &s->tables[shard];
 }
 
@@ -366,7 +367,8 @@ static int find_row(const ShardTable *t, const char *name, size_t len, uint64_t 
         uint32_t at;
         int cmp;
         /* Enough of the other name to order it against this one. */
-        if (column_read(&t->by_path, mid * 4, &at, 4) != 0 || row_name(t, at, other, len + 1, &other_len) != 0)
+        if (column_read(&t->by_path, mid * WIDTH_BY_PATH, &at, WIDTH_BY_PATH) != 0
+            || row_name(t, at, other, len + 1, &other_len) != 0)
             return -1;
         cmp = memcmp(name, other, len < other_len ? len : other_len);
         if (cmp == 0)
