@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """A dataset in a bucket: the mount's cold ``tar`` against fetching the shard whole, and its GETs.
 
-In one run, against one moto S3 server on 127.0.0.1 (tests/s3server.py), with a
+In one run, against one moto S3 server on 127.0.0.1 (tests/support/s3server.py), with a
 dataset of one shard of ~100 KiB incompressible images (bench/datagen.py's
 ``image`` examples; ~60 MiB of ``data.bin`` by default):
 
@@ -11,7 +11,7 @@ dataset of one shard of ~100 KiB incompressible images (bench/datagen.py's
   ``tar cf - -C MNT <shard> | cat > /dev/null``: the listing (the shard's blocks
   decoded once to name its files) and the tar of every file, timed together;
 * ``GETs``: the same cold mount and tar through a forwarder that counts requests
-  (tests/tcpcut.py), against ceil(data.bin / window) + a small constant.
+  (tests/support/tcpcut.py), against ceil(data.bin / window) + a small constant.
 
 Prints MB/s (of ``data.bin``; the median of ``--repeat`` runs), the ratio cold tar /
 fetch (target >= 0.5), and the GET count against its bound. Exits 1 if a target is missed.
@@ -39,7 +39,7 @@ from bench import datagen, harness
 from bench._atlasfs import parse_size
 from bench.systems import Atlasfs
 
-sys.path.insert(0, os.path.join(harness.REPO, "tests"))  # the tests' moto server and counting forwarder
+sys.path.insert(0, os.path.join(harness.REPO, "tests", "support"))  # the tests' moto server and counting forwarder
 from s3server import s3_server
 from tcpcut import Forwarder
 

@@ -1,7 +1,12 @@
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+# The tests import their helpers by name (``import helpers``): tests/support/ holds them (and
+# tests/ itself, for tests/native_hostile.py until it moves). Without __init__.py files pytest
+# imports each test file by its basename, so basenames are unique across the folders.
+_TESTS = Path(__file__).resolve().parent
+for _folder in (_TESTS, _TESTS / "support"):
+    sys.path.insert(0, str(_folder))
 
 import atexit
 import os
@@ -10,7 +15,7 @@ import tempfile
 
 # Under scripts/test-sanitized.sh pytest runs with the sanitizer runtimes preloaded: the
 # programs the tests run must not inherit them (dd aborts under ASan); the mount daemons get
-# them back from tests/fusemount.py.
+# them back from tests/support/fusemount.py.
 if os.environ.get("ATLASFS_TEST_SANITIZED") and "LD_PRELOAD" in os.environ:
     os.environ["ATLASFS_TEST_DAEMON_PRELOAD"] = os.environ.pop("LD_PRELOAD")
 

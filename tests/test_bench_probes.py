@@ -1,6 +1,6 @@
 """Every probe of ``bench/`` runs end to end through the harness at its smoke sizes (a few seconds
 each): its report is written and printed, its figures are measured, its ratios are of figures of
-the same run, and it leaves no mount behind (tests/benchprobe.py). The suite (bench/run.py),
+the same run, and it leaves no mount behind (tests/support/benchprobe.py). The suite (bench/run.py),
 memory.py and tarview.py have their own tests."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """bench/scale.py runs end to end at smoke sizes (20,000 files in 4 shards): every figure measured
 beside ratarmount, every RSS within its bound, no wrong byte, every count checked, the export
-figure said to be a subset, and no mount left behind (tests/benchprobe.py)."""
+figure said to be a subset, and no mount left behind (tests/support/benchprobe.py)."""
 
 from __future__ import annotations
 

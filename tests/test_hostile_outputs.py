@@ -5,7 +5,7 @@ another local user must not make atlasfs act on a symbolic link's target or on t
 in a shared /tmp) and renames it to OUTDIR; ``export`` writes ``<shard>.tar.partial`` and
 ``shards.json.partial`` into OUTDIR, which may exist already and be another user's. Another
 user's link or folder there is never followed nor used. The other user is ``nobody``
-(tests/otheruser.py), as owner of what it could have made there (chown needs root).
+(tests/support/otheruser.py), as owner of what it could have made there (chown needs root).
 """
 
 from __future__ import annotations

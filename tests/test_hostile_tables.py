@@ -3,7 +3,7 @@ only if no one but those who can change the data can change it (opened without f
 link, checked on the descriptor: a regular file of the mounting user, root or the dataset's
 owner, writable by its owner alone), else ignored with one log line and built again; another
 user's table is read by the size its header states; and a size no block can hold is refused
-whoever wrote it. The other user is ``nobody`` (tests/otheruser.py): as owner of the files
+whoever wrote it. The other user is ``nobody`` (tests/support/otheruser.py): as owner of the files
 and folders it could write (chown needs root, as switching users does).
 """
 

@@ -34,8 +34,8 @@ from loaderdata import loader_dataset, sqlite_rows
 pytestmark = pytest.mark.loaders
 
 LOADERS = Path(os.environ.get("ATLASFS_LOADERS_VENV") or REPO / ".venv-loaders")
-SCRIPTS = Path(__file__).resolve().parent / "loaderscripts"
-FIXTURES = Path(__file__).resolve().parent / "fixtures"
+SCRIPTS = REPO / "tests" / "support" / "loaderscripts"
+FIXTURES = REPO / "tests" / "fixtures"
 # wds2idx names files as GNU tar lists them: in a UTF-8 locale, as the mount does
 TOOL_ENV = {**os.environ, "LC_ALL": "C.UTF-8", "PYTHONWARNINGS": "ignore"}
 

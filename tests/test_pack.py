@@ -18,9 +18,9 @@ from atlasfs.commands.pack import PackError, PackSettings, pack, temporary_folde
 from atlasfs.formats.atlas.dataset import AtlasDataset
 from atlasfs.formats.factory import open_source
 from atlasfs.tree.blocktree import BlockTree
-from tests.corpus import FIXTURES
-from tests.fusemount import atlasfs, mounted
-from tests.helpers import REFERENCE, reference_manifest, reference_names
+from corpus import FIXTURES
+from fusemount import atlasfs, mounted
+from helpers import REFERENCE, reference_manifest, reference_names
 
 Files = list[list[tuple[str, bytes]]]
 

@@ -1,7 +1,7 @@
 """What another user meets (issue #23): tables `atlasfs index` stores for them, and errors
 naming the real cause when a dataset or /dev/fuse is not theirs to open.
 
-The other user is ``nobody`` (tests/otheruser.py): a real second user, in a private
+The other user is ``nobody`` (tests/support/otheruser.py): a real second user, in a private
 mount namespace, with the machine left as it was.
 """
 

@@ -1,7 +1,7 @@
 """The storage layer (atlasfs.storage) against real servers on 127.0.0.1.
 
-Remote reads go to moto's S3 server (tests/s3server.py) through a forwarder the tests
-can cut or make answer 503 (tests/tcpcut.py); nothing of fsspec or s3fs is mocked.
+Remote reads go to moto's S3 server (tests/support/s3server.py) through a forwarder the tests
+can cut or make answer 503 (tests/support/tcpcut.py); nothing of fsspec or s3fs is mocked.
 GET counts are the forwarder's: what went over the wire, not what the code believes
 it sent.
 """

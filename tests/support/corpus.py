@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-FIXTURES = Path(__file__).resolve().parent / "fixtures"
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 
 #: Format folder -> the producer's distribution name and pinned version (as in its README).
 FORMATS: dict[str, tuple[str, str]] = {

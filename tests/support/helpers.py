@@ -13,7 +13,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 #: The reference fixtures as the repository keeps them (tests/fixtures/reference/README.md).
 VENDORED = REPO / "tests" / "fixtures" / "reference"
 
