@@ -1,11 +1,12 @@
 import sys
 from pathlib import Path
 
-# The tests import their helpers by name (``import helpers``): tests/support/ holds them (and
-# tests/ itself, for tests/native_hostile.py until it moves). Without __init__.py files pytest
-# imports each test file by its basename, so basenames are unique across the folders.
+# The tests import their helpers by name (``import helpers``): tests/support/ holds them, and
+# tests/contract/ the contract suite's (formatfixtures.py is shared with the formats' own
+# tests). Without __init__.py files pytest imports each test file by its basename, so
+# basenames are unique across the folders.
 _TESTS = Path(__file__).resolve().parent
-for _folder in (_TESTS, _TESTS / "support"):
+for _folder in (_TESTS, _TESTS / "support", _TESTS / "contract"):
     sys.path.insert(0, str(_folder))
 
 import atexit

@@ -20,7 +20,7 @@ from atlasfs.formats.lavender import (
     looks_like,
     write_csv_shard,
 )
-from contract import shard_files as files_of
+from formatfixtures import shard_files as files_of
 
 
 def _dataset(root: Path, shards: int = 2, rows: int = 10) -> None:

@@ -23,7 +23,7 @@ from atlasfs.formats import webdataset as wds_format
 from atlasfs.formats.factory import detect, open_source
 from atlasfs.tree.blocktree import BlockTree
 from atlasfs.tree.table.store import TableStore
-from contract import samples_of
+from formatfixtures import samples_of
 from corpus import FIXTURES, expected, fixture_names
 from fusemount import atlasfs, mounted
 

@@ -1,4 +1,4 @@
-"""The format contract (tests/contract.py) for WebDataset tar shards written by webdataset's ShardWriter."""
+"""The format contract (tests/contract/contract.py) for WebDataset tar shards written by webdataset's ShardWriter."""
 
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
 """The contract every format's source answers, as one test suite each format subclasses
 (as fsspec's ``tests/abstract/``): adding a format means its module, its fixtures and a
-subclass of :class:`FormatContract` (``tests/test_contract_<format>.py``).
+subclass of :class:`FormatContract` (``tests/contract/test_contract_<format>.py``). The fixtures, apart
+from the checks: what a subclass says and the ``dataset`` fixture (``formatfixtures.py``).
 
 A subclass says how to write a small dataset of at least two shards (and what files it
 must show), how to damage one of its shards, and its format's name; the suite checks:
@@ -20,17 +21,15 @@ import errno
 import os
 import subprocess
 import tarfile
-from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import pytest
 
 from atlasfs.errors import AtlasFormatError
-from atlasfs.formats import naming
-from atlasfs.formats.factory import SourceOptions, detect, open_source
-from atlasfs.formats.source import Source, SourceShard
+from atlasfs.formats.factory import detect
 from atlasfs.tree.blocktree import BlockTree
+from formatfixtures import FormatFixtures, samples_of
 from fusemount import atlasfs, mounted
 from helpers import deep_equal
 
@@ -38,67 +37,8 @@ from helpers import deep_equal
 MOUNT_READS = 60
 
 
-def shard_files(shard: SourceShard) -> dict[str, bytes]:
-    """A shard's files as the naming layer makes them from its decoded samples: the
-    expectation of a format whose writer cannot say its files' bytes by itself."""
-    assigner = naming.KeyAssigner(shard.key_width)
-    out: dict[str, bytes] = {}
-    for block in range(shard.num_blocks):
-        samples, _ = shard.decode_block(block)
-        assert len(samples) == shard.block_length(block)
-        for pos, sample in enumerate(samples):
-            fields, note = naming.example_fields(sample, naming.MAX_NAME_BYTES - 1 - shard.key_width)
-            assert note is None, note
-            longest = max(len(s.encode()) for s, _ in fields)
-            key, _ = assigner.assign(naming.declared_key(sample), shard.first_index + block * shard.block_size + pos,
-                                     longest)
-            for suffix, value in fields:
-                out[f"{key}.{suffix}"] = naming.encode_as(suffix, value)
-    return out
-
-
-def samples_of(names: Iterable[str]) -> list[str]:
-    """The samples' keys (a name up to its first dot), in the order their files first come."""
-    return list(dict.fromkeys(name.split(".", 1)[0] for name in names))
-
-
-class FormatContract:
-    """The suite; subclasses set :attr:`kind` and write their datasets."""
-
-    #: The format's name, as ``--format`` takes it.
-    kind: ClassVar[str]
-    #: Command-line options the dataset needs beyond its layout.
-    options: ClassVar[tuple[str, ...]] = ()
-
-    def write(self, root: Path) -> Path:
-        """Write a small dataset of at least two shards under ``root``; return its path."""
-        raise NotImplementedError
-
-    def expected(self, dataset: Path) -> dict[str, dict[str, bytes]]:
-        """Folder -> {file: bytes} in listing order. By default from the source's own samples
-        named by the naming layer; formats whose writer knows its files' bytes override it."""
-        with self.source(dataset) as source:
-            out = {}
-            for shard in source.shards:
-                shard.prepare()
-                out[shard.name] = shard_files(shard)
-            return out
-
-    def damage(self, dataset: Path) -> str:
-        """Damage one shard so that (some of) its files cannot be read; return its folder."""
-        raise NotImplementedError
-
-    def source(self, dataset: Path) -> Source:
-        """The dataset opened as this format."""
-        flag = "--uid-column"
-        uid = self.options[self.options.index(flag) + 1] if flag in self.options else SourceOptions.uid_column
-        return open_source(str(dataset), self.kind, SourceOptions(uid_column=uid))
-
-    # -- the checks
-
-    @pytest.fixture
-    def dataset(self, tmp_path: Path) -> Path:
-        return self.write(tmp_path / "ds")
+class FormatContract(FormatFixtures):
+    """The checks every format passes; a format's test subclasses this with its fixtures."""
 
     def test_detected_from_its_layout(self, dataset: Path) -> None:
         assert detect(str(dataset)) == self.kind
@@ -125,6 +65,7 @@ class FormatContract:
                     assert entry.size == len(files[name])
                     assert tree.read(entry, 0, entry.size + 1) == files[name], f"{folder}/{name}"
 
+    @pytest.mark.fuse
     def test_mount_export_and_tar_view_agree(self, dataset: Path, tmp_path: Path) -> None:
         expected = self.expected(dataset)
         out = tmp_path / "export"

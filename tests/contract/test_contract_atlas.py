@@ -1,4 +1,4 @@
-"""The format contract (tests/contract.py) for Atlas, on data written by AtlasWriter."""
+"""The format contract (tests/contract/contract.py) for Atlas, on data written by AtlasWriter."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The format contract (tests/contract.py) for Lavender shardsets joined by uid."""
+"""The format contract (tests/contract/contract.py) for Lavender shardsets joined by uid."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The format contract (tests/contract.py) for Modalities .pbin token files."""
+"""The format contract (tests/contract/contract.py) for Modalities .pbin token files."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The format contract (tests/contract.py) for Dolma documents with attribute sets."""
+"""The format contract (tests/contract/contract.py) for Dolma documents with attribute sets."""
 
 from __future__ import annotations
 
