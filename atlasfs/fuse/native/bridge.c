@@ -16,6 +16,7 @@ typedef struct {
     PyThreadState *kept;  /* this thread's state, kept between calls (NULL: none kept) */
     char *scratch;     /* a buffer for replies built here (a read's bytes, a listing) */
     size_t scratch_size;
+    PyObject *held;    /* a reply written from its own bytes: let go of at the next call (bridge_hold) */
 } Worker;
 
 static pthread_key_t worker_key;
@@ -29,6 +30,7 @@ static void worker_end(void *p)
         /* glibc has already cleared Python's own thread-specific slot (keys without a
          * destructor are cleared too, in key order): the kept state is dropped by hand. */
         PyEval_RestoreThread(w->kept);
+        Py_CLEAR(w->held);
         PyThreadState_Clear(w->kept);
         PyThreadState_DeleteCurrent();  /* releases the GIL */
     }
@@ -69,7 +71,22 @@ PyGILState_STATE bridge_enter(void)
         PyGILState_Ensure();
         w->kept = PyEval_SaveThread();
     }
-    return PyGILState_Ensure();
+    {
+        PyGILState_STATE state = PyGILState_Ensure();
+        if (w != NULL)
+            Py_CLEAR(w->held);  /* its reply was written since: this thread wrote it */
+        return state;
+    }
+}
+
+void bridge_hold(PyObject *r)
+{
+    Worker *w = worker();
+    if (w == NULL) {  /* cannot be kept: the caller holds the GIL, so nothing may read it after */
+        Py_DECREF(r);
+        return;
+    }
+    Py_XSETREF(w->held, r);
 }
 
 void bridge_leave(PyGILState_STATE state)

@@ -4,7 +4,8 @@
  * ops.c     libfuse 3's low-level operations
  * bridge.c  calls into Python: thread states, the GIL, replies parsed from Python values
  * tables.c  shard tables attached by the control plane, and the node ids of their rows
- * cache.c   the byte cache: a block's encoded files, or its decompressed bytes
+ * cache.c   the byte cache: bytes keyed by (shard, kind, block), bounded, filled once (cache.h)
+ * readpath.c a read of a table row: from the byte cache, located.c, or the control plane's fill
  * located.c files read where their bytes lie (the table's locators), without Python
  * dictionaries.c zstd dictionaries shared by the shards that have the same one
  * diskblocks.c the decoded-block cache on local disk (--decoded-cache)
@@ -26,6 +27,8 @@
 #include <sys/stat.h>
 #include <sys/types.h>
 #include <zstd.h>
+
+#include "cache.h"
 
 /* The Python methods the engine calls (the control plane, atlasfs/fuse/engine.py). */
 enum {
@@ -85,36 +88,6 @@ typedef struct {
     Located *located;
 } ShardTable;
 
-/* What a byte cache entry holds (cache.c): a block's encoded files (rows first_row ..
- * first_row + count - 1), a block's decompressed bytes (its payload, located.c: only its
- * compressed zstd blocks' bytes and its frame's map when it is sparse), the map of
- * its zstd frame's blocks stored as is (located.c), one file read alone (KIND_RUN, keyed
- * by its row instead of its block, located.c), or the block's kept files, decompressed from
- * the table (KIND_KEPT, located.c). */
-enum { KIND_FILES, KIND_PAYLOAD, KIND_FRAME, KIND_RUN, KIND_KEPT };
-enum { FILLING, READY };
-
-typedef struct CachedBlock CachedBlock;
-struct CachedBlock {
-    uint64_t shard, block, first_row, count;
-    int kind;
-    uint64_t *offsets;  /* KIND_FILES: count + 1, ascending, the last the data's length */
-    char *data;
-    size_t length;      /* bytes in data */
-    size_t bytes;       /* what the entry costs the bound */
-    size_t capacity;    /* bytes allocated at data (>= length; from the buffer pool or malloc) */
-    uint64_t verified;  /* KIND_PAYLOAD: 1 + the row whose run was last checked in it */
-    uint64_t served;    /* KIND_PAYLOAD: bytes of runs checked in it (what it gave; eviction's guide) */
-    int state, readers;
-    int orphan;         /* replaced by a longer one while read: freed by its last reader */
-    int in_flight;      /* a payload completed while its bytes are still reserved (cache_reserve):
-                         * charged to the bound as reserved, not twice (cache_settle) */
-    int sparse;         /* KIND_PAYLOAD: the frame's map and only its compressed zstd blocks'
-                         * bytes (located.c Sparse); `length` is then how far it maps */
-    CachedBlock *next, *prev;  /* the LRU list, most recently used first */
-    CachedBlock *hnext;        /* the hash chain */
-};
-
 typedef struct {
     PyObject_HEAD
     struct fuse_session *se;
@@ -136,19 +109,7 @@ typedef struct {
     /* Shard tables, one slot per shard position. */
     ShardTable *tables;
     Py_ssize_t ntables;
-    /* The byte cache (cache.c). */
-    pthread_mutex_t cache_lock;
-    pthread_cond_t cache_filled, cache_room;
-    CachedBlock *cache_head, *cache_tail, **cache_buckets;
-    size_t cache_bytes, cache_bound;
-    size_t cache_flight;  /* bytes reserved for payloads being made and served (cache_reserve) */
-    uint64_t reserve_next, reserve_turn;  /* cache_reserve's tickets: waiters served in turn */
-    size_t cache_idle;    /* entries ready in the cache that no one reads (what shrink can evict) */
-    size_t cache_evicted, cache_trimmed_at;  /* bytes evicted so far, and when memory was last given back */
-    /* Free buffers kept for the next payloads (cache.c buffer_get/buffer_put): at most
-     * POOL_SLOTS, pool_bytes within min(cache_bound / 2, POOL_MAX), under cache_lock. */
-    char *pool[8];
-    size_t pool_cap[8], pool_bytes;
+    ByteCache cache;  /* the byte cache (cache.c) */
     /* Stored bytes of the shards whose located reads are attached (located.c: what a shuffled
      * pass needs the cache to hold), and blocks' frames decompressed: whole (kept for the
      * pass), up to a read file's end, and reads that waited for another worker's. */
@@ -189,41 +150,14 @@ void *bridge_scratch(size_t size);
  * written to the kernel with the GIL released: the copy and *got, or NULL and *err (ENOMEM,
  * or bridge_errno's answer for anything but such bytes). GIL held. */
 char *bridge_read_reply(PyObject *r, size_t size, size_t *got, int *err, const char *what);
+/* `r` (the reference is handed over) kept until this worker's next call into Python: a reply
+ * written from its own bytes with the GIL released. GIL held. */
+void bridge_hold(PyObject *r);
 
-/* cache.c */
-int cache_init(Session *s, size_t bound);
-void cache_free(Session *s);
-int cache_read(Session *s, fuse_req_t req, fuse_ino_t ino, size_t size, off_t off);
-CachedBlock *cache_acquire(Session *s, uint64_t shard, int kind, uint64_t block, int *mine);
-CachedBlock *cache_peek(Session *s, uint64_t shard, int kind, uint64_t block);
-void cache_complete(Session *s, CachedBlock *b, char *data, size_t length);
-/* As cache_complete, `capacity` bytes allocated at `data` (charged to the bound; at least
- * `length`, but for a sparse payload, whose `length` is how far it maps). */
-void cache_complete_sized(Session *s, CachedBlock *b, char *data, size_t length, size_t capacity);
-/* The ready entry of at least `min_length` bytes held for reading, waiting for one being
- * filled (*waited then 1); else a new entry being filled by this worker (*mine 1), an older
- * shorter one replaced (freed by its last reader). NULL: no memory. */
-CachedBlock *cache_acquire_min(Session *s, uint64_t shard, int kind, uint64_t block, size_t min_length, int *mine,
-                               int *waited);
-/* `data` (`length` bytes, malloc'd) kept as the ready entry (shard, kind, block) if there is
- * none, or in place of a shorter ready one (freed by its last reader); else freed. */
-void cache_put(Session *s, uint64_t shard, int kind, uint64_t block, char *data, size_t length);
-/* A buffer of at least `size` bytes (*capacity: its size) from the pool, or malloc'd; NULL:
- * no memory. buffer_put gives it back to the pool (or frees it). */
-char *buffer_get(Session *s, size_t size, size_t *capacity);
-void buffer_put(Session *s, char *data, size_t capacity);
-void cache_abandon(Session *s, CachedBlock *b);
-void cache_release(Session *s, CachedBlock *b);
-/* `bytes` of the bound reserved for a block's payload being made and served by this worker
- * (located.c): what no reader holds is evicted to make room, and while other workers' payloads
- * leave none within half the bound, this one waits; a payload larger than that waits for none
- * to be in flight, and goes alone. Given back by cache_unreserve. */
-void cache_reserve(Session *s, size_t bytes);
-void cache_unreserve(Session *s, size_t bytes);
-/* As cache_complete_sized, for a payload whose `reserved` bytes are still reserved: charged
- * as reserved until cache_settle gives the reservation back and charges it as an entry. */
-void cache_complete_reserved(Session *s, CachedBlock *b, char *data, size_t length, size_t capacity);
-void cache_settle(Session *s, CachedBlock *b, size_t reserved);
+/* readpath.c: a read of a table row whose size is known, from the byte cache, else where
+ * its bytes lie (located.c), else filled by the control plane: 1 answered, 0 not a row C
+ * answers (the control plane does), or a negative errno. */
+int readpath_read(Session *s, fuse_req_t req, fuse_ino_t ino, size_t size, off_t off);
 
 /* located.c */
 PyObject *located_attach(Session *self, PyObject *args);

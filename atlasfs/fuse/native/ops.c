@@ -12,6 +12,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
+#include <sys/uio.h>
 
 /* Smallest space one entry takes in a listing: the fixed part and a 1-byte name, padded
  * to 8 bytes (struct fuse_dirent is 24 bytes, struct fuse_direntplus 152). */
@@ -278,6 +279,38 @@ static void op_readdirplus(fuse_req_t req, fuse_ino_t ino, size_t size, off_t of
     do_readdir(req, ino, size, off, 1);
 }
 
+/* A reply of at most this many pieces is written from the pieces themselves (fuse_reply_iov:
+ * no copy here; IOV_MAX is 1024); more are gathered into the worker's buffer (bridge_read_reply). */
+#define IOV_PIECES 256
+
+/* A read's reply `r` that is a list of at most IOV_PIECES bytes, `size` bytes at most in all,
+ * written to the kernel from its own bytes, the GIL released (`gil`: left here): 1. The list
+ * (which holds its pieces, immutable) is kept until this worker's next call into Python. 0:
+ * anything else, nothing done. GIL held. */
+static int reply_pieces(fuse_req_t req, PyObject *r, size_t size, PyGILState_STATE gil)
+{
+    struct iovec iov[IOV_PIECES];
+    Py_ssize_t i, n;
+    size_t total = 0;
+    if (r == NULL || !PyList_Check(r) || (n = PyList_GET_SIZE(r)) > IOV_PIECES)
+        return 0;
+    for (i = 0; i < n; i++) {
+        PyObject *piece = PyList_GET_ITEM(r, i);
+        if (!PyBytes_Check(piece) || (size_t)PyBytes_GET_SIZE(piece) > size - total)
+            return 0;  /* bridge_read_reply says what is wrong */
+        iov[i].iov_base = PyBytes_AS_STRING(piece);
+        iov[i].iov_len = (size_t)PyBytes_GET_SIZE(piece);
+        total += iov[i].iov_len;
+    }
+    bridge_hold(r);
+    bridge_leave(gil);
+    if (n == 0)
+        fuse_reply_buf(req, NULL, 0);
+    else
+        fuse_reply_iov(req, iov, (int)n);
+    return 1;
+}
+
 static void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, struct fuse_file_info *fi)
 {
     Session *s = session_of(req);
@@ -286,7 +319,7 @@ static void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, stru
     int err = 0;
     PyGILState_STATE gil;
     PyObject *r;
-    int cached = cache_read(s, req, ino, size, off);  /* a row of an attached table: 1 answered */
+    int cached = readpath_read(s, req, ino, size, off);  /* a row of an attached table: 1 answered */
     if (cached != 0) {
         if (cached < 0)
             fuse_reply_err(req, -cached);
@@ -297,6 +330,8 @@ static void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, stru
     r = bridge_call(s, CB_READ, Py_BuildValue("(KLn)", (unsigned long long)ino, (long long)off,
                                                          (Py_ssize_t)size));
     (void)fi;
+    if (reply_pieces(req, r, size, gil))
+        return;
     buf = bridge_read_reply(r, size, &got, &err, "read");
     Py_XDECREF(r);
     bridge_leave(gil);
