@@ -329,3 +329,17 @@ def test_the_pipeline_s_dataset_mounts(pipeline: tuple[Path, list]) -> None:
                  for p in sorted(mnt.rglob("*")) if p.is_file()}
     assert shown == {f"{s['__key__']}.{suffix}": data for s in expected for suffix, data in s.items()
                      if suffix != "__key__"}
+
+
+def test_no_cluster_at_the_address_is_one_line(dataset: Path, tmp_path: Path) -> None:
+    """An address where no cluster answers: one line at once (Ray alone retries for minutes)."""
+    import socket
+    with socket.socket() as unused:  # a port of this machine that nothing listens on
+        unused.bind(("127.0.0.1", 0))
+        port = unused.getsockname()[1]
+    started = time.monotonic()
+    got = _run(["verify", str(dataset), "--ray", f"127.0.0.1:{port}"], timeout=60)
+    assert time.monotonic() - started < 30
+    assert got.returncode == 1 and got.stdout == ""
+    assert got.stderr == (f"atlasfs: --ray 127.0.0.1:{port}: no Ray cluster answers there (Connection refused); "
+                          "start one with `ray start --head`, or give its head's host:port\n")

@@ -24,6 +24,7 @@ import contextlib
 import logging
 import os
 import signal
+import socket
 import sys
 import uuid
 from collections.abc import Callable
@@ -52,6 +53,8 @@ def connect(address: str | None) -> bool:
     are kept (Ray installs its own)."""
     if ray.is_initialized():
         return False
+    if address is not None:
+        _reachable(address)
     kept = {sig: signal.getsignal(sig) for sig in interrupts.SIGNALS}
     try:
         with interrupts.deferred():
@@ -61,6 +64,25 @@ def connect(address: str | None) -> bool:
         for sig, handler in kept.items():
             signal.signal(sig, handler)
     return address is None
+
+
+#: Seconds to reach a cluster's head before saying it cannot be reached (Ray itself retries
+#: for minutes, printing its own warnings).
+CONNECT_SECONDS = 5
+
+
+def _reachable(address: str) -> None:
+    """Raise :class:`~atlasfs.options.OptionError` (one line) if ``host:port`` does not
+    answer within :data:`CONNECT_SECONDS`; other forms (``ray://``, ``auto``) are Ray's."""
+    host, _, port = address.rpartition(":")
+    if not host or "/" in host or not port.isdigit():
+        return
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=CONNECT_SECONDS).close()
+    except OSError as exc:
+        from atlasfs.options import OptionError
+        raise OptionError(f"--ray {address}: no Ray cluster answers there ({exc.strerror or exc}); "
+                          "start one with `ray start --head`, or give its head's host:port") from None
 
 
 def _descendants(pid: int) -> list[int]:
