@@ -13,7 +13,7 @@ from pathlib import Path
 import atlasfs.formats
 from atlasfs.formats.factory import FORMATS
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 def section(path: Path, heading: str) -> str:

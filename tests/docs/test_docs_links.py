@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 DOCS = sorted([REPO / "README.md", REPO / "CHANGELOG.md", *(REPO / "docs").glob("*.md")])
 #: Docs another change brings, linked ahead of it (issue #38's Ray executor writes docs/cluster.md).
 #: A pending link may be missing; once its file exists it is checked like any other.

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-PACKAGE = Path(__file__).resolve().parents[1] / "atlasfs"
+PACKAGE = Path(__file__).resolve().parents[2] / "atlasfs"
 
 #: Each layer's rank: a module may import modules of its rank or lower. The key is the
 #: first name below ``atlasfs`` (a sub-package or a top-level module).
@@ -128,7 +128,7 @@ def problems(package: Path) -> list[str]:
         where = path.relative_to(package.parent)
         own = layer_of(package, module_name(package, path))
         if own not in RANKS:
-            lines.append(f"{where}: in no layer (add {own!r} to RANKS in tests/test_layers.py)")
+            lines.append(f"{where}: in no layer (add {own!r} to RANKS in tests/unit/test_layers.py)")
             continue
         for imp in imports_of(package, path):
             top = imp.module.split(".")[0]

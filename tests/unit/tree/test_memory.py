@@ -107,7 +107,7 @@ def test_reading_every_file_from_threads_keeps_no_decoded_block_beyond_the_cache
             worker.join()
         assert tree.blocks.readahead is not None
         blocks, examples = _live()
-    # read-ahead's thread ends once idle (tests/test_readahead.py counts such threads)
+    # read-ahead's thread ends once idle (tests/unit/tree/test_readahead.py counts such threads)
     wait_until(lambda: not any(t.name == "atlasfs-readahead" for t in threading.enumerate()))
     # threads may each hold one block they are reading beside what the cache holds
     assert blocks <= capacity + threads and examples <= (capacity + threads) * BLOCK, (blocks, examples, capacity)
