@@ -450,15 +450,15 @@ static CachedBlock *acquire_made(Session *s, const Located *l, uint64_t shard, i
                                  int (*make)(const Located *, uint64_t, char **, size_t *))
 {
     int mine;
-    CachedBlock *b = cache_acquire(s, shard, kind, block, &mine);
+    CachedBlock *b = cache_acquire(&s->cache, shard, kind, block, &mine);
     if (b != NULL && mine) {
         char *data;
         size_t length;
         if (make(l, block, &data, &length) != 0) {
-            cache_abandon(s, b);
+            cache_abandon(&s->cache, b);
             return NULL;
         }
-        cache_complete(s, b, data, length);
+        cache_complete(&s->cache, b, data, length);
     }
     return b;
 }
@@ -475,7 +475,7 @@ static int serve_kept(Session *s, const Located *l, fuse_req_t req, uint64_t sha
     ok = span->offset + span->length <= b->length && tied_to_block(l, block, span, b->data + span->offset);
     if (ok)
         reply_parts(req, b->data + span->offset, (size_t)span->length, NULL, 0, size, off);
-    cache_release(s, b);
+    cache_release(&s->cache, b);
     return ok;
 }
 
@@ -691,20 +691,20 @@ static int serve_stored_run(Session *s, const Located *l, fuse_req_t req, uint64
     char *file;
     int ok, mine;
     if (l->compressed) {
-        m = cache_acquire(s, shard, KIND_FRAME, block, &mine);
+        m = cache_acquire(&s->cache, shard, KIND_FRAME, block, &mine);
         if (m == NULL)
             return 0;
         if (mine) {
             FrameBlock *map = NULL;
             size_t n = 0;
             if (map_frame(l, block, &map, &n) != 0) {
-                cache_abandon(s, m);
+                cache_abandon(&s->cache, m);
                 return 0;
             }
-            cache_complete(s, m, (char *)map, n * sizeof *map);
+            cache_complete(&s->cache, m, (char *)map, n * sizeof *map);
         }
         if (m->length == 0) {  /* its first zstd block is compressed: nothing stored as is */
-            cache_release(s, m);
+            cache_release(&s->cache, m);
             return 0;
         }
     }
@@ -714,7 +714,7 @@ static int serve_stored_run(Session *s, const Located *l, fuse_req_t req, uint64
                             m ? m->length / sizeof(FrameBlock) : 0) == 0
          && run_checks(span, file + span->prefix_len);
     if (m != NULL)
-        cache_release(s, m);
+        cache_release(&s->cache, m);
     COUNT(s, ST_STORED, ok);
     if (!ok) {
         free(file);
@@ -723,12 +723,12 @@ static int serve_stored_run(Session *s, const Located *l, fuse_req_t req, uint64
     if (span->prefix_len > 0)  /* a run with no prefix has a NULL one: memcpy's arguments must not be NULL */
         memcpy(file, span->prefix, span->prefix_len);
     reply_parts(req, file, length, NULL, 0, size, off);
-    if (keep && (kept = cache_acquire(s, shard, KIND_RUN, row, &mine)) != NULL) {
+    if (keep && (kept = cache_acquire(&s->cache, shard, KIND_RUN, row, &mine)) != NULL) {
         if (mine) {
-            cache_complete(s, kept, file, length);  /* the cache's now */
+            cache_complete(&s->cache, kept, file, length);  /* the cache's now */
             file = NULL;
         }
-        cache_release(s, kept);
+        cache_release(&s->cache, kept);
     }
     free(file);
     return 1;
@@ -892,7 +892,7 @@ static int keep_whole(Session *s, const Located *l, uint64_t block)
     if (of == 0)
         return 1;
     need = (double)__atomic_load_n(&s->located_stored, __ATOMIC_RELAXED) * per_byte;
-    return (double)stored * per_byte <= (double)s->cache_bound && need <= (double)s->cache_bound;
+    return (double)stored * per_byte <= (double)s->cache.bound && need <= (double)s->cache.bound;
 }
 
 /* The sparse payload of the `decoded` bytes at `data` (a frame decompressed from its start,
@@ -1016,7 +1016,7 @@ static int sparse_run(const Located *l, uint64_t block, const CachedBlock *b, ui
 static void keep_map(Session *s, uint64_t shard, uint64_t block, FrameBlock *map, size_t n)
 {
     if (n > 0)
-        cache_put(s, shard, KIND_FRAME, block, (char *)map, n * sizeof *map);
+        cache_put(&s->cache, shard, KIND_FRAME, block, (char *)map, n * sizeof *map);
     else
         free(map);
 }
@@ -1042,7 +1042,7 @@ static CachedBlock *acquire_payload(Session *s, const Located *l, uint64_t shard
                                     int *on_disk)
 {
     int mine, waited;
-    CachedBlock *b = cache_acquire_min(s, shard, KIND_PAYLOAD, block, (size_t)need, &mine, &waited);
+    CachedBlock *b = cache_acquire_min(&s->cache, shard, KIND_PAYLOAD, block, (size_t)need, &mine, &waited);
     uint64_t content = 0, want;
     size_t cap, capacity = 0, decoded = 0, nmap = 0;
     FrameBlock *map = NULL;
@@ -1060,28 +1060,28 @@ static CachedBlock *acquire_payload(Session *s, const Located *l, uint64_t shard
     if (l->disk_key != 0 && diskblocks_has(s, l->disk_key, block)) {
         /* Written by the worker that made it since this one looked (and its payload evicted
          * meanwhile): read from there, never decompressed twice. */
-        cache_abandon(s, b);
+        cache_abandon(&s->cache, b);
         *on_disk = 1;
         return NULL;
     }
     if (!l->compressed) {
         uint64_t stored = l->starts[block + 1] - l->starts[block];
         if (stored > l->max_block_bytes) {  /* before reserving: a lying index would empty the cache */
-            cache_abandon(s, b);
+            cache_abandon(&s->cache, b);
             return NULL;
         }
-        cache_reserve(s, (size_t)stored);
+        cache_reserve(&s->cache, (size_t)stored);
         if (load_stored(l, block, &data, &decoded) != 0) {
-            cache_abandon(s, b);
-            cache_unreserve(s, (size_t)stored);
+            cache_abandon(&s->cache, b);
+            cache_unreserve(&s->cache, (size_t)stored);
             return NULL;
         }
-        cache_complete_reserved(s, b, data, decoded, decoded);
+        cache_complete_reserved(&s->cache, b, data, decoded, decoded);
         *reserved = (size_t)stored;
         return b;
     }
     if (frame_content(l, block, &content) != 0 || need > content) {
-        cache_abandon(s, b);
+        cache_abandon(&s->cache, b);
         return NULL;
     }
     /* With a decoded cache, whole: written once, never decompressed again. */
@@ -1089,13 +1089,13 @@ static CachedBlock *acquire_payload(Session *s, const Located *l, uint64_t shard
     whole = to_disk || keep_whole(s, l, block) || need >= content - content / 8;
     want = whole ? content : need;
     cap = (size_t)(whole || content - need < ZSTD_BLOCKSIZE_MAX ? content : need + ZSTD_BLOCKSIZE_MAX);
-    cache_reserve(s, cap);
-    data = buffer_get(s, cap ? cap : 1, &capacity);
+    cache_reserve(&s->cache, cap);
+    data = buffer_get(&s->cache, cap ? cap : 1, &capacity);
     if (data == NULL || decode_frame(l, block, data, cap, content, want, &decoded, &map, &nmap) != 0) {
         if (data != NULL)
-            buffer_put(s, data, capacity);
-        cache_abandon(s, b);
-        cache_unreserve(s, cap);
+            buffer_put(&s->cache, data, capacity);
+        cache_abandon(&s->cache, b);
+        cache_unreserve(&s->cache, cap);
         return NULL;
     }
     __atomic_add_fetch(decoded == content ? &s->frames_whole : &s->frames_partial, 1, __ATOMIC_RELAXED);
@@ -1108,7 +1108,7 @@ static CachedBlock *acquire_payload(Session *s, const Located *l, uint64_t shard
             /* Only what cannot be read from disk stays: the decompressed buffer goes back to the
              * pool, and its reservation with it (once written to the decoded cache, if any). */
             b->sparse = 1;
-            cache_complete_sized(s, b, blob, decoded, blob_len);
+            cache_complete_sized(&s->cache, b, blob, decoded, blob_len);
             if (to_disk) {
                 pending->data = data;
                 pending->length = decoded;
@@ -1116,13 +1116,13 @@ static CachedBlock *acquire_payload(Session *s, const Located *l, uint64_t shard
                 pending->reserved = cap;
                 pending->pooled = 1;
             } else {
-                buffer_put(s, data, capacity);
-                cache_unreserve(s, cap);
+                buffer_put(&s->cache, data, capacity);
+                cache_unreserve(&s->cache, cap);
             }
             cap = 0;
             capacity = blob_len;
         } else {
-            cache_complete_reserved(s, b, data, decoded, capacity);
+            cache_complete_reserved(&s->cache, b, data, decoded, capacity);
             if (to_disk) {  /* the payload's own bytes: held by this reader until written */
                 pending->data = data;
                 pending->length = decoded;
@@ -1148,8 +1148,8 @@ static void finish_pending(Session *s, const Located *l, uint64_t block, Pending
     if (write)
         diskblocks_write(s, l->disk_key, block, pending->data, pending->length);
     if (pending->pooled) {
-        buffer_put(s, pending->data, pending->capacity);
-        cache_unreserve(s, pending->reserved);
+        buffer_put(&s->cache, pending->data, pending->capacity);
+        cache_unreserve(&s->cache, pending->reserved);
     }
     pending->data = NULL;
 }
@@ -1158,8 +1158,8 @@ static void finish_pending(Session *s, const Located *l, uint64_t block, Pending
 static void let_go(Session *s, CachedBlock *b, size_t reserved)
 {
     if (reserved)
-        cache_settle(s, b, reserved);
-    cache_release(s, b);
+        cache_settle(&s->cache, b, reserved);
+    cache_release(&s->cache, b);
 }
 
 /* A file read in pieces (`run`: its run, checked) kept whole for its next pieces, which the
@@ -1168,21 +1168,21 @@ static void keep_pieces(Session *s, uint64_t shard, uint64_t row, const Span *sp
 {
     uint64_t file_length = span->prefix_len + span->length;
     int mine;
-    CachedBlock *kept = cache_acquire(s, shard, KIND_RUN, row, &mine);
+    CachedBlock *kept = cache_acquire(&s->cache, shard, KIND_RUN, row, &mine);
     if (kept != NULL && mine) {
         char *file = malloc((size_t)file_length);
         if (file == NULL) {
-            cache_abandon(s, kept);
+            cache_abandon(&s->cache, kept);
             kept = NULL;
         } else {
             if (span->prefix_len > 0)
                 memcpy(file, span->prefix, span->prefix_len);
             memcpy(file + span->prefix_len, run, (size_t)span->length);
-            cache_complete(s, kept, file, (size_t)file_length);
+            cache_complete(&s->cache, kept, file, (size_t)file_length);
         }
     }
     if (kept != NULL)
-        cache_release(s, kept);
+        cache_release(&s->cache, kept);
 }
 
 /* The run read from the block's file in the decoded cache, checked, and answered: 1, or 0 (not
@@ -1237,21 +1237,21 @@ static int serve_run(Session *s, const Located *l, fuse_req_t req, uint64_t shar
      * decoded cache; else a read of the whole file takes the run alone where it is stored as
      * is, and the first read of a file read in pieces (the kernel's read-ahead) takes it whole
      * and keeps it for the next pieces. */
-    b = cache_peek(s, shard, KIND_PAYLOAD, block);
+    b = cache_peek(&s->cache, shard, KIND_PAYLOAD, block);
     if (b != NULL && b->length < end) {
-        cache_release(s, b);
+        cache_release(&s->cache, b);
         b = NULL;
     }
     if (b == NULL && l->disk_key != 0 && serve_decoded(s, l, req, shard, row, block, span, size, off))
         return 1;
     if (b == NULL) {
         uint64_t file_length = span->prefix_len + span->length;
-        CachedBlock *kept = file_length <= RUN_KEEP_MAX ? cache_peek(s, shard, KIND_RUN, row) : NULL;
+        CachedBlock *kept = file_length <= RUN_KEEP_MAX ? cache_peek(&s->cache, shard, KIND_RUN, row) : NULL;
         if (kept != NULL) {
             int whole = kept->length == file_length;
             if (whole)
                 reply_parts(req, kept->data, kept->length, NULL, 0, size, off);
-            cache_release(s, kept);
+            cache_release(&s->cache, kept);
             if (whole)
                 return 1;
         }
@@ -1311,9 +1311,9 @@ static int serve_run(Session *s, const Located *l, fuse_req_t req, uint64_t shar
     /* After the reply: the write costs this reader nothing, and no other (no lock is held; the
      * block's other readers read the payload meanwhile). Only a frame whose run checked out. */
     if (reserved)
-        cache_settle(s, b, reserved);
+        cache_settle(&s->cache, b, reserved);
     finish_pending(s, l, block, &pending, ok);
-    cache_release(s, b);
+    cache_release(&s->cache, b);
     keep_map(s, shard, block, map, nmap);  /* after the payload went, if it must: the map stays */
     return ok;
 }

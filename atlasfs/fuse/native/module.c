@@ -41,7 +41,7 @@ static int Session_init(Session *self, PyObject *args, PyObject *kwds)
         PyErr_SetString(PyExc_ValueError, "the session is set up already, or cache_bytes < 0");
         return -1;
     }
-    if (tables_init(self, shards) != 0 || cache_init(self, (size_t)cache_bytes) != 0)
+    if (tables_init(self, shards) != 0 || cache_init(&self->cache, (size_t)cache_bytes) != 0)
         return -1;
     if (bridge_setup() != 0) {
         PyErr_SetString(PyExc_RuntimeError, "no thread-specific key for libfuse's workers");
@@ -202,8 +202,8 @@ static void Session_dealloc(Session *self)
     session_close(self);
     tables_free(self);
     diskblocks_free(self);
-    if (self->cache_buckets != NULL)
-        cache_free(self);
+    if (self->cache.buckets != NULL)
+        cache_free(&self->cache);
     for (i = 0; i < CB_COUNT; i++)
         Py_CLEAR(self->callbacks[i]);
     Py_CLEAR(self->bridge);
