@@ -12,12 +12,11 @@ from pathlib import Path
 import pytest
 
 import atlasfs.tree.tarstream as tarstream
-from atlasfs import AtlasDataset
+from atlasfs import AtlasDataset, AtlasWriter
 from atlasfs.tree.blocktree import BlockTree
 from atlasfs.tree.table.store import TableStore
 from atlasfs.tree.tarview import TarView
 from fusemount import atlasfs
-from test_tarview import _dataset, _export
 
 
 def _read(streams: tarstream.Streams, key: str, offset: int, stop: int,
@@ -95,10 +94,22 @@ def test_passes_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
     assert _read(streams, "c", 10, 20, _pieces) is None
 
 
+def _dataset(path: Path) -> Path:
+    """120 examples in 3 shards of blocks of 6, a key needing a pax header among them."""
+    rng = random.Random(7)
+    keys = [f"k{i:04d}" for i in range(120)]
+    keys[3] = "x" * 120
+    with AtlasWriter(path, shard_size=50, block_size=6, compression_strategy=1) as writer:
+        for i, key in enumerate(keys):
+            writer.add_example({"__key__": key, "jpg": rng.randbytes(rng.randrange(1, 3000)), "cls": i,
+                                "json": {"i": i}})
+    return path
+
+
 def test_a_tar_read_in_order_through_the_view_makes_no_lookup_per_member(tmp_path: Path,
                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     dataset = _dataset(tmp_path / "ds")
-    _export(dataset, tmp_path / "out")
+    assert atlasfs("export", str(dataset), str(tmp_path / "out")).returncode == 0
     atlasfs("index", str(dataset))
     tree = BlockTree(AtlasDataset(dataset), store=TableStore(str(dataset)))
     view = TarView(tree)
