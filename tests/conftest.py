@@ -51,3 +51,17 @@ def ray_address() -> str:
         yield ray.get_runtime_context().gcs_address
     finally:
         ray.shutdown()
+
+
+#: Markers given by folder: every test under tests/mount/ mounts a real FUSE filesystem, and
+#: tests/loaders/ holds the real loaders' tests (make test-loaders selects them by marker).
+_FOLDER_MARKS = {"mount": ("fuse",), "loaders": ("loaders", "fuse")}
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m selects by marker
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark each test by the folder it is in (_FOLDER_MARKS)."""
+    for item in items:
+        parts = item.path.relative_to(_TESTS).parts if item.path.is_relative_to(_TESTS) else ()
+        for name in _FOLDER_MARKS.get(parts[0] if len(parts) > 1 else "", ()):
+            item.add_marker(name)

@@ -31,7 +31,6 @@ from fusemount import atlasfs, force_unmount, is_mounted, mounted
 from helpers import REFERENCE, REPO
 from loaderdata import loader_dataset, sqlite_rows
 
-pytestmark = pytest.mark.loaders
 
 LOADERS = Path(os.environ.get("ATLASFS_LOADERS_VENV") or REPO / ".venv-loaders")
 SCRIPTS = REPO / "tests" / "support" / "loaderscripts"
