@@ -4,7 +4,7 @@
 # against it. pytest starts with the sanitizer runtimes preloaded
 # (the extension it imports needs them first); tests/conftest.py then takes LD_PRELOAD out of
 # the environment of the programs the tests run (coreutils' dd aborts under a preloaded ASan)
-# and tests/fusemount.py gives it back to the `atlasfs` commands, the mount daemons. A report
+# and tests/support/fusemount.py gives it back to the `atlasfs` commands, the mount daemons. A report
 # from any daemon is a file in the log folder: any such file fails this stage.
 # Usage: scripts/test-sanitized.sh VENV [TEST_FILE...] (the FUSE tests below when none is given)
 set -euo pipefail
@@ -12,8 +12,9 @@ venv=$(cd "$1" && pwd)
 shift
 tests=("$@")
 if [ ${#tests[@]} -eq 0 ]; then
-    tests=(tests/test_native.py tests/test_mount.py tests/test_hardening_mount.py tests/test_safety.py
-           tests/test_faults.py tests/test_tarview.py tests/test_located_reads.py tests/test_located_kinds.py tests/test_native_fifos.py tests/test_native_memory.py tests/test_decoded_cache.py
+    tests=(tests/test_native.py tests/mount/test_mount.py tests/mount/test_hardening_mount.py tests/mount/test_safety.py
+           tests/mount/test_faults.py tests/test_tarview.py tests/mount/test_located_reads.py tests/mount/test_located_kinds.py
+           tests/mount/test_native_fifos.py tests/mount/test_native_memory.py tests/test_decoded_cache.py
            tests/test_order.py)
 fi
 repo=$(cd "$(dirname "$0")/.." && pwd)

@@ -5,9 +5,8 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from test_dolma_source import expected_files, make_dataset
-
 from contract import FormatContract
+from dolmadata import expected_files, make_dataset
 
 MADE: dict[Path, dict] = {}
 

@@ -4,16 +4,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from test_lavender_source import _dataset
-
 from contract import FormatContract
+from lavenderdata import lavender_dataset
 
 
 class TestLavenderContract(FormatContract):
     kind = "lavender"
 
     def write(self, root: Path) -> Path:
-        _dataset(root, shards=2, rows=10)
+        lavender_dataset(root, shards=2, rows=10)
         return root
 
     def damage(self, dataset: Path) -> str:

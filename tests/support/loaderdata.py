@@ -1,4 +1,4 @@
-"""What the loader tests share (tests/test_loader_indexes.py, tests/test_loaders_real.py): the
+"""What the loader tests share (tests/mount/test_loader_indexes.py, tests/loaders/test_loaders_real.py): the
 Atlas dataset they read (samples of random bytes as ``jpg`` with a ``cls`` and a ``json``, in
 small blocks), and what an energon ``index.sqlite`` holds."""
 

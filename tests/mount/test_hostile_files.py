@@ -225,7 +225,6 @@ def assert_unreadable(daemon: Daemon, shard: str) -> None:
 # ---------------------------------------------------------------- the dictionary (points 2 and 5)
 
 
-@pytest.mark.fuse
 @pytest.mark.parametrize("strategy", [2, 3])
 def test_a_fifo_put_in_place_of_the_dictionary_after_mounting_fails_only_what_needs_it(
         tmp_path: Path, strategy: int) -> None:
@@ -250,7 +249,6 @@ def test_a_fifo_put_in_place_of_the_dictionary_after_mounting_fails_only_what_ne
     assert "Traceback" not in logged, logged
 
 
-@pytest.mark.fuse
 @pytest.mark.parametrize("strategy", [2, 3])
 def test_a_fifo_in_place_of_the_dictionary_before_mounting_is_said_at_once(tmp_path: Path, strategy: int) -> None:
     """Strategy 2: the dataset's dictionary, so the dataset is refused in one line; strategy 3:
@@ -272,7 +270,6 @@ def test_a_fifo_in_place_of_the_dictionary_before_mounting_is_said_at_once(tmp_p
     assert line in daemon.logged()
 
 
-@pytest.mark.fuse
 @pytest.mark.parametrize("strategy", [2, 3])
 def test_a_sparse_1_gib_dictionary_is_refused_unread(tmp_path: Path, strategy: int) -> None:
     """A 1 GiB dictionary was read whole (the daemon at 2 GiB). Past MAX_DICTIONARY_BYTES it is
@@ -298,7 +295,6 @@ def test_a_sparse_1_gib_dictionary_is_refused_unread(tmp_path: Path, strategy: i
     assert line in daemon.logged()
 
 
-@pytest.mark.fuse
 @pytest.mark.parametrize("tables", [False, True])
 def test_a_dictionary_grown_past_its_bound_after_mounting_is_not_read(tmp_path: Path, tables: bool) -> None:
     """Checked at open by its size, the dictionary is checked again (fstat) when it is read: grown
@@ -321,7 +317,6 @@ def test_a_dictionary_grown_past_its_bound_after_mounting_is_not_read(tmp_path: 
 # ---------------------------------------------------------------- the other files of a shard
 
 
-@pytest.mark.fuse
 def test_a_fifo_in_place_of_data_bin_is_one_line_in_every_command_and_fails_its_shard_alone(tmp_path: Path) -> None:
     dataset = atlas(tmp_path / "ds", 3)
     line = f"{fifo(dataset / '1' / 'data.bin')}: {FIFO}"
@@ -349,7 +344,6 @@ def test_a_fifo_in_place_of_data_bin_is_one_line_in_every_command_and_fails_its_
     assert line in daemon.logged()
 
 
-@pytest.mark.fuse
 @pytest.mark.parametrize("name", ["meta.json", "index.npy"])
 def test_a_fifo_for_a_shards_meta_or_index_fails_that_shard_alone(tmp_path: Path, name: str) -> None:
     """Both were opened blocking: verify, info and the mount hung at open."""
@@ -408,7 +402,6 @@ def webdataset_tars(folder: Path) -> Path:
     return folder
 
 
-@pytest.mark.fuse
 def test_a_fifo_in_place_of_a_webdataset_tar(tmp_path: Path) -> None:
     """Before, a FIFO named like a tar was left out without a word (verify said OK), and one put
     there after mounting hung the first look into its shard."""
@@ -435,7 +428,6 @@ def dolma(root: Path) -> Path:
     return root
 
 
-@pytest.mark.fuse
 @pytest.mark.parametrize("name", ["b.jsonl", "c.jsonl.gz"])
 def test_a_fifo_in_place_of_a_dolma_documents_file(tmp_path: Path, name: str) -> None:
     """The documents file was opened blocking by the pass (verify and the mount's first look hung)."""
@@ -579,7 +571,6 @@ def sparse_index(dataset: Path, shard: str, blocks: int) -> Path:
     return index
 
 
-@pytest.mark.fuse
 def test_an_index_npy_claiming_a_huge_shape_over_a_sparse_file_is_refused_at_its_first_chunk(tmp_path: Path) -> None:
     """A meta.json claiming 2^27 blocks beside a sparse 1 GiB index.npy of that shape: the
     header matched the file's size, so info, verify and a mount's daemon read it whole (1.2 GB)
@@ -612,7 +603,6 @@ def sparse_tar(path: Path, size: int) -> Path:
     return path
 
 
-@pytest.mark.fuse
 def test_a_webdataset_member_past_the_block_bound_is_refused_unread(tmp_path: Path) -> None:
     """A sparse tar whose one member states 1.5 GiB: verify and the daemon read the member
     whole (3 GiB with its copy) before the block bound was applied to what was read. Now a
@@ -654,7 +644,6 @@ def test_a_sparse_lavender_csv_is_read_a_bounded_line_at_a_time(tmp_path: Path) 
     assert "Traceback" not in result.stderr and peak < PEAK, (result, peak >> 20)
 
 
-@pytest.mark.fuse
 def test_a_pbin_document_past_the_block_bound_is_refused_unread(tmp_path: Path) -> None:
     """A sparse .pbin whose index states one document of 1.5 GiB: verify and the daemon read it
     whole (and its .npy copy). Now its block fails unread, in one line; other files serve."""
@@ -708,7 +697,6 @@ def test_a_dolma_block_past_the_block_bound_is_refused_before_it_is_inflated(tmp
     source.close()
 
 
-@pytest.mark.fuse
 @pytest.mark.parametrize("kind", ["pax", "gnu"])
 def test_a_pax_or_long_name_header_stating_a_huge_size_is_not_read(tmp_path: Path, kind: str) -> None:
     """A pax (or GNU long-name) header member stating 1.5 GiB, over a sparse tar: tarfile read
@@ -746,7 +734,6 @@ def test_a_pax_or_long_name_header_stating_a_huge_size_is_not_read(tmp_path: Pat
         assert daemon.peak() < PEAK, f"the daemon peaked at {daemon.peak() >> 20} MiB"
 
 
-@pytest.mark.fuse
 def test_a_stale_sparse_table_of_the_datasets_owner_is_not_copied(tmp_path: Path) -> None:
     """The dataset's owner (another user) leaves a sparse 1 GiB file in .atlasfs-tables whose
     header states its size, but another key (stale, or foreign): each mount copied it whole into

@@ -23,8 +23,6 @@ import zstandard
 from atlasfs import AtlasDataset, AtlasWriter
 from fusemount import atlasfs, force_unmount, is_mounted, mounted, require_fuse
 
-pytestmark = pytest.mark.fuse
-
 
 class Payload:
     """Pickles to a call of ``func(*args)``: what a hostile dataset would contain."""

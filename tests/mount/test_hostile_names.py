@@ -24,7 +24,7 @@ from atlasfs.tree.table.layout import FILE, UNKNOWN_SIZE
 from atlasfs.tree.table.store import BESIDE_DATASET
 from fusemount import IN_CI, atlasfs, mounted
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+README = Path(__file__).resolve().parents[2] / "README.md"
 #: What the README's line archives, and into what, as it is written there.
 README_FOLDER, README_TAR = "/tmp/ds/0", "0.tar"
 
@@ -108,7 +108,6 @@ def _assert_names_safe(mnt: Path) -> None:
             assert not name.startswith("-") and name == name.strip(), (parent, name)
 
 
-@pytest.mark.fuse
 def test_hostile_keys_get_index_keys_and_the_readme_line_archives_the_mount(tmp_path: Path) -> None:
     """Keys that are tar options, from an Atlas dataset and from WebDataset tar members: the
     mount shows them under index keys (every sample still there), and the README's line
@@ -150,7 +149,6 @@ def _stored_key(path: Path) -> dict[str, Any]:
     return json.loads(data[16:16 + length])["key"]
 
 
-@pytest.mark.fuse
 def test_a_forged_table_of_option_names_is_refused_and_rebuilt(tmp_path: Path,
                                                               monkeypatch: pytest.MonkeyPatch) -> None:
     """A stored table beside an untouched dataset, forged (checksums valid) to name the files
@@ -204,7 +202,6 @@ def _tar(path: Path, stem: str) -> None:
             tar.addfile(member, io.BytesIO(data))
 
 
-@pytest.mark.fuse
 @pytest.mark.parametrize("kind", ["webdataset", "dolma", "pbin"])
 def test_shard_files_whose_names_cannot_be_shown_are_left_out_in_one_line_each(tmp_path: Path, kind: str) -> None:
     """A shard's folder is named after its file: tars, .pbin files and Dolma documents files named

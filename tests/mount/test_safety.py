@@ -55,7 +55,6 @@ def _one_line(result: subprocess.CompletedProcess[str], *needles: str) -> str:
     return lines[0]
 
 
-@pytest.mark.fuse
 @pytest.mark.parametrize("where", ["beside", "index-dir"])
 def test_tables_atlasfs_index_stores_serve_another_users_mount(where: str) -> None:
     require_fuse()
@@ -115,7 +114,6 @@ def test_a_dataset_another_user_may_not_read_says_permission_denied() -> None:
         assert code == "1" and message.startswith(f"atlasfs: {hidden}: permission denied (cannot reach it"), message
 
 
-@pytest.mark.fuse
 def test_mounting_a_dataset_another_user_may_not_read_says_permission_denied() -> None:
     require_fuse()
     with shared_folder() as shared:
@@ -131,7 +129,6 @@ def test_mounting_a_dataset_another_user_may_not_read_says_permission_denied() -
         assert message == f"atlasfs: {dataset}: permission denied (cannot read the folder; check its permissions)"
 
 
-@pytest.mark.fuse
 def test_dev_fuse_another_user_may_not_open_says_permission_denied() -> None:
     require_fuse()
     with shared_folder() as shared:

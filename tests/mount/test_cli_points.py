@@ -201,7 +201,6 @@ def test_verify_of_a_cut_off_tar_says_its_problem_once(tmp_path: Path) -> None:
 # ---------------------------------------------------------------- paths
 
 
-@pytest.mark.fuse
 def test_mounting_a_shard_folder_names_the_dataset(tmp_path: Path) -> None:
     require_fuse()
     dataset = Path(shutil.copytree(SHARED_DICT, tmp_path / "ds"))
@@ -286,7 +285,6 @@ def test_pack_says_when_it_fell_back_to_another_strategy(tmp_path: Path) -> None
     assert result.stdout.splitlines() == [f"{tmp_path / 'small'}: 4 shards, 200 examples, strategy 2"], result.stdout
 
 
-@pytest.mark.fuse
 def test_the_demo_script_keeps_its_dataset_and_ends_with_the_quick_start(tmp_path: Path) -> None:
     """`make demo`'s script: the dataset stays where the README's quick start mounts it, the
     script's last lines are that quick start, a second run reuses the dataset, and the

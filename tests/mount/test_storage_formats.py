@@ -30,8 +30,6 @@ from fusemount import atlasfs, is_mounted, mounted
 from s3server import S3Server, s3_server, upload_copy
 from tcpcut import Forwarder
 
-pytestmark = pytest.mark.fuse
-
 BUCKET = "atlas-formats-test"
 #: Each producer's fixtures: (format folder, fixture) -> the dataset inside it.
 CORPUS = [("dolma", "tagged"), ("dolma", "mixed"), ("lavender", "wds_images"), ("lavender", "tabular"),

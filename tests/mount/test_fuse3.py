@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Iterator, Sequence
 
 if __name__ == "__main__":  # run as the server: import atlasfs from this checkout
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import pytest
 
@@ -102,8 +102,6 @@ if __name__ == "__main__":
     sys.exit(0)
 
 from fusemount import atlasfs, force_unmount, is_mounted, mounted, require_fuse  # noqa: E402
-
-pytestmark = pytest.mark.fuse
 
 
 class Served:

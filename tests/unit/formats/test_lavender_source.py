@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 
 import numpy as np
@@ -21,38 +22,13 @@ from atlasfs.formats.lavender import (
     write_csv_shard,
 )
 from formatfixtures import shard_files as files_of
-
-
-def _dataset(root: Path, shards: int = 2, rows: int = 10) -> None:
-    """images (csv, every uid), captions (csv, the last uid of each shard missing, one uid only
-    it has), scores (parquet: float, int, binary, a null)."""
-    for name in ("images", "captions", "scores"):
-        (root / name).mkdir(parents=True, exist_ok=True)
-    for s in range(shards):
-        uids = [f"u{s * rows + i}" for i in range(rows)]
-        write_csv_shard(str(root / "images" / f"shard.{s:05d}.csv"),
-                        [{"uid": u, "image_url": f"https://x/{u}.jpg"} for u in uids])
-        write_csv_shard(str(root / "captions" / f"shard.{s:05d}.csv"),
-                        [{"uid": u, "caption": f"a caption, \"quoted\"\nfor {u} ü"} for u in uids[:-1]]
-                        + [{"uid": f"extra{s}", "caption": "only here"}])
-        pq.write_table(pa.table({"uid": uids, "score": [i / 4 for i in range(rows)],
-                                 "n": list(range(rows)), "jpg": [u.encode() for u in uids],
-                                 "note": [None if i == 1 else f"n{i}" for i in range(rows)]}),
-                       root / "scores" / f"shard.{s:05d}.parquet", row_group_size=4)
-
-
-def _prepared(root: Path, **kwargs: str) -> LavenderSource:
-    source = factory.open_source(str(root), "lavender", factory.SourceOptions(**kwargs))
-    assert isinstance(source, LavenderSource)
-    for shard in source.shards:
-        shard.prepare()
-    return source
+from lavenderdata import lavender_dataset, prepared_source
 
 
 def test_a_sample_is_the_join_by_uid_with_csv_strings_and_parquet_types(tmp_path: Path) -> None:
-    _dataset(tmp_path)
+    lavender_dataset(tmp_path)
     assert looks_like(str(tmp_path)) and not looks_like(str(tmp_path / "images"))
-    source = _prepared(tmp_path, join="left")
+    source = prepared_source(tmp_path, join="left")
     # the uid column is the one every shardset has; the main shardset the one with the most columns
     assert (source.uid, source.main) == ("uid", "scores")
     assert [s.name for s in source.shards] == ["shard.00000", "shard.00001"]
@@ -68,7 +44,7 @@ def test_a_sample_is_the_join_by_uid_with_csv_strings_and_parquet_types(tmp_path
                           "score": 0.5, "n": 2, "jpg": b"u12", "note": "n2"}
     assert "caption" not in samples[9] and "note" not in samples[1]  # join=left: missing from captions; a null
     # join=inner (the default): the sample captions lacks is left out, in one line
-    inner = _prepared(tmp_path).shards[1]
+    inner = prepared_source(tmp_path).shards[1]
     assert [s["__key__"] for b in range(inner.num_blocks) for s in inner.decode_block(b)[0]] == \
         [f"u{10 + i}" for i in range(9)]
     assert f"{scores} row 10: uid 'u19' is not in {captions}: left out (join=inner; join=left shows it without " \
@@ -90,22 +66,22 @@ def test_blocks_follow_parquet_row_groups_and_read_only_their_rows(tmp_path: Pat
     # b holds the same uids backwards, in csv: its rows are found by uid, not by position
     write_csv_shard(str(tmp_path / "b" / "shard.00000.csv"),
                     [{"uid": f"k{i}", "y": f"y{i}"} for i in reversed(range(rows))])
-    [shard] = _prepared(tmp_path).shards
+    [shard] = prepared_source(tmp_path).shards
     assert (shard.block_size, shard.num_blocks) == (1000, 5)
     for block in (3, 0, 4):  # any order
         samples, held = shard.decode_block(block)
         assert held > 0
         assert samples[7] == {"__key__": f"k{block * 1000 + 7}", "x": block * 1000 + 7, "y": f"y{block * 1000 + 7}"}
     pq.write_table(pa.table({"uid": [f"k{i}" for i in range(100000)]}), tmp_path / "a" / "shard.00000.parquet")
-    [shard] = _prepared(tmp_path, main_shardset="a").shards
+    [shard] = prepared_source(tmp_path, main_shardset="a").shards
     assert shard.block_size == 2000 and 100000 % shard.block_size == 0  # an even part of one big row group
     (tmp_path / "a" / "shard.00000.parquet").unlink()
-    [shard] = _prepared(tmp_path).shards
+    [shard] = prepared_source(tmp_path).shards
     assert shard.block_size == BLOCK_ROWS  # csv: runs of rows
 
 
 def test_the_stored_state_restores_without_a_pass_and_the_uid_column_is_part_of_the_key(tmp_path: Path) -> None:
-    _dataset(tmp_path)
+    lavender_dataset(tmp_path)
     source = factory.open_source(str(tmp_path), "lavender")
     shard = source.shards[0]
     state = shard.prepare()
@@ -137,9 +113,9 @@ def test_another_uid_column(tmp_path: Path) -> None:
     for name, column in (("a", "title"), ("b", "body")):
         (tmp_path / name).mkdir()
         write_csv_shard(str(tmp_path / name / "shard.00000.csv"), [{"id": f"d{i}", column: f"{column}{i}"} for i in range(3)])
-    source = _prepared(tmp_path, uid_column="id")
+    source = prepared_source(tmp_path, uid_column="id")
     assert files_of(source.shards[0])["d1.body.txt"] == b"body1"
-    assert files_of(_prepared(tmp_path).shards[0]) == files_of(source.shards[0])  # found: the column both have
+    assert files_of(prepared_source(tmp_path).shards[0]) == files_of(source.shards[0])  # found: the column both have
     with pytest.raises(LavenderError, match="main shardset 'a' cannot be read .*no 'uid' column"):
         LavenderSource(str(tmp_path), uid="uid").shards[0].prepare()
 
@@ -153,7 +129,7 @@ def test_a_column_in_two_shardsets_is_named_by_shardset_and_logged_once(tmp_path
                             [{"uid": f"a{s}{i}", "Caption" if name == "v2" else "caption": f"{name} {i}",
                               name: "own"} for i in range(3)])
     with caplog.at_level(logging.WARNING, logger="atlasfs"):
-        source = _prepared(tmp_path)
+        source = prepared_source(tmp_path)
     files = files_of(source.shards[1])
     assert files["a11.v1.caption.txt"] == b"v1 1" and files["a11.v2.Caption.txt"] == b"v2 1"
     assert files["a11.v1.txt"] == b"own" and "a11.caption.txt" not in files
@@ -168,7 +144,7 @@ def test_numeric_uids_keep_their_names_and_unsafe_ones_keep_their_value(tmp_path
     (tmp_path / "t").mkdir()
     write_csv_shard(str(tmp_path / "t" / "shard.00000.csv"), [{"uid": u, "v2": v} for u, v in (
         ("123456", "a2"), ("5", "five"), ("654321", "c2"), ("7", "d2"), ("x.y", "dotted"))])
-    [shard] = _prepared(tmp_path, main_shardset="t", join="left").shards
+    [shard] = prepared_source(tmp_path, main_shardset="t", join="left").shards
     assert shard.key_width == 7  # wider than the six-digit uids, which the naming layer would refuse as keys
     files = files_of(shard)
     assert files["123456.v.txt"] == b"a" and files["654321.v.txt"] == b"c" and files["5.v2.txt"] == b"five"
@@ -177,7 +153,7 @@ def test_numeric_uids_keep_their_names_and_unsafe_ones_keep_their_value(tmp_path
 
 
 def test_broken_rules_are_one_line_each_and_the_rest_serves(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    _dataset(tmp_path, shards=4)
+    lavender_dataset(tmp_path, shards=4)
     # images shard 2: a duplicate uid, a row with too few cells; captions shard 3: no uid column;
     # scores shard 3 holds u1 (and shard 0 does not), which the other shardsets have in shard 0; a null uid
     (tmp_path / "images" / "shard.00002.csv").write_text(
@@ -188,7 +164,7 @@ def test_broken_rules_are_one_line_each_and_the_rest_serves(tmp_path: Path, capl
     pq.write_table(pa.table({"uid": [f"u{i}" for i in range(10) if i != 1], "score": [0.0] * 9}),
                    tmp_path / "scores" / "shard.00000.parquet")
     with caplog.at_level(logging.WARNING, logger="atlasfs"):
-        source = _prepared(tmp_path, join="left", main_shardset="scores")
+        source = prepared_source(tmp_path, join="left", main_shardset="scores")
     logged = [r.getMessage() for r in caplog.records]
     images2 = str(tmp_path / "images" / "shard.00002.csv")
     assert f"{images2} row 3: uid 'u20' again (first at row 1)" in source.shards[2].problems()
@@ -213,9 +189,9 @@ def test_broken_rules_are_one_line_each_and_the_rest_serves(tmp_path: Path, capl
 
 
 def test_an_unreadable_shard_file_is_left_out_alone(tmp_path: Path) -> None:
-    _dataset(tmp_path)
+    lavender_dataset(tmp_path)
     (tmp_path / "captions" / "shard.00001.csv").write_bytes(b"\xff\xfe\x00 not csv")
-    source = _prepared(tmp_path)
+    source = prepared_source(tmp_path)
     [problem] = source.shards[1].problems()
     assert problem.startswith(f"{tmp_path / 'captions' / 'shard.00001.csv'}: cannot be read") and "\n" not in problem
     assert files_of(source.shards[1])["u12.image_url.txt"] == b"https://x/u12.jpg"
@@ -233,92 +209,3 @@ def test_not_lavender(tmp_path: Path) -> None:
     assert not looks_like(str(tmp_path)) and not looks_like(str(tmp_path / "missing"))
     with pytest.raises(LavenderError, match="no shardset folder"):
         LavenderSource(str(tmp_path))
-
-
-# ---------------------------------------------------------------- through a real mount
-
-import json  # noqa: E402
-import os  # noqa: E402
-import subprocess  # noqa: E402
-import tarfile  # noqa: E402
-
-import webdataset as wds  # noqa: E402
-
-from fusemount import atlasfs, is_mounted, mounted  # noqa: E402
-
-
-def test_mounted_shardsets_list_read_tar_and_export_equal(tmp_path: Path) -> None:
-    _dataset(tmp_path / "ds", shards=2, rows=10)
-    expected = files_of(_prepared(tmp_path / "ds").shards[0])
-    with mounted(tmp_path / "ds") as mnt:  # detected from the layout
-        assert sorted(os.listdir(mnt)) == ["shard.00000", "shard.00001"]
-        listed = subprocess.run(["ls", "-U", str(mnt / "shard.00000")], capture_output=True, text=True,
-                                check=True).stdout.split()
-        assert listed == list(expected)  # in sample order, as the tree lists
-        for name in ("u2.caption.txt", "u2.score.json", "u2.n.cls", "u2.jpg", "u3.caption.txt"):
-            data = subprocess.run(["cat", str(mnt / "shard.00000" / name)], capture_output=True, check=True).stdout
-            assert data == expected[name]
-        found = subprocess.run(["find", str(mnt), "-type", "f"], capture_output=True, text=True, check=True).stdout
-        assert len(found.split()) == 2 * len(expected)
-        tar = tmp_path / "s0.tar"
-        subprocess.run(f"cd {mnt / 'shard.00000'} && find . -type f -printf '%P\\n' | tar cf {tar} --no-recursion -T -",
-                       shell=True, check=True)
-        samples = list(wds.WebDataset(str(tar), shardshuffle=False))
-        assert [s["__key__"] for s in samples][:3] == ["u0", "u1", "u2"]
-        by_key = {s["__key__"]: s for s in samples}
-        assert by_key["u2"]["caption.txt"].decode() == 'a caption, "quoted"\nfor u2 ü'
-        assert json.loads(by_key["u2"]["score.json"]) == 0.5 and by_key["u2"]["jpg"] == b"u2"
-        assert "u9" not in by_key and "extra0" not in by_key  # join=inner; only in a feature shardset
-        out = tmp_path / "export"
-        result = atlasfs("export", str(tmp_path / "ds"), str(out))
-        assert result.returncode == 0, result.stderr
-        for shard in ("shard.00000", "shard.00001"):
-            with tarfile.open(out / f"{shard}.tar") as archive:
-                for member in archive.getmembers():
-                    assert archive.extractfile(member).read() == (mnt / shard / member.name).read_bytes()
-    info = atlasfs("info", str(tmp_path / "ds"))
-    assert info.returncode == 0 and "lavender" in info.stdout, info.stdout + info.stderr
-    verify = atlasfs("verify", str(tmp_path / "ds"))
-    assert verify.returncode == 1, verify.stdout + verify.stderr  # the samples not shown are findings
-    for needle in ("row 10: uid 'u9' is not in", "row 10: uid 'extra0' is not in"):
-        assert any(needle in line for line in verify.stdout.splitlines()), verify.stdout
-
-
-def test_mounted_with_another_uid_column(tmp_path: Path) -> None:
-    for name, column in (("a", "title"), ("b", "body")):
-        (tmp_path / "ds" / name).mkdir(parents=True)
-        write_csv_shard(str(tmp_path / "ds" / name / "shard.00000.csv"),
-                        [{"id": f"d{i}", column: f"{column}{i}"} for i in range(3)])
-    with mounted(tmp_path / "ds", "--format", "lavender", "-o", "uid_column=id") as mnt:
-        assert (mnt / "shard.00000" / "d1.body.txt").read_bytes() == b"body1"
-        assert (mnt / "shard.00000" / "d2.title.txt").read_bytes() == b"title2"
-
-
-def test_mounted_bad_input_is_logged_one_line_each_and_the_rest_serves(tmp_path: Path) -> None:
-    root = tmp_path / "ds"
-    _dataset(root, shards=4)
-    (root / "images" / "shard.00002.csv").write_text("uid,image_url\nu20,a\nu21,b\nu20,again\nu22\nu23,d\n",
-                                                      encoding="utf-8")
-    write_csv_shard(str(root / "captions" / "shard.00003.csv"), [{"id": "u30", "caption": "c"}])
-    pq.write_table(pa.table({"uid": ["u30", "u1"], "score": [1.0, 2.0]}), root / "scores" / "shard.00003.parquet")
-    pq.write_table(pa.table({"uid": [f"u{i}" for i in range(10) if i != 1], "score": [0.0] * 9}),
-                   root / "scores" / "shard.00000.parquet")
-    log = tmp_path / "daemon.log"
-    with mounted(root, "-o", f"log_file={log},join=left,main_shardset=scores") as mnt:
-        for shard in ("shard.00000", "shard.00001", "shard.00002", "shard.00003"):
-            assert os.listdir(mnt / shard)
-        assert (mnt / "shard.00002" / "u20.image_url.txt").read_bytes() == b"a"
-        assert (mnt / "shard.00003" / "u30.score.json").read_bytes() == b"1.0"
-        assert (mnt / "shard.00003" / "u1.score.json").read_bytes() == b"2.0"
-        assert (mnt / "shard.00001" / "u12.caption.txt").exists()
-        assert is_mounted(mnt)
-    text = log.read_text()
-    assert "Traceback" not in text
-    for needle in ("shard.00002.csv row 3: uid 'u20' again", "shard.00002.csv line 5: 1 cells",
-                   "shard.00003.csv: no 'uid' column", "uid 'u1' is in shard 0 of captions but in shard 3 of scores"):
-        assert len([line for line in text.splitlines() if needle in line]) == 1, needle
-    verify = atlasfs("verify", str(root))
-    assert verify.returncode == 1
-    lines = (verify.stdout + verify.stderr).splitlines()
-    for needle in ("row 3: uid 'u20' again", "no 'uid' column", "uid 'u1' is in shard 0 of captions but in shard 3"):
-        assert any(needle in line for line in lines), needle

@@ -143,7 +143,6 @@ def _ignored(log: Path, path: Path, why: str) -> list[str]:
 # ---------------------------------------------------------------- 3: a symlinked table
 
 
-@pytest.mark.fuse
 def test_a_symlinked_table_repointed_under_a_mount_never_crashes_the_daemon(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Another user links ``.atlasfs-tables/0.table`` to the mounting user's own cached copy (a
@@ -203,7 +202,6 @@ def _vm_hwm(pid: int) -> int:
     raise AssertionError("no VmHWM")
 
 
-@pytest.mark.fuse
 def test_a_sparse_2_gib_table_of_another_user_is_ignored_without_being_read(tmp_path: Path) -> None:
     """A 2 GiB sparse file put in a shared --index-dir by another user was read whole before any
     check (the daemon went to 2,075 MiB). It is ignored, by its owner, with one log line; the
@@ -306,7 +304,6 @@ def _jpg_row(table: FileTable) -> int:
     return next(i for i in range(len(table)) if table.kind[i] == FILE and table.entry_path(i).endswith(".jpg"))
 
 
-@pytest.mark.fuse
 @pytest.mark.parametrize("where", ["index-dir", "beside"])
 def test_a_forged_table_of_another_user_is_ignored_and_every_byte_is_the_datas(tmp_path: Path, where: str) -> None:
     """A table with right checksums that lies (an inline file's bytes, a file said to be empty),

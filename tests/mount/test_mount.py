@@ -25,8 +25,6 @@ from helpers import (
     shard_sizes,
 )
 
-pytestmark = pytest.mark.fuse
-
 
 @pytest.fixture(scope="module", params=reference_names())
 def fixture_mount(request: pytest.FixtureRequest) -> Iterator[tuple[str, Path]]:

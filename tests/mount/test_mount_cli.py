@@ -16,7 +16,6 @@ import pytest
 from fusemount import atlasfs, force_unmount, is_mounted, mounted, require_fuse
 from helpers import REFERENCE
 
-pytestmark = pytest.mark.fuse
 GOOD = REFERENCE / "s2_shared_dict" / "dataset"
 
 

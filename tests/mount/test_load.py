@@ -2,7 +2,7 @@
 dataset is larger than its block cache. 0 wrong bytes, 0 errors, bounded daemon memory.
 
 Runs ATLASFS_LOAD_SECONDS (default 10; the reliability figures in docs/reliability.md come
-from a 60-second run: ``ATLASFS_LOAD_SECONDS=60 make test PYTEST_ARGS=tests/test_load.py``).
+from a 60-second run: ``ATLASFS_LOAD_SECONDS=60 make test PYTEST_ARGS=tests/mount/test_load.py``).
 """
 
 from __future__ import annotations
@@ -17,13 +17,10 @@ import threading
 import time
 from pathlib import Path
 
-import pytest
-
 from atlasfs import AtlasDataset, AtlasWriter
 from atlasfs.tree.blocktree import BlockTree
 from fusemount import force_unmount, is_mounted, require_fuse
 
-pytestmark = pytest.mark.fuse
 SECONDS = float(os.environ.get("ATLASFS_LOAD_SECONDS", "10"))
 CACHE = 4 << 20
 #: What the daemon may use beyond its cache: the interpreter, numpy, zstd, file

@@ -27,8 +27,6 @@ from helpers import REFERENCE
 from s3server import S3Server, s3_server, upload_copy
 from tcpcut import Forwarder
 
-pytestmark = pytest.mark.fuse
-
 BUCKET = "atlas-mount-test"
 URL = f"s3://{BUCKET}/twelve"
 #: Short bounds, so that a cut fails in seconds: -o deadline= and attempt_timeout=.
@@ -301,7 +299,7 @@ def test_files_kept_in_a_buckets_tables_read_as_exported(server: S3Server, tmp_p
     bucket, C does not read located files, and the control plane reads them from the kept
     frames of the bucket's tables (checked against each block's fingerprint, a ranged GET):
     every byte as exported. (That they are read from the kept frames, and not through their
-    blocks, is tests/test_located_reads.py's to check, in process.)"""
+    blocks, is tests/mount/test_located_reads.py's to check, in process.)"""
     from atlasfs import AtlasWriter
 
     source = tmp_path / "kept"
