@@ -56,8 +56,8 @@ class Attachments:
         blocks lie (``found``: the tree's ``native_spans(s)``, or None), and remember how to
         attach it from its file if it may be."""
         try:
-            session.attach(s, mtime, table.names, table.offsets, table.kind, table.size, table.by_path,
-                           table.block)
+            session.attach(shard=s, mtime=mtime, names=table.names, offsets=table.offsets, kind=table.kind,
+                           size=table.size, by_path=table.by_path, block=table.block)
         except (ValueError, TypeError, BufferError) as exc:  # a column that is no plain buffer: Python answers
             log.debug("shard %d: table not attached to the engine: %s", s, exc)
             return
@@ -66,8 +66,8 @@ class Attachments:
         _locate(session, s, spans, _located_args(table, found, by_file=False))
         if s not in self._by_file and _file_mode(table) and len(self._by_file) < self.file_tables_max:
             sections = table.sections  # nothing kept here is a view of the table's map
-            self._by_file[s] = ((s, mtime, *(sections[name] for name in _FILE_COLUMNS),
-                                 (os.fsencode(table.path), table.file_identity)),
+            self._by_file[s] = ({"shard": s, "mtime": mtime, **{name: sections[name] for name in _FILE_COLUMNS},
+                                 "file": (os.fsencode(table.path), table.file_identity)},
                                 spans, _located_args(table, found, by_file=True))
 
     def release(self, session: Any, s: int) -> None:
@@ -79,7 +79,7 @@ class Attachments:
         if by_file is not None:
             attach, spans, located = by_file
             try:
-                session.attach(*attach)
+                session.attach(**attach)
                 self._attached[s] = _FROM_FILE
                 _locate(session, s, spans, located)
                 return
@@ -114,10 +114,10 @@ def _file_mode(table: Any) -> bool:
     return table.path is not None and table.file_identity is not None and table.size.base is not None
 
 
-def _located_args(table: Any, found: Any, by_file: bool) -> tuple[Any, ...] | None:
+def _located_args(table: Any, found: Any, by_file: bool) -> dict[str, Any] | None:
     """The columns of ``Session.locate`` for ``table``'s locators (``found``: the tree's
-    ``native_spans``): views of them, or with ``by_file`` ranges of the table's file and copies
-    of what is small (no view of the map is kept)."""
+    ``native_spans``), by keyword: views of them, or with ``by_file`` ranges of the table's
+    file and copies of what is small (no view of the map is kept)."""
     if found is None:
         return None
     locators, _ = found
@@ -130,17 +130,21 @@ def _located_args(table: Any, found: Any, by_file: bool) -> tuple[Any, ...] | No
     else:
         columns = [locators.offset, locators.length, locators.check, locators.prefix]
         inline, kept, kept_ends = locators.inline, locators.kept, locators.kept_ends
-    return (*columns, ends, b"".join(locators.prefixes), inline, kept, kept_ends)
+    offset, length, check, prefix = columns
+    return {"offset": offset, "length": length, "check": check, "prefix": prefix, "prefix_ends": ends,
+            "prefixes": b"".join(locators.prefixes), "inline": inline, "kept": kept, "kept_ends": kept_ends}
 
 
-def _locate(session: Any, s: int, spans: Any, columns: tuple[Any, ...] | None) -> None:
+def _locate(session: Any, s: int, spans: Any, columns: dict[str, Any] | None) -> None:
     """Give the engine the locators of shard position ``s``'s attached table (``columns``) and
     where its blocks lie (``spans``), if the tree has them: it then reads located files itself
     (located.c)."""
     if spans is None or columns is None:
         return
     try:
-        session.locate(s, *columns, os.fsencode(spans.data_path), os.fsencode(spans.index_path), spans.signatures,
-                       spans.starts, spans.compressed, spans.dictionary, spans.max_block_bytes)
+        session.locate(shard=s, **columns, data_path=os.fsencode(spans.data_path),
+                       index_path=os.fsencode(spans.index_path), signatures=spans.signatures, starts=spans.starts,
+                       compressed=spans.compressed, dictionary=spans.dictionary,
+                       max_block_bytes=spans.max_block_bytes)
     except (ValueError, TypeError, BufferError, OSError, IndexError) as exc:  # Python reads them
         log.debug("shard %d: located reads stay in Python: %s", s, exc)

@@ -128,7 +128,7 @@ void fill_attr(const Session *s, struct stat *st, int is_dir, uint64_t size, dou
 /* tables.c: each answer 1 (answered), 0 (the control plane answers) or a negative errno. */
 int tables_init(Session *s, Py_ssize_t shards);
 void tables_free(Session *s);
-PyObject *tables_attach(Session *self, PyObject *args);
+PyObject *tables_attach(Session *self, PyObject *args, PyObject *kwds);
 PyObject *tables_detach(Session *self, PyObject *args);
 ShardTable *table_of(Session *s, fuse_ino_t ino, int64_t *row);
 int tables_lookup(Session *s, fuse_ino_t parent, const char *name, struct fuse_entry_param *e);
@@ -160,7 +160,7 @@ void bridge_hold(PyObject *r);
 int readpath_read(Session *s, fuse_req_t req, fuse_ino_t ino, size_t size, off_t off);
 
 /* located.c */
-PyObject *located_attach(Session *self, PyObject *args);
+PyObject *located_attach(Session *self, PyObject *args, PyObject *kwds);
 void located_free(Located *l);
 int located_read(Session *s, ShardTable *t, fuse_req_t req, uint64_t shard, uint64_t row, uint64_t block,
                  uint64_t fsize, size_t size, off_t off);

@@ -121,10 +121,15 @@ static int column(const ShardTable *t, PyObject *obj, Column *c, int64_t expecte
 }
 
 /* locate(shard, offset, length, check, prefix, prefix_ends, prefixes, inline, kept, kept_ends,
- *        data_path, index_path, (data_size, data_mtime_ns, index_size, index_mtime_ns), starts,
- *        compressed, dictionary or None, max_block_bytes) */
-PyObject *located_attach(Session *self, PyObject *args)
+ *        data_path, index_path, signatures=(data_size, data_mtime_ns, index_size, index_mtime_ns),
+ *        starts, compressed, dictionary (or None), max_block_bytes): called with keywords (twenty
+ *        values, most of them buffers, which no type check would tell apart in the wrong order). */
+PyObject *located_attach(Session *self, PyObject *args, PyObject *kwds)
 {
+    static char *kwlist[] = {
+        "shard", "offset", "length", "check", "prefix", "prefix_ends", "prefixes", "inline", "kept", "kept_ends",
+        "data_path", "index_path", "signatures", "starts", "compressed", "dictionary", "max_block_bytes", NULL,
+    };
     Py_ssize_t shard, nstarts, i;
     PyObject *offset, *length, *check, *prefix, *prefix_ends, *prefixes, *inline_bytes, *kept, *kept_ends, *starts;
     PyObject *dictionary;
@@ -136,9 +141,10 @@ PyObject *located_attach(Session *self, PyObject *args)
     Located *l;
     ShardTable *t;
     uint64_t generation;
-    if (!PyArg_ParseTuple(args, "nOOOOOOOOOyy(LLLL)OpOK", &shard, &offset, &length, &check, &prefix, &prefix_ends,
-                          &prefixes, &inline_bytes, &kept, &kept_ends, &data_path, &index_path, &sig[0], &sig[1],
-                          &sig[2], &sig[3], &starts, &compressed, &dictionary, &max_block_bytes))
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "nOOOOOOOOOyy(LLLL)OpOK:locate", kwlist, &shard, &offset, &length,
+                                     &check, &prefix, &prefix_ends, &prefixes, &inline_bytes, &kept, &kept_ends,
+                                     &data_path, &index_path, &sig[0], &sig[1], &sig[2], &sig[3], &starts,
+                                     &compressed, &dictionary, &max_block_bytes))
         return NULL;
     if (shard < 0 || shard >= self->ntables) {
         PyErr_SetString(PyExc_IndexError, "locate: no such shard");

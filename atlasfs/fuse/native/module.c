@@ -217,15 +217,16 @@ static PyMethodDef Session_methods[] = {
      "Serve requests until unmounted or exit(); the GIL is released. Returns libfuse's status."},
     {"exit", (PyCFunction)Session_exit, METH_NOARGS, "Ask the loop to end (from any thread)."},
     {"unmount", (PyCFunction)Session_unmount, METH_NOARGS, "Unmount and end the session (idempotent)."},
-    {"attach", (PyCFunction)tables_attach, METH_VARARGS,
-     "attach(shard, mtime, names, offsets, kind, size, by_path, block[, (path, (dev, ino, size, mtime_ns))]): a flat "
-     "shard table's columns (buffers, or with the table's file (offset, length) of it), "
-     "answered in C from then on."},
+    {"attach", (PyCFunction)(void (*)(void))tables_attach, METH_VARARGS | METH_KEYWORDS,
+     "attach(shard, mtime, names, offsets, kind, size, by_path, block, file=None): a flat shard table's columns "
+     "(buffers, or with file=(path, (dev, ino, size, mtime_ns)) (offset, length) ranges of the table's file), "
+     "answered in C from then on. Called with keywords."},
     {"detach", (PyCFunction)tables_detach, METH_VARARGS, "detach(shard): let go of its columns."},
-    {"locate", (PyCFunction)located_attach, METH_VARARGS,
+    {"locate", (PyCFunction)(void (*)(void))located_attach, METH_VARARGS | METH_KEYWORDS,
      "locate(shard, offset, length, check, prefix, prefix_ends, prefixes, inline, kept, kept_ends, data_path, index_path, "
-     "(data_size, data_mtime_ns, index_size, index_mtime_ns), starts, compressed, dictionary, max_block_bytes): "
-     "the attached table's locators and where its blocks lie, for reads of its files in C (located.c)."},
+     "signatures=(data_size, data_mtime_ns, index_size, index_mtime_ns), starts, compressed, dictionary, "
+     "max_block_bytes): the attached table's locators and where its blocks lie, for reads of its files in C "
+     "(located.c). Called with keywords."},
     {"stats", (PyCFunction)Session_stats, METH_NOARGS,
      "Requests answered so far, per kind: {'lookup': {'c': n, 'python': n}, ...}."},
     {"frames", (PyCFunction)Session_frames, METH_NOARGS,

@@ -182,8 +182,9 @@ static int open_table_file(const char *path, const long long identity[4], uint64
 
 /* attach(shard, mtime, names, offsets, kind, size, by_path, block[, file]): with `file`, a
  * (path, (dev, ino, size, mtime_ns)) of the table's file, columns may be (offset, length) of it. */
-PyObject *tables_attach(Session *self, PyObject *args)
+PyObject *tables_attach(Session *self, PyObject *args, PyObject *kwds)
 {
+    static char *kwlist[] = {"shard", "mtime", "names", "offsets", "kind", "size", "by_path", "block", "file", NULL};
     Py_ssize_t shard;
     double mtime;
     PyObject *names, *offsets, *kind, *size, *by_path, *block, *file = Py_None;
@@ -191,8 +192,8 @@ PyObject *tables_attach(Session *self, PyObject *args)
     uint64_t n;
     memset(&fresh, 0, sizeof fresh);
     fresh.fd = -1;
-    if (!PyArg_ParseTuple(args, "ndOOOOOO|O", &shard, &mtime, &names, &offsets, &kind, &size, &by_path, &block,
-                          &file))
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "ndOOOOOO|O:attach", kwlist, &shard, &mtime, &names, &offsets,
+                                     &kind, &size, &by_path, &block, &file))
         return NULL;
     if (shard < 0 || shard >= self->ntables) {
         PyErr_SetString(PyExc_IndexError, "attach: no such shard");
