@@ -10,8 +10,6 @@ import shutil
 import subprocess
 from pathlib import Path
 
-import pytest
-
 from atlasfs.commands.jobs import LOST, Done, Opener, run
 from atlasfs.formats.factory import SourceOptions, open_source
 from atlasfs.storage import StorageOptions
@@ -113,7 +111,6 @@ def test_a_shard_failing_in_a_worker_is_one_line_and_the_others_are_done(tmp_pat
                                                            + ["shards.json"])
 
 
-@pytest.mark.fuse
 def test_export_in_two_processes_writes_the_bytes_of_one_and_of_the_tar_view(tmp_path: Path) -> None:
     dataset = _dataset(tmp_path / "ds")
     one, two = tmp_path / "one", tmp_path / "two"

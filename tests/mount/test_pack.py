@@ -111,7 +111,6 @@ def test_cli_parallel_pack_verifies(tmp_path: Path) -> None:
     assert shown_files(out) == shown_files(dataset)
 
 
-@pytest.mark.fuse
 def test_mounted_packed_dataset_shows_the_same_files(tmp_path: Path) -> None:
     source = copy_data("webdataset", "tiny", tmp_path)
     out = tmp_path / "packed"
