@@ -43,7 +43,7 @@ test: install
 test-sanitized: install
 	./scripts/test-sanitized.sh $(VENV)
 
-# The real training loaders against the tar view (tests/test_loaders_real.py, marker `loaders`):
+# The real training loaders against the tar view (tests/loaders/test_loaders_real.py, marker `loaders`):
 # megatron-energon 7.4.1 (with torch from PyPI, CUDA wheels included) and DALI 2.4.0 (its CPU
 # pipeline needs no GPU) in their own virtualenv, never atlasfs's: about 6.5 GB, 80 s to install.
 LOADERS_VENV ?= .venv-loaders

@@ -2,7 +2,7 @@
 """The daemon's memory against its bound, on datasets far larger than its cache.
 
     python bench/memory.py             # the full run (~5 minutes on 2 cores): bench/results/memory-latest.md
-    python bench/memory.py --smoke     # seconds: small sizes, bench/results/smoke/ (tests/test_bench_memory.py runs it)
+    python bench/memory.py --smoke     # seconds: small sizes, bench/results/smoke/ (tests/bench/test_bench_memory.py runs it)
 
 Two cases, each on a fresh ``atlasfs mount -f --cache-size SIZE`` with nothing stored:
 

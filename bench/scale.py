@@ -4,7 +4,7 @@ beside ratarmount 1.3.0 mounting the same files as WebDataset tars.
 
     python bench/scale.py                  # 10,000,000 files; data kept in /dev/shm/atlasfs-scale (~11 GiB)
     python bench/scale.py --files 2000000  # a quicker real run (another size writes the kept data again)
-    python bench/scale.py --smoke          # 20,000 files in 4 shards, seconds (tests/test_bench_scale.py)
+    python bench/scale.py --smoke          # 20,000 files in 4 shards, seconds (tests/bench/test_bench_scale.py)
 
 The data (bench/scaledata.py, written once and kept): ``--files``/2 examples of ``txt`` (100-300
 bytes of English-like text) and ``cls`` (an int), in shards of 100,000 examples, blocks of 256,

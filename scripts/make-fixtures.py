@@ -4,8 +4,8 @@
 Every dataset there is written by the REAL producer tool, installed at a pinned version in a
 throwaway virtualenv (``python3 -m venv``, packages from the registry), and every
 ``expected.json`` is what that tool's OWN reading code returns for it. CI never runs this
-script: the tests only use the committed files (tests/test_fixtures_corpus.py checks they are
-intact). Usage::
+script: the tests only use the committed files (tests/unit/formats/test_fixtures_corpus.py
+checks they are intact). Usage::
 
     python3 scripts/make-fixtures.py                 # all four tools
     python3 scripts/make-fixtures.py modalities      # one tool
@@ -707,7 +707,7 @@ def write_readme(dest: Path, tool: str, meta: dict, log: list[str]) -> None:
         "",
         "Written by the real producer tool and read back by its own reader; regenerate with",
         f"`python3 scripts/make-fixtures.py {tool}` (not run in CI). `manifest.json` holds the",
-        "size and sha256 of every file here; `tests/test_fixtures_corpus.py` checks them.",
+        "size and sha256 of every file here; `tests/unit/formats/test_fixtures_corpus.py` checks them.",
         "",
         "## Versions",
         "",

@@ -1,7 +1,7 @@
 """The formats atlasfs shows, one room each, beside each other.
 
 Formats: atlas, dolma, lavender, pbin, webdataset (the names of ``factory.FORMATS``,
-which ``--format`` takes; ``tests/test_docs_formats.py`` keeps this line equal to it).
+which ``--format`` takes; ``tests/docs/test_docs_formats.py`` keeps this line equal to it).
 
 ``source.py`` is the one interface every format answers and ``naming.py`` the naming rules
 of its answers; ``factory.py`` finds a
