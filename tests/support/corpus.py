@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import io
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -49,3 +50,8 @@ def expected(fmt: str, fixture: str) -> Any:
 def fixture_names(fmt: str) -> list[str]:
     """The fixtures of a format: its sub-folders that have an expected.json."""
     return sorted(p.parent.name for p in (FIXTURES / fmt).glob("*/expected.json"))
+
+
+def copy_data(fmt: str, fixture: str, tmp_path: Path) -> Path:
+    """A copy of a fixture's data folder at tmp_path/source, for a test to read or damage."""
+    return Path(shutil.copytree(FIXTURES / fmt / fixture / "data", tmp_path / "source"))

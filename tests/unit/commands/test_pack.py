@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
 import io
 import tarfile
 from pathlib import Path
@@ -18,8 +17,8 @@ from atlasfs.commands.pack import PackError, PackSettings, pack, temporary_folde
 from atlasfs.formats.atlas.dataset import AtlasDataset
 from atlasfs.formats.factory import open_source
 from atlasfs.tree.blocktree import BlockTree
-from corpus import FIXTURES
-from fusemount import atlasfs, mounted
+from corpus import copy_data
+from fusemount import atlasfs
 from helpers import REFERENCE, reference_manifest, reference_names
 
 Files = list[list[tuple[str, bytes]]]
@@ -31,10 +30,6 @@ def shown_files(path: Path | str) -> Files:
         tree = BlockTree(source, cache_bytes=8 << 20, log_failures=False)
         return [[(rel, tree.read(entry, 0, entry.size)) for rel, entry in tree.members(f"/{name}")]
                 for name in tree.shard_folders()]
-
-
-def copy_data(fmt: str, fixture: str, tmp_path: Path) -> Path:
-    return Path(shutil.copytree(FIXTURES / fmt / fixture / "data", tmp_path / "source"))
 
 
 CORPUS = [("webdataset", "images"), ("webdataset", "tiny"), ("dolma", "mixed"), ("dolma", "tagged"),
@@ -109,21 +104,6 @@ def test_cli_parallel_pack_verifies(tmp_path: Path) -> None:
     check = atlasfs("verify", str(out))
     assert check.returncode == 0 and "verify: OK" in check.stdout, check.stdout
     assert shown_files(out) == shown_files(dataset)
-
-
-def test_mounted_packed_dataset_shows_the_same_files(tmp_path: Path) -> None:
-    source = copy_data("webdataset", "tiny", tmp_path)
-    out = tmp_path / "packed"
-    assert atlasfs("pack", str(source), str(out), "-j", "1").returncode == 0
-
-    def listing(mnt: Path) -> list[tuple[str, bytes]]:
-        found = subprocess.run(["find", str(mnt), "-type", "f", "-printf", "%P\\n"], capture_output=True,
-                               text=True, check=True).stdout.split()
-        return [(path.split("/", 1)[1], (mnt / path).read_bytes()) for path in found]
-
-    with mounted(source) as a, mounted(out) as b:
-        theirs, ours = listing(a), listing(b)
-    assert ours == theirs and len(ours) == 12
 
 
 def _cut_tar(path: Path) -> None:
