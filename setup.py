@@ -18,7 +18,10 @@ from setuptools import Extension, setup
 
 SOURCES = ["atlasfs/fuse/native/module.c", "atlasfs/fuse/native/ops.c", "atlasfs/fuse/native/bridge.c",
            "atlasfs/fuse/native/tables.c", "atlasfs/fuse/native/cache.c", "atlasfs/fuse/native/readpath.c",
-           "atlasfs/fuse/native/located.c", "atlasfs/fuse/native/dictionaries.c", "atlasfs/fuse/native/diskblocks.c"]
+           "atlasfs/fuse/native/reader.c", "atlasfs/fuse/native/dictionaries.c", "atlasfs/fuse/native/diskblocks.c",
+           # Atlas's located reads, beside its format; they use of the engine only reader.h
+           "atlasfs/formats/atlas/native/located.c"]
+INCLUDE_DIRS = ["atlasfs/fuse/native", "atlasfs/formats/atlas/native"]
 SANITIZE = ["-fsanitize=address,undefined", "-fno-omit-frame-pointer", "-fno-sanitize-recover=undefined"]
 
 
@@ -51,8 +54,10 @@ def native_extension() -> list[Extension]:
         compile_args += SANITIZE + ["-O1", "-g"]
         link_args += SANITIZE
     return [Extension("atlasfs.fuse._native", SOURCES,
+                      include_dirs=INCLUDE_DIRS,
                       depends=["atlasfs/fuse/native/engine.h", "atlasfs/fuse/native/layout.h",
-                               "atlasfs/fuse/native/cache.h"],
+                               "atlasfs/fuse/native/cache.h", "atlasfs/fuse/native/reader.h",
+                               "atlasfs/formats/atlas/native/located.h"],
                       extra_compile_args=compile_args, extra_link_args=link_args, optional=True)]
 
 

@@ -4,7 +4,7 @@ C reads attached tables itself: a kind, a sentinel, a column width or the node-i
 written differently there than in Python makes the engine answer wrong sizes or rows. C states
 them once, in ``atlasfs/fuse/native/layout.h``: every ``#define`` there must be one this test
 knows Python's value of, equal to it, and defined nowhere else. The other C sources are read
-too (``*.c`` and ``*.h``): the column widths their reads and checks use, the node-id shift and
+too (``*.c`` and ``*.h``, with ``atlasfs/formats/atlas/native``'s): the column widths their reads and checks use, the node-id shift and
 mask, and the inline buffer's size. The parser is checked on small C texts, so that it cannot
 pass by finding nothing.
 """
@@ -22,6 +22,8 @@ from atlasfs.formats.naming import MAX_NAME_BYTES
 from atlasfs.tree.table import layout
 
 NATIVE = Path(__file__).resolve().parents[1] / "atlasfs" / "fuse" / "native"
+#: The C sources read: the engine's, and the formats' readers (Atlas's located.c).
+SOURCE_FOLDERS = (NATIVE, NATIVE.parents[1] / "formats" / "atlas" / "native")
 
 #: C ``#define`` -> its value in Python. Each must be defined in C, with this value (the
 #: header's others: :data:`LAYOUT_H`).
@@ -170,7 +172,7 @@ def header_problems(sources: list[tuple[str, str]]) -> list[str]:
 
 
 def _native_sources() -> list[tuple[str, str]]:
-    paths = sorted([*NATIVE.glob("*.h"), *NATIVE.glob("*.c")])
+    paths = sorted(p for folder in SOURCE_FOLDERS for p in [*folder.glob("*.h"), *folder.glob("*.c")])
     return [(p.name, p.read_text(errors="replace")) for p in paths]
 
 

@@ -6,7 +6,9 @@
  * tables.c  shard tables attached by the control plane, and the node ids of their rows
  * cache.c   the byte cache: bytes keyed by (shard, kind, block), bounded, filled once (cache.h)
  * readpath.c a read of a table row: from the byte cache, located.c, or the control plane's fill
- * located.c files read where their bytes lie (the table's locators), without Python
+ * reader.c  what a format's reader in C may use of the engine (reader.h: no FUSE)
+ * atlasfs/formats/atlas/native/located.c Atlas's files read where their bytes lie (the
+ *           table's locators), without Python, through reader.h
  * dictionaries.c zstd dictionaries shared by the shards that have the same one
  * diskblocks.c the decoded-block cache on local disk (--decoded-cache)
  *
@@ -29,55 +31,29 @@
 #include <zstd.h>
 
 #include "cache.h"
+/* What a format's reader in C may use of the engine (columns, files, the byte cache, counts,
+ * replies), and Atlas's located reads (atlasfs/formats/atlas/native): they include no FUSE. */
+#include "reader.h"
+#include "located.h"
 
 /* The Python methods the engine calls (the control plane, atlasfs/fuse/engine.py). */
 enum {
     CB_LOOKUP, CB_GETATTR, CB_READDIR, CB_READ, CB_FORGET, CB_STATFS, CB_INIT, CB_FILL, CB_COUNT
 };
 
-/* Requests answered in C and by the control plane, per kind (Session.stats()); "located": reads
- * answered in C where the file's bytes lie, and those located.c left to the control plane;
- * "stored": of those, whole-file reads of the run alone as stored, and those that took the
- * block's payload instead (located.c). */
-enum { ST_LOOKUP, ST_GETATTR, ST_READDIR, ST_READ, ST_LOCATED, ST_STORED, ST_COUNT };
+/* Requests answered in C and by the control plane, per kind (ST_..., reader.h). */
 #define COUNT(s, kind, by_c) __atomic_fetch_add(&(s)->stats[kind][by_c], 1, __ATOMIC_RELAXED)
 
 /* The table's kinds, sentinels, column widths and node ids (TABLE_NODES...): layout.h. */
 #include "layout.h"
 _Static_assert(ROOT_NODE == FUSE_ROOT_ID, "layout.h's root node is FUSE's");
 
-typedef struct Located Located;
 typedef struct DiskBlocks DiskBlocks;
-
-/* One column of an attached table: a Python buffer (a view of the mapped table file, or an
- * array in memory), or `len` bytes at `at` of the table's file, read with pread (`fd`, the
- * shard's: file mode, which holds no memory and outlives the control plane's map). */
-typedef struct {
-    Py_buffer view;  /* buffer mode when view.obj != NULL */
-    int fd;
-    uint64_t at, len;
-} Column;
-
-/* `path` opened for reading (O_NONBLOCK: a FIFO or a device in its place never blocks the
- * open; O_CLOEXEC; `flags` more), the GIL released meanwhile, and fstat'd into `st`: its
- * descriptor if it is a regular file, else -1 with a Python error (OSError, or ValueError: not
- * a regular file). GIL held. */
-int open_regular(const char *path, int flags, struct stat *st);
-/* `size` bytes at `at` of file `fd` into `buf` (pread, again after EINTR or a short read): 0,
- * or -1 (an error, or the file ends first). */
-int read_full(int fd, char *buf, size_t size, uint64_t at);
-/* Bytes [from, from + size) of column `c` into `out`: 0, or -1 (out of the column, or the file
- * cut short: a table that lies). */
-int column_read(const Column *c, uint64_t from, void *out, size_t size);
-/* `c` from `obj`: a buffer, or with a table file (`fd` >= 0, `file_size` bytes) an
- * (offset, length) tuple within it. 0, or -1 with a Python error. */
-int column_from(PyObject *obj, Column *c, int fd, uint64_t file_size, const char *what);
-void column_release(Column *c);
 
 /* A shard's attached table columns (tables.c). The columns follow the lock, in this order;
  * `located` (located.c) is the shard's located reads, if the control plane gave them; `fd`
  * the table's file in file mode (else -1). */
-typedef struct {
+struct ShardTable {
     pthread_rwlock_t lock;
     uint64_t generation;  /* attached or detached this many times (under the lock, GIL held) */
     Column names, offsets, kind, size, by_path, block;
@@ -86,9 +62,9 @@ typedef struct {
     double mtime;
     int attached, fd;
     Located *located;
-} ShardTable;
+};
 
-typedef struct {
+struct Session {
     PyObject_HEAD
     struct fuse_session *se;
     int mounted;
@@ -110,16 +86,9 @@ typedef struct {
     ShardTable *tables;
     Py_ssize_t ntables;
     ByteCache cache;  /* the byte cache (cache.c) */
-    /* Stored bytes of the shards whose located reads are attached (located.c: what a shuffled
-     * pass needs the cache to hold), and blocks' frames decompressed: whole (kept for the
-     * pass), up to a read file's end, and reads that waited for another worker's. */
-    uint64_t located_stored;
-    uint64_t frames_whole, frames_partial, frames_waited;
-    /* What payloads made so far cost the cache, and the stored bytes they were made of
-     * (located.c keep_whole: what a pass over the attached shards would need kept). */
-    uint64_t kept_made, kept_stored;
+    ReaderCounters counters;  /* located.c's (reader.h) */
     DiskBlocks *disk;  /* the decoded-block cache on disk (diskblocks.c), NULL: off */
-} Session;
+};
 
 /* ops.c */
 extern const struct fuse_lowlevel_ops atlasfs_ops;
@@ -154,46 +123,24 @@ char *bridge_read_reply(PyObject *r, size_t size, size_t *got, int *err, const c
  * written from its own bytes with the GIL released. GIL held. */
 void bridge_hold(PyObject *r);
 
+/* A libfuse request as reader.h's: given to a reader, answered by engine_reply (reader.c). */
+static inline ReaderRequest *engine_request(fuse_req_t req)
+{
+    return (ReaderRequest *)req;
+}
+
 /* readpath.c: a read of a table row whose size is known, from the byte cache, else where
  * its bytes lie (located.c), else filled by the control plane: 1 answered, 0 not a row C
  * answers (the control plane does), or a negative errno. */
 int readpath_read(Session *s, fuse_req_t req, fuse_ino_t ino, size_t size, off_t off);
 
-/* located.c */
-PyObject *located_attach(Session *self, PyObject *args, PyObject *kwds);
-void located_free(Located *l);
-int located_read(Session *s, ShardTable *t, fuse_req_t req, uint64_t shard, uint64_t row, uint64_t block,
-                 uint64_t fsize, size_t size, off_t off);
 
 /* diskblocks.c: decoded blocks kept in files of a folder (Session.decoded_cache). */
 PyObject *diskblocks_configure(Session *self, PyObject *args);
 PyObject *diskblocks_stats(Session *self, PyObject *unused);
 void diskblocks_free(Session *s);
-/* The key of a shard's blocks' files: its data.bin (resolved path) and the signatures of
- * data.bin and index.npy, under the dataset's identity; 0: no decoded cache. GIL held. */
-uint64_t diskblocks_key(const Session *s, const char *data_path, const int64_t sig[4]);
-/* Whether block `block`'s file is there, written whole. */
-int diskblocks_has(Session *s, uint64_t key, uint64_t block);
-/* Whether a block of `size` decoded bytes would be kept. */
-int diskblocks_fits(const Session *s, uint64_t size);
-/* Bytes [at, at + size) of block `block`'s file into `out`: 0, 1 not there, -1 there but not
- * readable as written (dropped). The caller checks the bytes (CRC-32), diskblocks_drop if not. */
-int diskblocks_read(Session *s, uint64_t key, uint64_t block, uint64_t at, size_t size, char *out);
-void diskblocks_drop(Session *s, uint64_t key, uint64_t block);
-/* The `size` decoded bytes of block `block` kept in a file (once; within the bound). */
-void diskblocks_write(Session *s, uint64_t key, uint64_t block, const char *data, size_t size);
+/* diskblocks_key, _has, _fits, _read, _drop, _write: reader.h. */
 
-/* dictionaries.c: one decompression dictionary for every shard made with the same bytes. */
-typedef struct SharedDict SharedDict;
-/* The dictionary of the bytes of `obj` (a buffer), counted once more (made at its first take:
- * it refers to `obj` itself when it is a bytes object, held until its last drop, else to one
- * copy), or NULL with a Python error: not a dictionary, or no memory. GIL held. */
-SharedDict *dictionary_take(PyObject *obj);
-const ZSTD_DDict *dictionary_ddict(const SharedDict *d);
-/* Counted once less; freed with its last (NULL: nothing). GIL held (its bytes may be a Python
- * object); no reader may use it any more (the shard's lock was taken since it was replaced). */
-void dictionary_drop(SharedDict *d);
-/* Dictionaries held now (Python: _native.dictionaries()). */
-size_t dictionary_count(void);
+/* dictionaries.c: reader.h. */
 
 #endif

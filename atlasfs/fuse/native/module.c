@@ -189,11 +189,11 @@ static PyObject *Session_stats(Session *self, PyObject *unused)
 static PyObject *Session_frames(Session *self, PyObject *unused)
 {
     (void)unused;
-    return Py_BuildValue("{sKsKsKsKsK}", "whole", (unsigned long long)__atomic_load_n(&self->frames_whole, __ATOMIC_RELAXED),
-                         "partial", (unsigned long long)__atomic_load_n(&self->frames_partial, __ATOMIC_RELAXED),
-                         "waited", (unsigned long long)__atomic_load_n(&self->frames_waited, __ATOMIC_RELAXED),
-                         "kept", (unsigned long long)__atomic_load_n(&self->kept_made, __ATOMIC_RELAXED),
-                         "of", (unsigned long long)__atomic_load_n(&self->kept_stored, __ATOMIC_RELAXED));
+    return Py_BuildValue("{sKsKsKsKsK}", "whole", (unsigned long long)__atomic_load_n(&self->counters.frames_whole, __ATOMIC_RELAXED),
+                         "partial", (unsigned long long)__atomic_load_n(&self->counters.frames_partial, __ATOMIC_RELAXED),
+                         "waited", (unsigned long long)__atomic_load_n(&self->counters.frames_waited, __ATOMIC_RELAXED),
+                         "kept", (unsigned long long)__atomic_load_n(&self->counters.kept_made, __ATOMIC_RELAXED),
+                         "of", (unsigned long long)__atomic_load_n(&self->counters.kept_stored, __ATOMIC_RELAXED));
 }
 
 static void Session_dealloc(Session *self)

@@ -153,7 +153,10 @@ int readpath_read(Session *s, fuse_req_t req, fuse_ino_t ino, size_t size, off_t
     b = cache_wait(&s->cache, shard, KIND_FILES, block);
     if (b != NULL)
         return serve_files(s, req, b, (uint64_t)row, fsize, size, off);
-    answered = located_read(s, t, req, shard, (uint64_t)row, block, fsize, size, off);
+    pthread_rwlock_rdlock(&t->lock);  /* held while the locator's buffers are read */
+    answered = t->located == NULL ? 0
+               : located_read(s, t->located, engine_request(req), shard, (uint64_t)row, block, fsize, size, off);
+    pthread_rwlock_unlock(&t->lock);
     if (answered != 0)
         return answered;
     b = cache_acquire(&s->cache, shard, KIND_FILES, block, &mine);

@@ -260,6 +260,42 @@ PyObject *tables_detach(Session *self, PyObject *args)
     Py_RETURN_NONE;
 }
 
+ShardTable *engine_table(Session *s, Py_ssize_t shard, const char *what)
+{
+    if (shard < 0 || shard >= s->ntables) {
+        PyErr_Format(PyExc_IndexError, "%s: no such shard", what);
+        return NULL;
+    }
+    return &s->tables[shard];
+}
+
+int engine_table_rows(const ShardTable *t, uint64_t *rows, uint64_t *generation)
+{
+    *rows = t->n;
+    *generation = t->generation;
+    return t->attached;
+}
+
+int engine_table_column(const ShardTable *t, PyObject *obj, Column *c, const char *what)
+{
+    return column_from(obj, c, t->fd, t->file_size, what);
+}
+
+int engine_table_locate(ShardTable *t, Located *l, uint64_t generation, uint64_t rows, Located **old)
+{
+    Py_BEGIN_ALLOW_THREADS
+    pthread_rwlock_wrlock(&t->lock);
+    Py_END_ALLOW_THREADS
+    if (t->generation != generation || t->n != rows) {
+        pthread_rwlock_unlock(&t->lock);
+        return -1;
+    }
+    *old = t->located;
+    t->located = l;
+    pthread_rwlock_unlock(&t->lock);
+    return 0;
+}
+
 static int u64_at(const Column *c, uint64_t i, uint64_t *out)
 {
     return column_read(c, i * WIDTH_SIZE, out, WIDTH_SIZE);

@@ -1,4 +1,8 @@
-/* Located reads in C: a file whose block's files are not in the byte cache is served from
+/* Atlas's located reads in C, beside the format they read (the engine, atlasfs/fuse/native,
+ * calls them through located.h; they use of the engine only reader.h: its columns, byte
+ * cache, counts and replies, no FUSE).
+ *
+ * A file whose block's files are not in the byte cache is served from
  * where its bytes lie in the block (the table's locators), without Python and without
  * unpickling, as atlasfs/formats/atlas/spans/read.py does in Python (read_span), with the
  * same checks:
@@ -27,7 +31,7 @@
  * user's): every locator, prefix number, offset and length is checked before it is used.
  */
 #define ZSTD_STATIC_LINKING_ONLY /* the buffer-less streaming decoder: a frame block by block */
-#include "engine.h"
+#include "located.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -91,7 +95,7 @@ void located_free(Located *l)
         if (buffers[i]->obj != NULL)
             PyBuffer_Release(buffers[i]);
     if (l->session != NULL)
-        __atomic_sub_fetch(&l->session->located_stored, (uint64_t)l->data_size, __ATOMIC_RELAXED);
+        __atomic_sub_fetch(&engine_counters(l->session)->located_stored, (uint64_t)l->data_size, __ATOMIC_RELAXED);
     if (l->fd >= 0)
         close(l->fd);
     dictionary_drop(l->dictionary);
@@ -110,7 +114,7 @@ static int buffer(PyObject *obj, Py_buffer *view)
 /* `c` from `obj` (a buffer, or a range of the shard table's file), of `expected` bytes if that is >= 0. */
 static int column(const ShardTable *t, PyObject *obj, Column *c, int64_t expected, const char *what)
 {
-    if (column_from(obj, c, t->fd, t->file_size, what) != 0)
+    if (engine_table_column(t, obj, c, what) != 0)
         return -1;
     if (expected >= 0 && c->len != (uint64_t)expected) {
         PyErr_Format(PyExc_ValueError, "locate: %s has %llu bytes, not %lld", what, (unsigned long long)c->len,
@@ -146,19 +150,16 @@ PyObject *located_attach(Session *self, PyObject *args, PyObject *kwds)
                                      &data_path, &index_path, &sig[0], &sig[1], &sig[2], &sig[3], &starts,
                                      &compressed, &dictionary, &max_block_bytes))
         return NULL;
-    if (shard < 0 || shard >= self->ntables) {
-        PyErr_SetString(PyExc_IndexError, "locate: no such shard");
+    if ((t = engine_table(self, shard, "locate")) == NULL)
         return NULL;
-    }
-    t = &self->tables[shard];
     l = calloc(1, sizeof *l);
     if (l == NULL)
         return PyErr_NoMemory();
     l->fd = -1;
     l->offset.fd = l->length.fd = l->check.fd = l->prefix.fd = l->inline_bytes.fd = l->kept.fd = -1;
-    l->rows = t->n;  /* attach() came first, holding the GIL as this does */
-    generation = t->generation;  /* the columns below may be ranges of t->fd: that table's */
-    if (!t->attached) {
+    /* attach() came first, holding the GIL as this does; the columns below may be ranges of
+     * that table's file */
+    if (!engine_table_rows(t, &l->rows, &generation)) {
         PyErr_SetString(PyExc_ValueError, "locate: no table attached");
         goto fail;
     }
@@ -235,21 +236,14 @@ PyObject *located_attach(Session *self, PyObject *args, PyObject *kwds)
     }
     {
         Located *old;
-        Py_BEGIN_ALLOW_THREADS
-        pthread_rwlock_wrlock(&t->lock);
-        Py_END_ALLOW_THREADS
-        if (t->generation != generation || t->n != l->rows) {
-            /* attached again or detached while the GIL was released (the open, the lock): the
-             * columns may be ranges of a file closed since: refuse */
-            pthread_rwlock_unlock(&t->lock);
+        if (engine_table_locate(t, l, generation, l->rows, &old) != 0) {
+            /* attached again or detached while the GIL was released (the open, the lock) */
             PyErr_SetString(PyExc_ValueError, "locate: the table changed");
             goto fail;
         }
-        old = t->located;
-        t->located = l;
+        /* the GIL held since: no detach has freed l (it needs the GIL) */
         l->session = self;
-        __atomic_add_fetch(&self->located_stored, (uint64_t)l->data_size, __ATOMIC_RELAXED);
-        pthread_rwlock_unlock(&t->lock);
+        __atomic_add_fetch(&engine_counters(self)->located_stored, (uint64_t)l->data_size, __ATOMIC_RELAXED);
         located_free(old);
     }
     Py_RETURN_NONE;
@@ -362,7 +356,7 @@ static int load_stored(const Located *l, uint64_t block, char **out, size_t *out
 }
 
 /* Bytes [off, off + size) of the file `first` + `second` (its prefix and run), as one reply. */
-static void reply_parts(fuse_req_t req, const char *first, size_t first_len, const char *second, size_t second_len,
+static void reply_parts(ReaderRequest *req, const char *first, size_t first_len, const char *second, size_t second_len,
                         size_t size, off_t off)
 {
     struct iovec iov[2];
@@ -380,10 +374,7 @@ static void reply_parts(fuse_req_t req, const char *first, size_t first_len, con
         iov[n].iov_base = (void *)(second + (from - first_len));
         iov[n++].iov_len = want;
     }
-    if (n == 0)
-        fuse_reply_buf(req, NULL, 0);
-    else
-        fuse_reply_iov(req, iov, n);
+    engine_reply(req, iov, n);
 }
 
 /* Whether `file` (length bytes, an inline or kept file) is tied to block `block` by the
@@ -409,7 +400,7 @@ static int tied_to_block(const Located *l, uint64_t block, const Span *span, con
 }
 
 /* An inline file, once its block's fingerprint ties it to the block: 1, or 0. */
-static int serve_inline(const Located *l, fuse_req_t req, uint64_t block, const Span *span, size_t size, off_t off)
+static int serve_inline(const Located *l, ReaderRequest *req, uint64_t block, const Span *span, size_t size, off_t off)
 {
     if (!tied_to_block(l, block, span, span->inline_bytes))
         return 0;
@@ -456,22 +447,22 @@ static CachedBlock *acquire_made(Session *s, const Located *l, uint64_t shard, i
                                  int (*make)(const Located *, uint64_t, char **, size_t *))
 {
     int mine;
-    CachedBlock *b = cache_acquire(&s->cache, shard, kind, block, &mine);
+    CachedBlock *b = cache_acquire(engine_cache(s), shard, kind, block, &mine);
     if (b != NULL && mine) {
         char *data;
         size_t length;
         if (make(l, block, &data, &length) != 0) {
-            cache_abandon(&s->cache, b);
+            cache_abandon(engine_cache(s), b);
             return NULL;
         }
-        cache_complete(&s->cache, b, data, length);
+        cache_complete(engine_cache(s), b, data, length);
     }
     return b;
 }
 
 /* A kept file, sliced from its block's kept files (decompressed once, kept in the byte cache),
  * once its block's fingerprint ties it to the block: 1, or 0. */
-static int serve_kept(Session *s, const Located *l, fuse_req_t req, uint64_t shard, uint64_t block,
+static int serve_kept(Session *s, const Located *l, ReaderRequest *req, uint64_t shard, uint64_t block,
                       const Span *span, size_t size, off_t off)
 {
     CachedBlock *b;
@@ -481,7 +472,7 @@ static int serve_kept(Session *s, const Located *l, fuse_req_t req, uint64_t sha
     ok = span->offset + span->length <= b->length && tied_to_block(l, block, span, b->data + span->offset);
     if (ok)
         reply_parts(req, b->data + span->offset, (size_t)span->length, NULL, 0, size, off);
-    cache_release(&s->cache, b);
+    cache_release(engine_cache(s), b);
     return ok;
 }
 
@@ -689,7 +680,7 @@ static int read_stored_run(const Located *l, uint64_t block, const Span *span, c
  * (read_stored_run, the frame's map kept in the byte cache), and answered; with `keep`, kept
  * in the byte cache for the file's next requests (KIND_RUN). 1 answered, 0 not possible (the
  * payload then). */
-static int serve_stored_run(Session *s, const Located *l, fuse_req_t req, uint64_t shard, uint64_t row,
+static int serve_stored_run(Session *s, const Located *l, ReaderRequest *req, uint64_t shard, uint64_t row,
                             uint64_t block, const Span *span, size_t size, off_t off, int keep)
 {
     CachedBlock *m = NULL, *kept;
@@ -697,20 +688,20 @@ static int serve_stored_run(Session *s, const Located *l, fuse_req_t req, uint64
     char *file;
     int ok, mine;
     if (l->compressed) {
-        m = cache_acquire(&s->cache, shard, KIND_FRAME, block, &mine);
+        m = cache_acquire(engine_cache(s), shard, KIND_FRAME, block, &mine);
         if (m == NULL)
             return 0;
         if (mine) {
             FrameBlock *map = NULL;
             size_t n = 0;
             if (map_frame(l, block, &map, &n) != 0) {
-                cache_abandon(&s->cache, m);
+                cache_abandon(engine_cache(s), m);
                 return 0;
             }
-            cache_complete(&s->cache, m, (char *)map, n * sizeof *map);
+            cache_complete(engine_cache(s), m, (char *)map, n * sizeof *map);
         }
         if (m->length == 0) {  /* its first zstd block is compressed: nothing stored as is */
-            cache_release(&s->cache, m);
+            cache_release(engine_cache(s), m);
             return 0;
         }
     }
@@ -720,8 +711,8 @@ static int serve_stored_run(Session *s, const Located *l, fuse_req_t req, uint64
                             m ? m->length / sizeof(FrameBlock) : 0) == 0
          && run_checks(span, file + span->prefix_len);
     if (m != NULL)
-        cache_release(&s->cache, m);
-    COUNT(s, ST_STORED, ok);
+        cache_release(engine_cache(s), m);
+    engine_count(s, ST_STORED, ok);
     if (!ok) {
         free(file);
         return 0;
@@ -729,12 +720,12 @@ static int serve_stored_run(Session *s, const Located *l, fuse_req_t req, uint64
     if (span->prefix_len > 0)  /* a run with no prefix has a NULL one: memcpy's arguments must not be NULL */
         memcpy(file, span->prefix, span->prefix_len);
     reply_parts(req, file, length, NULL, 0, size, off);
-    if (keep && (kept = cache_acquire(&s->cache, shard, KIND_RUN, row, &mine)) != NULL) {
+    if (keep && (kept = cache_acquire(engine_cache(s), shard, KIND_RUN, row, &mine)) != NULL) {
         if (mine) {
-            cache_complete(&s->cache, kept, file, length);  /* the cache's now */
+            cache_complete(engine_cache(s), kept, file, length);  /* the cache's now */
             file = NULL;
         }
-        cache_release(&s->cache, kept);
+        cache_release(engine_cache(s), kept);
     }
     free(file);
     return 1;
@@ -892,13 +883,13 @@ bad:
 static int keep_whole(Session *s, const Located *l, uint64_t block)
 {
     uint64_t stored = l->starts[block + 1] - l->starts[block];
-    uint64_t made = __atomic_load_n(&s->kept_made, __ATOMIC_RELAXED);
-    uint64_t of = __atomic_load_n(&s->kept_stored, __ATOMIC_RELAXED);
+    uint64_t made = __atomic_load_n(&engine_counters(s)->kept_made, __ATOMIC_RELAXED);
+    uint64_t of = __atomic_load_n(&engine_counters(s)->kept_stored, __ATOMIC_RELAXED);
     double per_byte = of ? (double)made / (double)of : 0.0, need;
     if (of == 0)
         return 1;
-    need = (double)__atomic_load_n(&s->located_stored, __ATOMIC_RELAXED) * per_byte;
-    return (double)stored * per_byte <= (double)s->cache.bound && need <= (double)s->cache.bound;
+    need = (double)__atomic_load_n(&engine_counters(s)->located_stored, __ATOMIC_RELAXED) * per_byte;
+    return (double)stored * per_byte <= (double)engine_cache(s)->bound && need <= (double)engine_cache(s)->bound;
 }
 
 /* The sparse payload of the `decoded` bytes at `data` (a frame decompressed from its start,
@@ -1022,7 +1013,7 @@ static int sparse_run(const Located *l, uint64_t block, const CachedBlock *b, ui
 static void keep_map(Session *s, uint64_t shard, uint64_t block, FrameBlock *map, size_t n)
 {
     if (n > 0)
-        cache_put(&s->cache, shard, KIND_FRAME, block, (char *)map, n * sizeof *map);
+        cache_put(engine_cache(s), shard, KIND_FRAME, block, (char *)map, n * sizeof *map);
     else
         free(map);
 }
@@ -1048,7 +1039,7 @@ static CachedBlock *acquire_payload(Session *s, const Located *l, uint64_t shard
                                     int *on_disk)
 {
     int mine, waited;
-    CachedBlock *b = cache_acquire_min(&s->cache, shard, KIND_PAYLOAD, block, (size_t)need, &mine, &waited);
+    CachedBlock *b = cache_acquire_min(engine_cache(s), shard, KIND_PAYLOAD, block, (size_t)need, &mine, &waited);
     uint64_t content = 0, want;
     size_t cap, capacity = 0, decoded = 0, nmap = 0;
     FrameBlock *map = NULL;
@@ -1060,34 +1051,34 @@ static CachedBlock *acquire_payload(Session *s, const Located *l, uint64_t shard
     memset(pending, 0, sizeof *pending);
     *on_disk = 0;
     if (waited)
-        __atomic_add_fetch(&s->frames_waited, 1, __ATOMIC_RELAXED);
+        __atomic_add_fetch(&engine_counters(s)->frames_waited, 1, __ATOMIC_RELAXED);
     if (b == NULL || !mine)
         return b;
     if (l->disk_key != 0 && diskblocks_has(s, l->disk_key, block)) {
         /* Written by the worker that made it since this one looked (and its payload evicted
          * meanwhile): read from there, never decompressed twice. */
-        cache_abandon(&s->cache, b);
+        cache_abandon(engine_cache(s), b);
         *on_disk = 1;
         return NULL;
     }
     if (!l->compressed) {
         uint64_t stored = l->starts[block + 1] - l->starts[block];
         if (stored > l->max_block_bytes) {  /* before reserving: a lying index would empty the cache */
-            cache_abandon(&s->cache, b);
+            cache_abandon(engine_cache(s), b);
             return NULL;
         }
-        cache_reserve(&s->cache, (size_t)stored);
+        cache_reserve(engine_cache(s), (size_t)stored);
         if (load_stored(l, block, &data, &decoded) != 0) {
-            cache_abandon(&s->cache, b);
-            cache_unreserve(&s->cache, (size_t)stored);
+            cache_abandon(engine_cache(s), b);
+            cache_unreserve(engine_cache(s), (size_t)stored);
             return NULL;
         }
-        cache_complete_reserved(&s->cache, b, data, decoded, decoded);
+        cache_complete_reserved(engine_cache(s), b, data, decoded, decoded);
         *reserved = (size_t)stored;
         return b;
     }
     if (frame_content(l, block, &content) != 0 || need > content) {
-        cache_abandon(&s->cache, b);
+        cache_abandon(engine_cache(s), b);
         return NULL;
     }
     /* With a decoded cache, whole: written once, never decompressed again. */
@@ -1095,16 +1086,16 @@ static CachedBlock *acquire_payload(Session *s, const Located *l, uint64_t shard
     whole = to_disk || keep_whole(s, l, block) || need >= content - content / 8;
     want = whole ? content : need;
     cap = (size_t)(whole || content - need < ZSTD_BLOCKSIZE_MAX ? content : need + ZSTD_BLOCKSIZE_MAX);
-    cache_reserve(&s->cache, cap);
-    data = buffer_get(&s->cache, cap ? cap : 1, &capacity);
+    cache_reserve(engine_cache(s), cap);
+    data = buffer_get(engine_cache(s), cap ? cap : 1, &capacity);
     if (data == NULL || decode_frame(l, block, data, cap, content, want, &decoded, &map, &nmap) != 0) {
         if (data != NULL)
-            buffer_put(&s->cache, data, capacity);
-        cache_abandon(&s->cache, b);
-        cache_unreserve(&s->cache, cap);
+            buffer_put(engine_cache(s), data, capacity);
+        cache_abandon(engine_cache(s), b);
+        cache_unreserve(engine_cache(s), cap);
         return NULL;
     }
-    __atomic_add_fetch(decoded == content ? &s->frames_whole : &s->frames_partial, 1, __ATOMIC_RELAXED);
+    __atomic_add_fetch(decoded == content ? &engine_counters(s)->frames_whole : &engine_counters(s)->frames_partial, 1, __ATOMIC_RELAXED);
     to_disk = to_disk && decoded == content;
     {
         char *blob;
@@ -1114,7 +1105,7 @@ static CachedBlock *acquire_payload(Session *s, const Located *l, uint64_t shard
             /* Only what cannot be read from disk stays: the decompressed buffer goes back to the
              * pool, and its reservation with it (once written to the decoded cache, if any). */
             b->sparse = 1;
-            cache_complete_sized(&s->cache, b, blob, decoded, blob_len);
+            cache_complete_sized(engine_cache(s), b, blob, decoded, blob_len);
             if (to_disk) {
                 pending->data = data;
                 pending->length = decoded;
@@ -1122,21 +1113,21 @@ static CachedBlock *acquire_payload(Session *s, const Located *l, uint64_t shard
                 pending->reserved = cap;
                 pending->pooled = 1;
             } else {
-                buffer_put(&s->cache, data, capacity);
-                cache_unreserve(&s->cache, cap);
+                buffer_put(engine_cache(s), data, capacity);
+                cache_unreserve(engine_cache(s), cap);
             }
             cap = 0;
             capacity = blob_len;
         } else {
-            cache_complete_reserved(&s->cache, b, data, decoded, capacity);
+            cache_complete_reserved(engine_cache(s), b, data, decoded, capacity);
             if (to_disk) {  /* the payload's own bytes: held by this reader until written */
                 pending->data = data;
                 pending->length = decoded;
             }
         }
         if (decoded == content) {  /* what a whole one costs a stored byte (keep_whole) */
-            __atomic_add_fetch(&s->kept_made, (uint64_t)capacity, __ATOMIC_RELAXED);
-            __atomic_add_fetch(&s->kept_stored, stored, __ATOMIC_RELAXED);
+            __atomic_add_fetch(&engine_counters(s)->kept_made, (uint64_t)capacity, __ATOMIC_RELAXED);
+            __atomic_add_fetch(&engine_counters(s)->kept_stored, stored, __ATOMIC_RELAXED);
         }
     }
     *reserved = cap;
@@ -1154,8 +1145,8 @@ static void finish_pending(Session *s, const Located *l, uint64_t block, Pending
     if (write)
         diskblocks_write(s, l->disk_key, block, pending->data, pending->length);
     if (pending->pooled) {
-        buffer_put(&s->cache, pending->data, pending->capacity);
-        cache_unreserve(&s->cache, pending->reserved);
+        buffer_put(engine_cache(s), pending->data, pending->capacity);
+        cache_unreserve(engine_cache(s), pending->reserved);
     }
     pending->data = NULL;
 }
@@ -1164,8 +1155,8 @@ static void finish_pending(Session *s, const Located *l, uint64_t block, Pending
 static void let_go(Session *s, CachedBlock *b, size_t reserved)
 {
     if (reserved)
-        cache_settle(&s->cache, b, reserved);
-    cache_release(&s->cache, b);
+        cache_settle(engine_cache(s), b, reserved);
+    cache_release(engine_cache(s), b);
 }
 
 /* A file read in pieces (`run`: its run, checked) kept whole for its next pieces, which the
@@ -1174,26 +1165,26 @@ static void keep_pieces(Session *s, uint64_t shard, uint64_t row, const Span *sp
 {
     uint64_t file_length = span->prefix_len + span->length;
     int mine;
-    CachedBlock *kept = cache_acquire(&s->cache, shard, KIND_RUN, row, &mine);
+    CachedBlock *kept = cache_acquire(engine_cache(s), shard, KIND_RUN, row, &mine);
     if (kept != NULL && mine) {
         char *file = malloc((size_t)file_length);
         if (file == NULL) {
-            cache_abandon(&s->cache, kept);
+            cache_abandon(engine_cache(s), kept);
             kept = NULL;
         } else {
             if (span->prefix_len > 0)
                 memcpy(file, span->prefix, span->prefix_len);
             memcpy(file + span->prefix_len, run, (size_t)span->length);
-            cache_complete(&s->cache, kept, file, (size_t)file_length);
+            cache_complete(engine_cache(s), kept, file, (size_t)file_length);
         }
     }
     if (kept != NULL)
-        cache_release(&s->cache, kept);
+        cache_release(engine_cache(s), kept);
 }
 
 /* The run read from the block's file in the decoded cache, checked, and answered: 1, or 0 (not
  * there; or not as written: dropped, the block is decompressed again). */
-static int serve_decoded(Session *s, const Located *l, fuse_req_t req, uint64_t shard, uint64_t row,
+static int serve_decoded(Session *s, const Located *l, ReaderRequest *req, uint64_t shard, uint64_t row,
                          uint64_t block, const Span *span, size_t size, off_t off)
 {
     int owned = 0, got;
@@ -1219,7 +1210,7 @@ static int serve_decoded(Session *s, const Located *l, fuse_req_t req, uint64_t 
 /* A run of the block's payload (decompressed once, kept in the byte cache, or read from the
  * decoded cache): 1, or 0. A read of the whole file takes the run alone where it is stored as
  * is (read_stored_run). */
-static int serve_run(Session *s, const Located *l, fuse_req_t req, uint64_t shard, uint64_t row, uint64_t block,
+static int serve_run(Session *s, const Located *l, ReaderRequest *req, uint64_t shard, uint64_t row, uint64_t block,
                      const Span *span, size_t size, off_t off)
 {
     CachedBlock *b = NULL;
@@ -1243,21 +1234,21 @@ static int serve_run(Session *s, const Located *l, fuse_req_t req, uint64_t shar
      * decoded cache; else a read of the whole file takes the run alone where it is stored as
      * is, and the first read of a file read in pieces (the kernel's read-ahead) takes it whole
      * and keeps it for the next pieces. */
-    b = cache_peek(&s->cache, shard, KIND_PAYLOAD, block);
+    b = cache_peek(engine_cache(s), shard, KIND_PAYLOAD, block);
     if (b != NULL && b->length < end) {
-        cache_release(&s->cache, b);
+        cache_release(engine_cache(s), b);
         b = NULL;
     }
     if (b == NULL && l->disk_key != 0 && serve_decoded(s, l, req, shard, row, block, span, size, off))
         return 1;
     if (b == NULL) {
         uint64_t file_length = span->prefix_len + span->length;
-        CachedBlock *kept = file_length <= RUN_KEEP_MAX ? cache_peek(&s->cache, shard, KIND_RUN, row) : NULL;
+        CachedBlock *kept = file_length <= RUN_KEEP_MAX ? cache_peek(engine_cache(s), shard, KIND_RUN, row) : NULL;
         if (kept != NULL) {
             int whole = kept->length == file_length;
             if (whole)
                 reply_parts(req, kept->data, kept->length, NULL, 0, size, off);
-            cache_release(&s->cache, kept);
+            cache_release(engine_cache(s), kept);
             if (whole)
                 return 1;
         }
@@ -1317,38 +1308,33 @@ static int serve_run(Session *s, const Located *l, fuse_req_t req, uint64_t shar
     /* After the reply: the write costs this reader nothing, and no other (no lock is held; the
      * block's other readers read the payload meanwhile). Only a frame whose run checked out. */
     if (reserved)
-        cache_settle(&s->cache, b, reserved);
+        cache_settle(engine_cache(s), b, reserved);
     finish_pending(s, l, block, &pending, ok);
-    cache_release(&s->cache, b);
+    cache_release(engine_cache(s), b);
     keep_map(s, shard, block, map, nmap);  /* after the payload went, if it must: the map stays */
     return ok;
 }
 
-int located_read(Session *s, ShardTable *t, fuse_req_t req, uint64_t shard, uint64_t row, uint64_t block,
+int located_read(Session *s, Located *l, ReaderRequest *req, uint64_t shard, uint64_t row, uint64_t block,
                  uint64_t fsize, size_t size, off_t off)
 {
-    Located *l;
     Span span;
     int answered = 0;
-    pthread_rwlock_rdlock(&t->lock);  /* held while the locator's buffers are read */
-    l = t->located;
-    if (l == NULL || block >= l->nblocks || __atomic_load_n(&l->unlocated[block], __ATOMIC_RELAXED)
+    if (block >= l->nblocks || __atomic_load_n(&l->unlocated[block], __ATOMIC_RELAXED)
         || !span_of(l, row, &span) || span.prefix_len + span.length != fsize)
-        goto out;
+        return 0;
     /* As every read that needs the disk: a data.bin or index.npy changed since the dataset
      * was opened is the control plane's to fail (it says so), not mixed in here. */
     if (!same_file(l->data_path, l->data_size, l->data_mtime_ns)
         || !same_file(l->index_path, l->index_size, l->index_mtime_ns))
-        goto out;
+        return 0;
     answered = span.is_inline ? serve_inline(l, req, block, &span, size, off)
                : span.is_kept ? serve_kept(s, l, req, shard, block, &span, size, off)
                               : serve_run(s, l, req, shard, row, block, &span, size, off);
     if (!answered)
         __atomic_store_n(&l->unlocated[block], 1, __ATOMIC_RELAXED);
     else
-        COUNT(s, ST_READ, 1);
-    COUNT(s, ST_LOCATED, answered);
-out:
-    pthread_rwlock_unlock(&t->lock);
+        engine_count(s, ST_READ, 1);
+    engine_count(s, ST_LOCATED, answered);
     return answered;
 }
