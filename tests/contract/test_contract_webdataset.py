@@ -12,7 +12,7 @@ from contract import FormatContract
 
 #: Samples as a producer writes them: keys of digits only (webdataset's common kind, which
 #: must keep their names), fields of several kinds, one in upper case. (Keys with folders:
-#: tests/mount/test_webdataset_source.py, the contract's listing checks are of flat folders.)
+#: tests/unit/formats/test_webdataset_source.py, the contract's listing checks are of flat folders.)
 SAMPLES = [{"__key__": f"{n:06d}", "txt": f"text {n}".encode() * (n % 7), "json": json.dumps({"n": n}).encode(),
             **({"seg.png": bytes(range(n % 256)) * 3} if n % 3 == 0 else {"CLS": str(n % 5).encode()})}
            for n in range(400)]

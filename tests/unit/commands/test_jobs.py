@@ -5,7 +5,6 @@ resumes, and a shard failing in a worker that is one line while the others are d
 from __future__ import annotations
 
 import os
-import random
 import shutil
 import subprocess
 from pathlib import Path
@@ -13,21 +12,12 @@ from pathlib import Path
 from atlasfs.commands.jobs import LOST, Done, Opener, run
 from atlasfs.formats.factory import SourceOptions, open_source
 from atlasfs.storage import StorageOptions
-from fusemount import atlasfs, mounted
+from fusemount import atlasfs
 from helpers import REFERENCE
+from jobsdata import jobs_dataset
+
 
 TWELVE = REFERENCE / "s2_twelve_shards" / "dataset"  # keys partNN/itemNNNN: a sub-folder per part
-
-
-def _dataset(path: Path) -> Path:
-    """Five shards of samples in sub-folders, one file bigger than export's 1 MiB pieces."""
-    from atlasfs import AtlasWriter
-    rng = random.Random(3)
-    with AtlasWriter(path, shard_size=12, block_size=4, compression_strategy=1) as writer:
-        for i in range(55):
-            writer.add_example({"__key__": f"d{i % 3}/s{i:03d}", "bin": rng.randbytes(rng.randrange(1, 3000)),
-                                "json": {"i": i}, **({"big": rng.randbytes(2_500_000)} if i == 17 else {})})
-    return path
 
 
 def _tables(folder: Path) -> dict[str, bytes]:
@@ -41,7 +31,7 @@ def _stored_lines(result: subprocess.CompletedProcess[str]) -> list[str]:
 
 
 def test_index_in_two_processes_stores_the_same_tables_and_resumes(tmp_path: Path) -> None:
-    dataset = _dataset(tmp_path / "ds")
+    dataset = jobs_dataset(tmp_path / "ds")
     one, two = tmp_path / "one", tmp_path / "two"
     first = atlasfs("index", str(dataset), "-j", "1", "--index-dir", str(one), "-v")
     second = atlasfs("index", str(dataset), "--jobs", "2", "--index-dir", str(two), "-v")
@@ -70,7 +60,7 @@ def test_a_table_stored_without_its_sizes_is_sized_on_the_next_run(tmp_path: Pat
     from atlasfs import AtlasDataset
     from atlasfs.tree.blocktree import BlockTree
     from atlasfs.tree.table.store import TableStore
-    dataset = _dataset(tmp_path / "ds")
+    dataset = jobs_dataset(tmp_path / "ds")
     folder = tmp_path / "tables"
     with AtlasDataset(dataset) as source:  # what a first listing stores: names, not every size
         tree = BlockTree(source, store=TableStore(str(dataset), index_dir=str(folder)))
@@ -111,27 +101,6 @@ def test_a_shard_failing_in_a_worker_is_one_line_and_the_others_are_done(tmp_pat
                                                            + ["shards.json"])
 
 
-def test_export_in_two_processes_writes_the_bytes_of_one_and_of_the_tar_view(tmp_path: Path) -> None:
-    dataset = _dataset(tmp_path / "ds")
-    one, two = tmp_path / "one", tmp_path / "two"
-    for out, jobs in ((one, "1"), (two, "2")):
-        result = atlasfs("export", str(dataset), str(out), "-j", jobs)
-        assert result.returncode == 0, result.stderr
-        assert result.stderr == ""  # no bar, no line: stderr is not a terminal
-    files = sorted(p.name for p in one.iterdir())
-    assert files == ["0.tar", "1.tar", "2.tar", "3.tar", "4.tar", "shards.json"]
-    for name in files:
-        assert (one / name).read_bytes() == (two / name).read_bytes(), name
-    assert (one / "1.tar").stat().st_size > 2_500_000  # the big file, written in pieces
-    with mounted(dataset, "--view", "tars") as mnt:
-        for name in files:
-            assert (mnt / name).read_bytes() == (two / name).read_bytes(), name
-    # the shards asked for, in the order asked: shards.json follows it whatever finishes first
-    result = atlasfs("export", str(dataset), str(tmp_path / "some"), "-j", "2", "--shards", "3", "0")
-    assert result.returncode == 0, result.stderr
-    assert '"url": "3.tar"' in (tmp_path / "some" / "shards.json").read_text().split('"url": "0.tar"')[0]
-
-
 def _no_state(source: object) -> None:
     return None
 
@@ -144,7 +113,7 @@ def _dies_on_shard_2(state: object, s: int, report: object) -> Done:
 
 
 def test_a_worker_that_dies_loses_its_own_shard_only(tmp_path: Path) -> None:
-    dataset = _dataset(tmp_path / "ds")
+    dataset = jobs_dataset(tmp_path / "ds")
     opener = Opener(str(dataset), None, SourceOptions(), StorageOptions())
     results = list(run(open_source(str(dataset)), opener, _no_state, _dies_on_shard_2, range(5), 2,
                        lambda what, n: None))

@@ -2,25 +2,29 @@
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from atlasfs import AtlasDataset, AtlasWriter
+from atlasfs import AtlasDataset
 from atlasfs.tree.table.filetable import FileTable, Limits, TableError
 from atlasfs.tree.table.layout import DIR, FILE, UNREADABLE
 from atlasfs.tree.table.store import BESIDE_DATASET
-from fusemount import atlasfs, mounted
+from fusemount import atlasfs
+from tabledata import keyed_dataset
+
 
 #: Files in example order: the keys are unsorted and the folder "a" comes back after "b.txt".
 ROWS = [("b.txt", FILE, 3, 0, 0, 0), ("a/x.cls", FILE, 1, 0, 1, 0), ("a.cls", FILE, 2, 1, 0, 0),
         ("a-b.txt", FILE, 4, 1, 1, 0), ("a/y/z.jpg", FILE, 5, 2, 0, 0), ("ü.txt", FILE, 1, 2, 1, 0),
         ("a/w.cls", FILE, 1, 3, 0, 0), ("000007.unreadable", UNREADABLE, 0, 3, 1, 0)]
+
+
 KEY = {"layout": 1, "files": {"data.bin": [10, 20]}}
+
+
 LIMITS = Limits(blocks=4, block_size=2)
 
 
@@ -128,66 +132,15 @@ def test_forged_tables_are_refused(tmp_path: Path, rows: list) -> None:
             FileTable.load(str(tmp_path / "d"), KEY, LIMITS)
 
 
-def _dataset(path: Path) -> Path:
-    with AtlasWriter(path, shard_size=20, block_size=4, compression_strategy=1) as w:
-        w.add_examples({"__key__": f"k/{i:03d}", "txt": f"t{i}", "cls": i} for i in range(60))
-    return path
-
-
-def _state(folder: Path) -> list[str]:
-    """What ``find FOLDER -printf '%p %s %T@ %m'`` shows: every path, size, mtime and mode."""
-    result = subprocess.run(["find", str(folder), "-printf", r"%p %s %T@ %m\n"], capture_output=True, text=True,
-                            check=True)
-    return sorted(result.stdout.splitlines())
-
-
-def test_a_mount_writes_nothing_into_the_dataset_and_stores_tables_in_the_user_cache(tmp_path: Path) -> None:
-    dataset = _dataset(tmp_path / "ds")
-    before = _state(dataset)
-    cache = tmp_path / "cache"
-    env = {"XDG_CACHE_HOME": str(cache)}
-    with mounted(dataset, env=env) as mnt:
-        first = os.listdir(mnt / "1" / "k")
-        assert (mnt / "1" / "k" / "021.txt").read_bytes() == b"t21"
-    assert _state(dataset) == before  # writable, and still untouched
-    stored = sorted(cache.glob("atlasfs/tables/*/*.table"))
-    assert [p.name for p in stored] == ["1.table"]  # only shard 1 was looked at
-    listed = atlasfs("cache", env={**os.environ, **env})
-    assert str(dataset) in listed.stdout and "1 tables" in listed.stdout, listed.stdout
-    # Damage block 0 of shard 1 without changing its size or mtime: the stored table still
-    # applies, so the listing must come out whole (nothing decoded), and only reads fail.
-    # (A small file kept in the table is checked against its block's frame checksum, the
-    # block's last 4 bytes: the damage reaches them.)
-    data = dataset / "1" / "data.bin"
-    st = data.stat()
-    raw = bytearray(data.read_bytes())
-    end = int(np.load(dataset / "1" / "index.npy")[1])
-    raw[20:end] = bytes(end - 20)
-    data.write_bytes(bytes(raw))
-    os.utime(data, ns=(st.st_atime_ns, st.st_mtime_ns))
-    with mounted(dataset, env=env) as mnt:
-        assert os.listdir(mnt / "1" / "k") == first
-        with pytest.raises(OSError):
-            (mnt / "1" / "k" / "020.txt").read_bytes()
-        assert (mnt / "1" / "k" / "039.txt").read_bytes() == b"t39"
-    # A real change (new mtime) makes the table stale: rebuilt, the damage now shows in names.
-    os.utime(data)
-    with mounted(dataset, env=env) as mnt:
-        names = os.listdir(mnt / "1")
-        assert "000020.unreadable" in names
-    cleared = atlasfs("cache", "--clear", env={**os.environ, **env})
-    assert cleared.returncode == 0 and not list(cache.glob("atlasfs/tables/*/*.table")), cleared.stderr
-
-
 def test_index_command_writes_beside_the_dataset_or_to_an_index_dir(tmp_path: Path) -> None:
-    dataset = _dataset(tmp_path / "ds")
+    dataset = keyed_dataset(tmp_path / "ds")
     result = atlasfs("index", str(dataset))
     assert result.returncode == 0, result.stderr
     tables = ["0.table", "1.table", "2.table"]  # and energon's index.sqlite of the tar view (docs/training.md)
     stored = sorted(p.name for p in (dataset / BESIDE_DATASET).iterdir())
     assert stored[:3] == tables and len(stored) == 4 and re.fullmatch(r"energon-[0-9a-f]{32}\.sqlite", stored[3])
     assert AtlasDataset(dataset).shards[0].name == "0"  # the hidden folder is not a shard
-    other = _dataset(tmp_path / "other")
+    other = keyed_dataset(tmp_path / "other")
     index = tmp_path / "index"
     result = atlasfs("index", str(other), "--index-dir", str(index))
     assert result.returncode == 0, result.stderr

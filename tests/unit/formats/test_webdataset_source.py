@@ -1,21 +1,18 @@
-"""WebDataset tar shards as a source: the corpus written by webdataset's ShardWriter mounts as
-webdataset reads it, atlasfs export's tars read back the same, a second mount reads no
-header, and bad members are left out or fail alone, one line each naming shard and member,
-grouped as webdataset's own group_by_keys groups them."""
+"""WebDataset tar shards as a source: a second tree over a stored table reads no header, and bad
+members are left out or fail alone, one line each naming shard and member, grouped as
+webdataset's own group_by_keys groups them (through a mount:
+tests/mount/test_webdataset_mount.py)."""
 
 from __future__ import annotations
 
-import io
 import logging
 import os
 import re
 import shutil
-import subprocess
 import tarfile
 from pathlib import Path
 
 import pytest
-import webdataset
 from webdataset import handlers, tariterators
 
 from atlasfs.errors import AtlasFormatError
@@ -23,44 +20,9 @@ from atlasfs.formats import webdataset as wds_format
 from atlasfs.formats.factory import detect, open_source
 from atlasfs.tree.blocktree import BlockTree
 from atlasfs.tree.table.store import TableStore
-from formatfixtures import samples_of
-from corpus import FIXTURES, expected, fixture_names
-from fusemount import atlasfs, mounted
-
-
-def fields_of(sample: dict) -> dict:
-    """A sample without webdataset's own ``__url__`` / ``__local_path__``."""
-    return {k: v for k, v in sample.items() if k not in ("__url__", "__local_path__")}
-
-
-@pytest.mark.parametrize("fixture", fixture_names("webdataset"))
-def test_corpus_mounts_and_exports_as_webdataset_reads_it(fixture: str, tmp_path: Path) -> None:
-    """Every file of the mounted fixture is its member's bytes (expected.json, what
-    webdataset.WebDataset yields), samples in archive order; export's tars and the mount's
-    tar view read back by webdataset give the same samples."""
-    data = Path(shutil.copytree(FIXTURES / "webdataset" / fixture / "data", tmp_path / "data"))
-    exp = expected("webdataset", fixture)
-    by_shard: dict[str, list[dict]] = {}
-    for sample in exp["samples"]:
-        by_shard.setdefault(Path(sample["__local_path__"]).name[:-len(".tar")], []).append(fields_of(sample))
-    assert len(by_shard) == len(exp["shards"]) == 2
-    assert detect(str(data)) == "webdataset"
-    out = tmp_path / "export"
-    result = atlasfs("export", str(data), str(out))
-    assert result.returncode == 0, result.stderr
-    with mounted(data, "--view", "both") as mnt:
-        for folder, samples in by_shard.items():
-            files = {f"{s['__key__']}.{k}": v for s in samples for k, v in s.items() if k != "__key__"}
-            found = subprocess.run(["find", str(mnt / folder), "-type", "f", "-printf", "%P\n"],
-                                   capture_output=True, text=True, check=True).stdout.split("\n")[:-1]
-            assert sorted(found) == sorted(files)
-            assert samples_of(found) == [s["__key__"] for s in samples]
-            for name, data_bytes in files.items():
-                assert subprocess.run(["cat", str(mnt / folder / name)], capture_output=True,
-                                      check=True).stdout == data_bytes, name
-            for tar in (out / f"{folder}.tar", mnt / f"{folder}.tar"):
-                back = [fields_of(s) for s in webdataset.WebDataset(str(tar), shardshuffle=False, empty_check=False)]
-                assert back == samples, tar
+from corpus import FIXTURES
+from fusemount import atlasfs
+from tardata import add, fields_of
 
 
 def test_a_second_mount_reads_no_header(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -77,15 +39,6 @@ def test_a_second_mount_reads_no_header(tmp_path: Path, monkeypatch: pytest.Monk
     monkeypatch.setattr(wds_format.source, "walk", no_walk)
     again = BlockTree(open_source(str(data)), store=store)
     assert {f: [(n, again.read(e, 0, e.size)) for n, e in again.listdir(f"/{f}")] for f in listed} == listed
-
-
-def add(tar: tarfile.TarFile, name: str, data: bytes = b"", kind: bytes = tarfile.REGTYPE) -> None:
-    info = tarfile.TarInfo(name)
-    info.type = kind
-    info.size = len(data) if kind == tarfile.REGTYPE else 0
-    if kind == tarfile.SYMTYPE:
-        info.linkname = "a.txt"
-    tar.addfile(info, io.BytesIO(data) if kind == tarfile.REGTYPE else None)
 
 
 #: Members of a tar with everything webdataset's grouping meets: a name without '.', a second
@@ -145,31 +98,6 @@ def test_members_are_grouped_as_webdataset_groups_them(tmp_path: Path, caplog: p
     assert sorted(logged) == sorted(problems)
     verify = atlasfs("verify", str(tmp_path / "ds"))
     assert verify.returncode == 1 and all(p in verify.stdout for p in problems), verify.stdout
-
-
-def test_a_truncated_member_fails_its_sample_alone(tmp_path: Path) -> None:
-    """A tar cut inside a member's data: the samples before it serve; the cut sample's files
-    fail with EIO, and verify names the shard and member in one line."""
-    (tmp_path / "ds").mkdir()
-    path = tmp_path / "ds" / "cut.tar"
-    with tarfile.open(path, "w", format=tarfile.USTAR_FORMAT) as tar:
-        for n in range(5):
-            add(tar, f"s{n}.txt", f"text {n}".encode())
-            add(tar, f"s{n}.bin", bytes(3000))
-    raw = path.read_bytes()
-    path.write_bytes(raw[:raw.index(b"s4.bin") + 512 + 1000])  # inside s4.bin's data
-    with mounted(tmp_path / "ds") as mnt:
-        for n in range(4):
-            assert (mnt / "cut" / f"s{n}.bin").read_bytes() == bytes(3000)
-        names = sorted(p.name for p in (mnt / "cut").iterdir())
-        [unreadable] = [n for n in names if n.endswith(".unreadable")]
-        assert sorted(set(names) - {unreadable}) == sorted(f"s{n}.{e}" for n in range(4) for e in ("bin", "txt"))
-        with pytest.raises(OSError) as info:
-            (mnt / "cut" / unreadable).read_bytes()
-        assert info.value.errno == 5
-    verify = atlasfs("verify", str(tmp_path / "ds"))
-    assert verify.returncode == 1 and "Traceback" not in verify.stderr
-    assert f"{path} member 's4.bin': truncated" in verify.stdout, verify.stdout
 
 
 def test_a_damaged_header_keeps_the_samples_before_it(tmp_path: Path) -> None:

@@ -7,28 +7,15 @@ import logging
 import os
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import pytest
 
-from atlasfs import AtlasDataset, AtlasWriter
+from atlasfs import AtlasDataset
 from atlasfs.tree.blocktree import BlockTree
 from atlasfs.tree.table.store import BESIDE_DATASET, TableStore, cache_folder, cached_tables
-from fusemount import atlasfs, mounted
-
-
-def _dataset(path: Path, shards: int = 3) -> Path:
-    with AtlasWriter(path, shard_size=20, block_size=4, compression_strategy=1) as w:
-        w.add_examples({"__key__": f"s{i:03d}", "txt": f"t{i}", "cls": i} for i in range(20 * shards))
-    return path
-
-
-@pytest.fixture
-def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    folder = tmp_path / "xdg"
-    monkeypatch.setenv("XDG_CACHE_HOME", str(folder))
-    return folder / "atlasfs" / "tables"
+from fusemount import atlasfs
+from tabledata import cache, shards_dataset
 
 
 def _listing_and_decodes(dataset: Path, store: TableStore) -> tuple[list[str], int]:
@@ -38,7 +25,7 @@ def _listing_and_decodes(dataset: Path, store: TableStore) -> tuple[list[str], i
 
 
 def test_tables_go_to_the_user_cache_and_a_second_tree_decodes_nothing(tmp_path: Path, cache: Path) -> None:
-    dataset = _dataset(tmp_path / "ds")
+    dataset = shards_dataset(tmp_path / "ds")
     names, decoded = _listing_and_decodes(dataset, TableStore(str(dataset)))
     assert decoded == 15
     folder = Path(cache_folder(str(dataset)))
@@ -51,7 +38,7 @@ def test_tables_go_to_the_user_cache_and_a_second_tree_decodes_nothing(tmp_path:
 
 def test_a_corrupt_stored_table_is_ignored_with_one_log_line_and_rebuilt(
         tmp_path: Path, cache: Path, caplog: pytest.LogCaptureFixture) -> None:
-    dataset = _dataset(tmp_path / "ds")
+    dataset = shards_dataset(tmp_path / "ds")
     names, _ = _listing_and_decodes(dataset, TableStore(str(dataset)))
     table = Path(cache_folder(str(dataset))) / "1.table"
     good = table.read_bytes()
@@ -65,13 +52,13 @@ def test_a_corrupt_stored_table_is_ignored_with_one_log_line_and_rebuilt(
 
 
 def test_index_tables_beside_the_dataset_and_index_dirs_are_read(tmp_path: Path, cache: Path) -> None:
-    dataset = _dataset(tmp_path / "ds")
+    dataset = shards_dataset(tmp_path / "ds")
     names, _ = _listing_and_decodes(dataset, TableStore(str(dataset), beside=True))  # what atlasfs index does
     assert sorted(p.name for p in (dataset / BESIDE_DATASET).glob("*.table")) == ["0.table", "1.table", "2.table"]
     assert not cache.exists()
     assert _listing_and_decodes(dataset, TableStore(str(dataset))) == (names, 0)  # a mount's store reads them
     index = tmp_path / "index"
-    other = _dataset(tmp_path / "other")
+    other = shards_dataset(tmp_path / "other")
     assert _listing_and_decodes(other, TableStore(str(other), index_dir=str(index)))[1] == 15
     assert sorted(p.name for p in index.iterdir()) == ["0.table", "1.table", "2.table"]
     assert not cache.exists() and not (other / BESIDE_DATASET).exists()
@@ -80,7 +67,7 @@ def test_index_tables_beside_the_dataset_and_index_dirs_are_read(tmp_path: Path,
 
 def test_index_after_a_mount_stores_beside_the_dataset_although_the_cache_holds_the_tables(
         tmp_path: Path, cache: Path) -> None:
-    dataset = _dataset(tmp_path / "ds")
+    dataset = shards_dataset(tmp_path / "ds")
     _listing_and_decodes(dataset, TableStore(str(dataset)))  # a mount filled the user's cache
     result = atlasfs("index", str(dataset), env={**os.environ, "XDG_CACHE_HOME": str(cache.parent.parent)})
     assert result.returncode == 0, result.stderr
@@ -88,7 +75,7 @@ def test_index_after_a_mount_stores_beside_the_dataset_although_the_cache_holds_
 
 
 def test_tables_for_every_user_are_0644_and_the_users_cache_stays_private(tmp_path: Path, cache: Path) -> None:
-    dataset = _dataset(tmp_path / "ds")
+    dataset = shards_dataset(tmp_path / "ds")
     _listing_and_decodes(dataset, TableStore(str(dataset)))  # a mount: the user's cache
     assert {p.stat().st_mode & 0o777 for p in cache.rglob("*.table")} == {0o600}
     env = {**os.environ, "XDG_CACHE_HOME": str(cache.parent.parent)}
@@ -110,11 +97,11 @@ def test_tables_for_every_user_are_0644_and_the_users_cache_stays_private(tmp_pa
 
 def test_the_cache_is_bounded_least_recently_used_first(tmp_path: Path, cache: Path,
                                                         monkeypatch: pytest.MonkeyPatch) -> None:
-    first = _dataset(tmp_path / "a")
+    first = shards_dataset(tmp_path / "a")
     _listing_and_decodes(first, TableStore(str(first)))
     one_dataset = sum(t.bytes for t in cached_tables())
     monkeypatch.setenv("ATLASFS_TABLE_CACHE_SIZE", str(one_dataset + one_dataset // 2))
-    second = _dataset(tmp_path / "b")
+    second = shards_dataset(tmp_path / "b")
     _listing_and_decodes(second, TableStore(str(second)))
     tables = cached_tables()
     assert sum(t.bytes for t in tables) <= one_dataset + one_dataset // 2
@@ -124,32 +111,3 @@ def test_the_cache_is_bounded_least_recently_used_first(tmp_path: Path, cache: P
     cleared = atlasfs("cache", "--clear", str(second), env=dict(os.environ))
     assert cleared.returncode == 0, cleared.stderr
     assert all(t.dataset != str(second.resolve()) for t in cached_tables())
-
-
-def test_two_first_mounts_at_once_serve_right_and_leave_one_valid_table(tmp_path: Path, cache: Path) -> None:
-    dataset = _dataset(tmp_path / "ds", shards=6)
-    env = {"XDG_CACHE_HOME": str(cache.parent.parent)}
-    before = sorted(os.walk(dataset))
-    with mounted(dataset, env=env) as one, mounted(dataset, env=env) as two:
-        results: dict[Path, dict[str, bytes]] = {}
-
-        def read_all(mnt: Path) -> None:
-            results[mnt] = {f"{shard}/{name}": (mnt / shard / name).read_bytes()
-                            for shard in sorted(os.listdir(mnt)) for name in os.listdir(mnt / shard)}
-
-        threads = [threading.Thread(target=read_all, args=(mnt,)) for mnt in (one, two)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
-    assert results[one] == results[two]
-    assert len(results[one]) == 120 * 2
-    assert all(results[one][f"{i // 20}/s{i:03d}.txt"] == f"t{i}".encode() for i in range(120))
-    assert sorted(os.walk(dataset)) == before
-    tables = sorted(Path(t.path).name for t in cached_tables())
-    assert tables == [f"{s}.table" for s in range(6)]
-    # whole and valid: a tree lists every shard from them without decoding
-    tree = BlockTree(AtlasDataset(dataset), store=TableStore(str(dataset)))
-    for shard in range(6):
-        tree.names(f"/{shard}")
-    assert tree.cache.misses == 0
