@@ -1,10 +1,10 @@
 /* The file table's layout and its rows' node ids, as the engine reads them: stated once here
  * for C. Python's twin is atlasfs/tree/table/layout.py (the table's builders and readers);
  * tests/test_table_layout.py reads this header and fails if any constant here is not
- * Python's, or is defined anywhere else in atlasfs/fuse/native.
+ * Python's, or is defined anywhere else among the C sources.
  *
- * tables.c reads the entry columns, located.c the locator columns, cache.c a row's kind,
- * size and block. Every column is untrusted (a stored table may be another user's): readers
+ * tables.c reads the entry columns, readpath.c a row's kind, size and block, and Atlas's
+ * located.c (atlasfs/formats/atlas/native) the locator columns. Every column is untrusted (a stored table may be another user's): readers
  * check each row against the column's length before reading it.
  */
 #ifndef ATLASFS_LAYOUT_H
