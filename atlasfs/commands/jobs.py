@@ -18,8 +18,8 @@ workers asked with SIGTERM to drop the shard in hand, killed if they do not with
 :data:`GRACE`), with no management thread to wait for (:mod:`.interrupts`).
 
 Where the workers run is an :class:`Executor`'s choice: :class:`Local` (this machine's
-processes, :class:`Workers`) or a Ray cluster (``--ray``: :mod:`.rayjobs`, the one module
-that imports Ray). Both give the same pool interface (:class:`Pool`), so a command's shards
+processes, :class:`Workers`) or a Ray cluster (``--ray``: :mod:`atlasfs.ray.executor`; only
+``atlasfs/ray/`` imports Ray). Both give the same pool interface (:class:`Pool`), so a command's shards
 and bytes are the same whichever runs them.
 """
 
@@ -104,7 +104,7 @@ Work = Callable[[Any, int, Report], Done]
 
 class Pool(Protocol):
     """Workers that each ran an initializer once and then take one call at a time (what
-    :class:`Workers` is on this machine, and :class:`~atlasfs.commands.rayjobs.RayPool` on a
+    :class:`Workers` is on this machine, and :class:`~atlasfs.ray.executor.RayPool` on a
     cluster). Used as a context manager: leaving it on an exception stops the calls under way."""
 
     def __enter__(self) -> Pool: ...
@@ -183,12 +183,12 @@ def executor_from_args(args: argparse.Namespace, jobs: int | None) -> int | Exec
     if address is None:
         return None
     try:
-        from atlasfs.commands import rayjobs
+        from atlasfs.ray import executor
     except ImportError as exc:
         from atlasfs.options import OptionError
         missing = getattr(exc, "name", None) or "ray"
         raise OptionError(f"--ray needs Ray ({missing} cannot be imported): {RAY_EXTRA}") from None
-    return rayjobs.RayExecutor(address or os.environ.get("RAY_ADDRESS") or None, jobs)
+    return executor.RayExecutor(address or os.environ.get("RAY_ADDRESS") or None, jobs)
 
 
 # -- the pool
@@ -290,7 +290,7 @@ def _stopping(exc: BaseException) -> bool:
     return bool(_worker.get("stopping"))
 
 
-#: Sends a message to the parent where it is no pipe (a Ray task's: :mod:`.rayjobs`).
+#: Sends a message to the parent where it is no pipe (a Ray task's: :mod:`atlasfs.ray.executor`).
 _sender: Callable[[Any], None] | None = None
 
 

@@ -1,15 +1,15 @@
 """The Ray executor of the commands that work shard by shard (``--ray``): one Ray task per
 shard, on an existing cluster or on a local one started for the command.
 
-The only module of the command line that imports Ray (:func:`~.jobs.executor_from_args`
-imports it when ``--ray`` is given). A task does what a :class:`~.jobs.Workers` process
-does with one call: the pool's initializer (opening the dataset...) runs once per Ray
-worker process and pool, kept for the next task of the same pool that lands there; the
-call's answer comes back as a value (``("ok", value)`` or ``("error", exception)``), so a
-bad shard is one answer, never retried (``retry_exceptions=False``). A task whose worker
-process or node died is retried by Ray (:data:`MAX_RETRIES`), then reported lost once.
-Progress within a shard reaches the driver through a small actor drained as the driver
-waits.
+The command line imports this module only when ``--ray`` is given
+(:func:`~atlasfs.commands.jobs.executor_from_args`), so atlasfs without Ray runs everywhere
+else. A task does what a :class:`~atlasfs.commands.jobs.Workers` process does with one call:
+the pool's initializer (opening the dataset...) runs once per Ray worker process and pool,
+kept for the next task of the same pool that lands there; the call's answer comes back as a
+value (``("ok", value)`` or ``("error", exception)``), so a bad shard is one answer, never
+retried (``retry_exceptions=False``). A task whose worker process or node died is retried by
+Ray (:data:`MAX_RETRIES`), then reported lost once. Progress within a shard reaches the
+driver through a small actor drained as the driver waits.
 
 Ctrl-C: the tasks under way are cancelled (their workers killed: a write in hand leaves
 only its ``.partial``, which the command removes), and a local cluster started for the
@@ -191,7 +191,7 @@ _remote_call = ray.remote(max_retries=MAX_RETRIES, retry_exceptions=False, num_c
 
 
 class RayPool:
-    """:class:`~.jobs.Pool` of Ray tasks: ``size`` at most under way."""
+    """:class:`~atlasfs.commands.jobs.Pool` of Ray tasks: ``size`` at most under way."""
 
     def __init__(self, executor: RayExecutor, size: int, initializer: Callable[..., None],
                  initargs: tuple[Any, ...], on_message: Callable[..., None] | None = None) -> None:
@@ -227,7 +227,8 @@ class RayPool:
         self._refs[ref] = tag
 
     def wait(self, timeout: float = POLL_SECONDS) -> list[tuple[Any, str, Any]]:
-        """Answers that came within ``timeout`` seconds, as :meth:`~.jobs.Workers.wait` gives them."""
+        """Answers that came within ``timeout`` seconds, as
+        :meth:`~atlasfs.commands.jobs.Workers.wait` gives them."""
         if not self._refs:
             return []
         ready, _ = ray.wait(list(self._refs), num_returns=len(self._refs), timeout=timeout)

@@ -1,0 +1,103 @@
+"""Helpers of the tests of Ray (--ray, atlasfs.ray): WebDataset tars to read, the command line
+as a user runs it (each command a driver of its own), and what runs on this machine."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import random
+import re
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+#: The four commands that take --ray.
+COMMANDS = ("pack", "export", "index", "verify")
+
+
+def atlasfs_command() -> list[str]:
+    script = Path(sys.executable).parent / "atlasfs"
+    return [str(script)] if script.exists() else [sys.executable, "-m", "atlasfs"]
+
+
+def env() -> dict[str, str]:
+    """This environment without the session driver's RAY_ADDRESS (each command says its own)."""
+    return {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+
+
+def write_tars(folder: Path, shards: int, samples: int, seed: int = 38) -> Path:
+    folder.mkdir(parents=True)
+    rng = random.Random(seed)
+    for t in range(shards):
+        with tarfile.open(folder / f"shard-{t:03d}.tar", "w", format=tarfile.USTAR_FORMAT) as tar:
+            for i in range(samples):
+                for ext, data in (("txt", f"sample {t} {i} ".encode() * rng.randint(1, 20)),
+                                  ("bin", rng.randbytes(200))):
+                    info = tarfile.TarInfo(f"s{t:03d}_{i:04d}.{ext}")
+                    info.size, info.mtime = len(data), 0
+                    tar.addfile(info, io.BytesIO(data))
+    return folder
+
+
+def command_args(command: str, dataset: Path, out: Path) -> list[str]:
+    return {"pack": ["pack", str(dataset), str(out)], "export": ["export", str(dataset), str(out)],
+            "index": ["index", str(dataset), "--index-dir", str(out)], "verify": ["verify", str(dataset)]}[command]
+
+
+def run(args: list[str], timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*atlasfs_command(), *args], capture_output=True, text=True, timeout=timeout, env=env())
+
+
+def files(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def same_output(local: subprocess.CompletedProcess[str], ours: subprocess.CompletedProcess[str],
+                 paths: tuple[Path, Path]) -> None:
+    assert ours.returncode == local.returncode, ours.stderr
+    strip = lambda text, path: re.sub(r" in [\d.]+ s", "", text.replace(str(path), "OUT"))  # noqa: E731
+    # lines in the order shards finish (as with local processes): the same lines
+    assert sorted(strip(ours.stdout, paths[1]).splitlines()) == sorted(strip(local.stdout, paths[0]).splitlines())
+
+
+def ray_calls() -> list[int]:
+    """Ray worker processes running a task of ours (Ray titles them ``ray::_call``)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):
+                if (entry / "cmdline").read_bytes().startswith(b"ray::_call"):
+                    found.append(int(entry.name))
+    return found
+
+
+def ray_servers() -> set[int]:
+    """Processes of Ray's servers and agents on this machine (raylet, gcs_server, ray::...Agent...)."""
+    found = set()
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):
+                line = (entry / "cmdline").read_bytes().split(b"\0")[0]
+                if line.endswith((b"raylet", b"gcs_server")) or b"Agent" in line or b"dashboard" in line:
+                    found.add(int(entry.name))
+    return found
+
+
+def tar_samples(folder: Path) -> list[dict[str, object]]:
+    """The samples of the tars of ``folder`` in order: ``__key__`` and each member's bytes."""
+    samples: list[dict[str, object]] = []
+    for tar_path in sorted(folder.glob("*.tar")):
+        with tarfile.open(tar_path) as tar:
+            for member in tar.getmembers():
+                key, suffix = member.name.split(".", 1)
+                if not samples or samples[-1]["__key__"] != key:
+                    samples.append({"__key__": key})
+                samples[-1][suffix] = tar.extractfile(member).read()
+    return samples
+
+
+def ordered() -> None:
+    from ray.data import DataContext
+    DataContext.get_current().execution_options.preserve_order = True
