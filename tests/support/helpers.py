@@ -27,6 +27,8 @@ def _session_copy() -> Path:
 
 
 REFERENCE = _session_copy()
+#: The reference dataset whose shards share a zstd dictionary: the usual good dataset.
+SHARED_DICT = REFERENCE / "s2_shared_dict" / "dataset"
 
 
 def reference_names() -> list[str]:

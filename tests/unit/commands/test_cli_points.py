@@ -23,11 +23,13 @@ from pathlib import Path
 import pytest
 
 from atlasfs import AtlasWriter
-from fusemount import atlasfs, force_unmount, is_mounted, require_fuse
-from helpers import REFERENCE, REPO
+from fusemount import atlasfs, is_mounted
+from helpers import REFERENCE, SHARED_DICT
 
-SHARED_DICT = REFERENCE / "s2_shared_dict" / "dataset"
+
 TWELVE = REFERENCE / "s2_twelve_shards" / "dataset"
+
+
 #: One frame of a tqdm bar: "label:  42%|####  | 1.2k/3.4k [..." (the done and total counts).
 FRAME = re.compile(r"^(?P<label>\w+): +(?P<percent>\d+)%\|[^|]*\| *(?P<done>[\d.]+\w?)/(?P<total>[\d.]+\w?) ")
 
@@ -62,9 +64,6 @@ def _many_shards(path: Path, shards: int = 12) -> Path:
     with AtlasWriter(path, shard_size=300, block_size=20, compression_strategy=1) as writer:
         writer.add_examples({"txt": f"example {i} " * 40, "cls": i} for i in range(shards * 300))
     return path
-
-
-# ---------------------------------------------------------------- progress, -q, summaries
 
 
 def test_export_bar_knows_its_total_from_the_start(tmp_path: Path) -> None:
@@ -118,9 +117,6 @@ def test_quiet_says_nothing_when_all_is_well_and_what_went_wrong_otherwise(tmp_p
     assert broken.returncode == 1 and str(dataset / "1" / "data.bin") in broken.stdout + broken.stderr, broken
 
 
-# ---------------------------------------------------------------- usage errors
-
-
 def test_a_misspelled_flag_is_one_line_naming_it_with_a_suggestion(tmp_path: Path) -> None:
     """`mount --cachesize 1G ds mnt` printed the top-level usage, then 'unrecognized
     arguments: --cachesize mnt' (blaming the mount point, the flag's value taken for the
@@ -156,9 +152,6 @@ def test_help_says_what_atlasfs_is_for_every_format() -> None:
     assert f"Formats: {', '.join(FORMATS)}" in text, text
 
 
-# ---------------------------------------------------------------- output closed early
-
-
 @pytest.mark.parametrize("args", [["info", "{ds}"], ["verify", "{ds}"], ["show", "{ds}", "0"], ["cache"],
                                   ["export", "-v", "{ds}", "{tmp}/out"], ["index", "{ds}", "--index-dir", "{tmp}/t"],
                                   ["demo", "{tmp}/demo"]])
@@ -173,9 +166,6 @@ def test_output_whose_reader_left_ends_quietly(tmp_path: Path, args: list[str]) 
     process.stdout.close()  # type: ignore[union-attr]  # the reader is gone before anything is printed
     stderr = process.stderr.read()  # type: ignore[union-attr]
     assert process.wait(timeout=60) == 141 and stderr == "", (process.returncode, stderr)
-
-
-# ---------------------------------------------------------------- one problem once
 
 
 def test_verify_of_a_cut_off_tar_says_its_problem_once(tmp_path: Path) -> None:
@@ -198,23 +188,6 @@ def test_verify_of_a_cut_off_tar_says_its_problem_once(tmp_path: Path) -> None:
     assert lines[1].startswith("verify: 1 problem(s)"), lines
 
 
-# ---------------------------------------------------------------- paths
-
-
-def test_mounting_a_shard_folder_names_the_dataset(tmp_path: Path) -> None:
-    require_fuse()
-    dataset = Path(shutil.copytree(SHARED_DICT, tmp_path / "ds"))
-    (tmp_path / "mnt").mkdir()
-    result = atlasfs("mount", str(dataset / "0"), str(tmp_path / "mnt"))
-    assert result.returncode == 1 and not is_mounted(tmp_path / "mnt")
-    assert result.stderr == (f"atlasfs: {dataset / '0' / 'meta.json'}: missing key 'shard_sizes'; {dataset / '0'} "
-                             f"is a shard folder of the dataset {dataset}: mount {dataset}\n"), result.stderr
-    result = atlasfs("info", "0", cwd=dataset)  # relative, as typed
-    assert result.stderr.endswith("; 0 is a shard folder of the dataset .: info .\n"), result.stderr
-    result = atlasfs("info", str(tmp_path))  # not a dataset, nor in one: no hint
-    assert "shard folder" not in result.stderr and result.stderr.count("\n") == 1
-
-
 @pytest.mark.parametrize("command", ["mount", "export", "pack"])
 def test_a_path_inside_the_dataset_is_refused_in_one_line(tmp_path: Path, command: str) -> None:
     """A mount point made in the dataset said 'shard folder name is not a number'; `export
@@ -233,27 +206,12 @@ def test_a_path_inside_the_dataset_is_refused_in_one_line(tmp_path: Path, comman
     assert sorted(p.name for p in dataset.rglob("*")) == before
 
 
-def test_mount_with_an_index_dir_that_cannot_be_written_fails_in_one_line(tmp_path: Path) -> None:
-    """It exited 0 and said nothing (one line per shard in the daemon's log)."""
-    (tmp_path / "mnt").mkdir()
-    for flag in (["--index-dir", "/proc/atlasfs-idx"], ["-o", "index_dir=/proc/atlasfs-idx"]):
-        result = atlasfs("mount", str(SHARED_DICT), str(tmp_path / "mnt"), *flag)
-        if is_mounted(tmp_path / "mnt"):
-            force_unmount(tmp_path / "mnt")
-        assert result.returncode == 1, result
-        assert result.stderr == ("atlasfs: /proc/atlasfs-idx: cannot create it (No such file or directory); choose "
-                                 "a writable folder with --index-dir DIR\n"), result.stderr
-
-
 def test_pack_that_cannot_write_names_the_output_given(tmp_path: Path) -> None:
     """It named its hidden '.NAME.pack-partial', a folder the user never asked for."""
     result = atlasfs("pack", str(SHARED_DICT), "/proc/atlasfs-packed")
     assert result.returncode == 1
     assert result.stderr == ("atlasfs: pack stopped, /proc/atlasfs-packed not written: No such file or directory "
                              "(pack writes it in /proc first, then renames it)\n"), result.stderr
-
-
-# ---------------------------------------------------------------- demo, pack
 
 
 @pytest.mark.parametrize("umask", [0o022, 0o002, 0o077])
@@ -283,29 +241,3 @@ def test_pack_says_when_it_fell_back_to_another_strategy(tmp_path: Path) -> None
                                              "(--block-size 7 or less makes 7 blocks)"), result.stdout
     result = atlasfs("pack", str(tmp_path / "tars"), str(tmp_path / "small"), "--block-size", "7")
     assert result.stdout.splitlines() == [f"{tmp_path / 'small'}: 4 shards, 200 examples, strategy 2"], result.stdout
-
-
-def test_the_demo_script_keeps_its_dataset_and_ends_with_the_quick_start(tmp_path: Path) -> None:
-    """`make demo`'s script: the dataset stays where the README's quick start mounts it, the
-    script's last lines are that quick start, a second run reuses the dataset, and the
-    three lines work (here on a mount point of the test's own, not the shared /tmp/ds)."""
-    require_fuse()
-    bin_dir = Path(sys.executable).parent
-    script = REPO / "scripts" / "demo.sh"
-    runs = [subprocess.run([str(script), str(bin_dir), "atlasfs-demo"], cwd=tmp_path, capture_output=True,
-                           text=True, timeout=300) for _ in range(2)]
-    for run in runs:
-        assert run.returncode == 0, (run.stdout[-2000:], run.stderr[-2000:])
-        assert run.stdout.splitlines()[-3:] == [f"mkdir -p /tmp/ds && {bin_dir}/atlasfs mount atlasfs-demo /tmp/ds",
-                                                "ls /tmp/ds/0 | head", f"{bin_dir}/atlasfs umount /tmp/ds"]
-    assert "reused" in runs[1].stdout and "reused" not in runs[0].stdout
-    assert atlasfs("verify", str(tmp_path / "atlasfs-demo")).returncode == 0
-    mnt = tmp_path / "ds"
-    mnt.mkdir()
-    try:
-        assert atlasfs("mount", "atlasfs-demo", str(mnt), cwd=tmp_path).returncode == 0
-        assert set(os.listdir(mnt / "0")) <= {"bird", "cat", "dog", "fish", "horse"} and os.listdir(mnt / "0")
-    finally:
-        result = atlasfs("umount", str(mnt))
-        force_unmount(mnt)
-    assert result.returncode == 0 and not is_mounted(mnt)
