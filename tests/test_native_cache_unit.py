@@ -19,7 +19,8 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+#: The repository (found upward, so that this file may move within tests/).
+ROOT = next(p for p in Path(__file__).resolve().parents if (p / "setup.py").is_file())
 NATIVE = ROOT / "atlasfs" / "fuse" / "native"
 PROGRAM = ROOT / "tests" / "native" / "cache_test.c"
 FLAGS = ["-std=gnu11", "-O1", "-g", "-Wall", "-Wextra", "-Werror", "-pthread"]

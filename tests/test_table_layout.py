@@ -21,9 +21,11 @@ import pytest
 from atlasfs.formats.naming import MAX_NAME_BYTES
 from atlasfs.tree.table import layout
 
-NATIVE = Path(__file__).resolve().parents[1] / "atlasfs" / "fuse" / "native"
+#: The repository (found upward, so that this file may move within tests/).
+ROOT = next(p for p in Path(__file__).resolve().parents if (p / "setup.py").is_file())
+NATIVE = ROOT / "atlasfs" / "fuse" / "native"
 #: The C sources read: the engine's, and the formats' readers (Atlas's located.c).
-SOURCE_FOLDERS = (NATIVE, NATIVE.parents[1] / "formats" / "atlas" / "native")
+SOURCE_FOLDERS = (NATIVE, ROOT / "atlasfs" / "formats" / "atlas" / "native")
 
 #: C ``#define`` -> its value in Python. Each must be defined in C, with this value (the
 #: header's others: :data:`LAYOUT_H`).
