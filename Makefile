@@ -10,7 +10,7 @@ install: $(VENV)/.installed
 
 # libfuse3-dev, libzstd-dev, zlib1g-dev, pkg-config, gcc and python3-dev build the native engine (setup.py, docs/native.md).
 SYSTEM_PACKAGES := fuse3 libfuse3-3 libfuse3-dev libzstd-dev zlib1g-dev pkg-config gcc python3-dev
-NATIVE_SOURCES := pyproject.toml setup.py $(wildcard atlasfs/fuse/native/*.[ch])
+NATIVE_SOURCES := pyproject.toml setup.py $(wildcard atlasfs/fuse/native/*.[ch] atlasfs/formats/atlas/native/*.[ch])
 
 $(VENV)/.installed: $(NATIVE_SOURCES)
 	./scripts/install-system-packages.sh $(SYSTEM_PACKAGES)

@@ -81,7 +81,7 @@ class Locator(NamedTuple):
 
 class NativeSpans(NamedTuple):
     """Where a local shard's blocks lie and how they are stored, for a reader outside Python
-    (the native engine's located reads, atlasfs/fuse/native/located.c) to serve the shard's
+    (the native engine's located reads, atlasfs/formats/atlas/native/located.c) to serve the shard's
     locators itself, with the checks of the Atlas spans (atlasfs/formats/atlas/spans/read.py):
     a run is ``prefix`` + ``length`` bytes at ``offset`` of the block's decompressed bytes
     (its stored bytes, or its one zstd frame decompressed within ``max_block_bytes``), whose

@@ -1,7 +1,7 @@
 """The file table's layout and its rows' node ids, stated once for Python and for C.
 
 The native engine reads attached tables itself (``atlasfs/fuse/native/``: ``tables.c`` the
-entry columns, ``located.c`` the locator columns, ``cache.c`` a row's kind, size and block)
+entry columns, ``located.c`` the locator columns, ``readpath.c`` a row's kind, size and block)
 and names their rows by node ids it computes the same way: the kinds, sentinels, column
 widths and node-id scheme below are what both sides agree on, and
 ``tests/test_table_layout.py`` checks that the C side's constants equal them.
