@@ -18,15 +18,14 @@ from typing import Any
 import numpy as np
 import pytest
 
-from fusemount import atlasfs, mounted
-from test_located_reads import Exported, _engine_answered, _export, _index, _write
-from test_native_memory import OVERHEAD, _status
+from fusemount import DAEMON_OVERHEAD, atlasfs, engine_answered_in_log, mounted, proc_status
+from locateddata import Exported, export_shards, index_tables, write_dataset
 
 EXAMPLES_PER_BLOCK = 4
 MIB = 1 << 20
 
 
-def _examples(seed: int, n: int) -> list[dict[str, Any]]:
+def random_examples(seed: int, n: int) -> list[dict[str, Any]]:
     """Random bytes (stored raw by zstd) between compressible text (compressed zstd blocks):
     a block of 4 is ~1.7 MB decompressed, and a file of it needs its frame decompressed."""
     rng = np.random.default_rng(seed)
@@ -35,10 +34,10 @@ def _examples(seed: int, n: int) -> list[dict[str, Any]]:
 
 
 def _dataset(tmp_path: Path, blocks: int, strategy: int = 2) -> tuple[Path, Exported]:
-    dataset = _write(tmp_path / "ds", _examples(3, EXAMPLES_PER_BLOCK * blocks), strategy,
+    dataset = write_dataset(tmp_path / "ds", random_examples(3, EXAMPLES_PER_BLOCK * blocks), strategy,
                      block_size=EXAMPLES_PER_BLOCK)
-    exported = _export(dataset, tmp_path / "export")
-    _index(dataset, tmp_path / "tables")
+    exported = export_shards(dataset, tmp_path / "export")
+    index_tables(dataset, tmp_path / "tables")
     return dataset, exported
 
 
@@ -81,7 +80,7 @@ def _read_pass(mnt: Path, exported: Exported, readers: int, seed: int) -> list[s
 
 def _counts(log: Path) -> tuple[dict[str, int], dict[str, int]]:
     """The last mount's frames decompressed (whole, in part) and its decoded cache's counts."""
-    answered = _engine_answered(log)  # waits for the daemon's last lines
+    answered = engine_answered_in_log(log)  # waits for the daemon's last lines
     assert answered["read"][1] == 0 and answered["located"][1] == 0, answered
     text = log.read_text()
     frames = re.findall(r"frames decompressed: (\d+) whole, (\d+) in part", text)[-1]
@@ -135,7 +134,7 @@ def test_without_the_decoded_cache_the_same_passes_decompress_again(tmp_path: Pa
                  "-o", f"index_dir={tmp_path / 'tables'}") as mnt:
         assert _read_pass(mnt, exported, 4, 1) == []
         assert _read_pass(mnt, exported, 4, 2) == []
-    _engine_answered(log)
+    engine_answered_in_log(log)
     frames = re.findall(r"frames decompressed: (\d+) whole, (\d+) in part", log.read_text())[-1]
     assert int(frames[0]) + int(frames[1]) > 2 * 3, frames
 
@@ -183,14 +182,14 @@ def test_a_pass_over_more_than_the_bound_stays_within_it(tmp_path: Path) -> None
         assert _read_pass(mnt, exported, 2, 1) == []
         total = sum(p.stat().st_size for p in folder.iterdir())
         pid = int(re.search(r"atlasfs\[(\d+)\]: mounted", log.read_text()).group(1))  # type: ignore[union-attr]
-        peak = _status(pid, "VmHWM")
+        peak = proc_status(pid, "VmHWM")
     frames, decoded = _counts(log)
     assert decoded["bound"] == 8 * MIB and decoded["evicted"] >= 1, decoded
     assert total <= 8 * MIB and decoded["bytes"] <= 8 * MIB, (total, decoded)
     assert sum(p.stat().st_size for p in _block_files(folder)) <= 8 * MIB
     assert (folder / "notes.txt").read_text() == "mine"
     if not os.environ.get("ATLASFS_TEST_SANITIZED"):  # ASan's shadow memory is no measure of the engine's
-        assert peak <= 1 * MIB + OVERHEAD, f"peak RSS {peak / MIB:.0f} MiB"
+        assert peak <= 1 * MIB + DAEMON_OVERHEAD, f"peak RSS {peak / MIB:.0f} MiB"
     # A later mount with a smaller bound trims what it finds at start.
     log2 = tmp_path / "daemon2.log"
     with mounted(dataset, *_mount_args(tmp_path, log2, folder, "--decoded-cache-size", "4M")):
@@ -214,7 +213,7 @@ def _refused(tmp_path: Path, folder: Path) -> str:
 def test_a_folder_that_is_not_the_users_own_is_refused(tmp_path: Path) -> None:
     """A symbolic link, a file, another user's folder, a folder others can write: the mount is
     refused in one line naming the folder and why; nothing is written there."""
-    _write(tmp_path / "ds", _examples(3, 4), 2, block_size=4)
+    write_dataset(tmp_path / "ds", random_examples(3, 4), 2, block_size=4)
     real = tmp_path / "real"
     real.mkdir(mode=0o700)
     link = tmp_path / "link"

@@ -16,14 +16,14 @@ from typing import Any
 import numpy as np
 import pytest
 
-from fusemount import mounted
-from test_located_reads import Exported, _engine_answered, _export, _index, _read_through, _write
+from fusemount import engine_answered_in_log, mounted
+from locateddata import Exported, export_shards, index_tables, read_through, write_dataset
 
 EXAMPLES_PER_BLOCK = 4
 BLOCKS = 3
 
 
-def _examples(seed: int) -> list[dict[str, Any]]:
+def random_examples(seed: int) -> list[dict[str, Any]]:
     """Each example a file of random bytes (`bin`) between two others (`pad`, `pad2`, longer
     than a zstd block: every zstd block over `bin` is random, stored raw), and a compressible
     text (`txt`, in compressed zstd blocks between the examples' random bytes)."""
@@ -34,7 +34,7 @@ def _examples(seed: int) -> list[dict[str, Any]]:
 
 
 def _frames(log: Path) -> dict[str, int]:
-    _engine_answered(log)  # waits for the line
+    engine_answered_in_log(log)  # waits for the line
     line = [line for line in log.read_text().splitlines() if "native engine answered" in line][-1]
     found = re.search(r"frames decompressed: (\d+) whole, (\d+) in part, (\d+) waited for", line)
     assert found, line
@@ -42,9 +42,9 @@ def _frames(log: Path) -> dict[str, int]:
 
 
 def _dataset(tmp_path: Path, strategy: int) -> tuple[Path, Exported]:
-    dataset = _write(tmp_path / "ds", _examples(3), strategy, block_size=EXAMPLES_PER_BLOCK)
-    exported = _export(dataset, tmp_path / "export")
-    _index(dataset, tmp_path / "tables")
+    dataset = write_dataset(tmp_path / "ds", random_examples(3), strategy, block_size=EXAMPLES_PER_BLOCK)
+    exported = export_shards(dataset, tmp_path / "export")
+    index_tables(dataset, tmp_path / "tables")
     return dataset, exported
 
 
@@ -79,7 +79,7 @@ def test_raw_zstd_blocks_past_a_compressed_one_are_read_without_decompressing(tm
         random.Random(4).shuffle(bins)
         for name in bins:
             assert _read(mnt, name) == exported["0"][name]
-    answered = _engine_answered(log)
+    answered = engine_answered_in_log(log)
     frames = _frames(log)
     assert answered["located"][1] == 0, answered
     # No frame decompressed again for a bin: each is its run alone, or assembled from its raw
@@ -126,7 +126,7 @@ def test_a_shuffled_pass_that_fits_the_cache_decompresses_each_block_once(tmp_pa
     log = tmp_path / "daemon.log"
     with mounted(dataset, "--cache-size", "64M", "-o", f"log_file={log}",
                  "-o", f"index_dir={tmp_path / 'tables'}") as mnt:
-        assert _read_through(mnt, exported, readers=4) == []
+        assert read_through(mnt, exported, readers=4) == []
     frames = _frames(log)
     assert (frames["whole"], frames["partial"]) == (BLOCKS, 0), frames
 
@@ -143,9 +143,9 @@ def test_a_shuffled_pass_whose_compressed_parts_fit_the_cache_decompresses_each_
     log = tmp_path / "daemon.log"
     with mounted(dataset, "--cache-size", "6M", "-o", f"log_file={log}",
                  "-o", f"index_dir={tmp_path / 'tables'}") as mnt:
-        assert _read_through(mnt, exported, readers=1) == []
+        assert read_through(mnt, exported, readers=1) == []
     frames = _frames(log)
-    answered = _engine_answered(log)
+    answered = engine_answered_in_log(log)
     assert answered["located"][1] == 0 and answered["read"][1] == 0, answered
     assert (frames["whole"], frames["partial"]) == (BLOCKS, 0), frames
 
@@ -159,8 +159,8 @@ def test_sixteen_shuffled_readers_with_a_small_cache_read_the_exported_bytes(tmp
     began = time.monotonic()
     with mounted(dataset, "--cache-size", "1M", "-o", f"log_file={log}",
                  "-o", f"index_dir={tmp_path / 'tables'}") as mnt:
-        assert _read_through(mnt, exported, readers=16) == []
+        assert read_through(mnt, exported, readers=16) == []
     frames = _frames(log)
-    answered = _engine_answered(log)
+    answered = engine_answered_in_log(log)
     assert answered["located"][1] == 0 and answered["read"][1] == 0, answered
     assert frames["partial"] > 0, (frames, time.monotonic() - began)

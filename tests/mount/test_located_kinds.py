@@ -19,12 +19,12 @@ import pytest
 
 from atlasfs import AtlasWriter
 from atlasfs.tree.table.layout import INLINE, KEPT, NO_LOCATOR
-from fusemount import mounted
+from fusemount import engine_answered_in_log, mounted
 from helpers import in_threads
-from test_located_reads import Exported, _engine_answered, _export, _index, _tree
+from locateddata import Exported, export_shards, index_tables, located_tree
 
 
-def _examples(seed: int, n: int = 24) -> list[dict[str, Any]]:
+def random_examples(seed: int, n: int = 24) -> list[dict[str, Any]]:
     """Every kind of file: random bytes (zstd stores them raw: a run read alone), some big
     enough for a few requests; text (a run of a compressed payload); arrays (a run with a
     prefix); small ints and JSON (inline); a larger JSON (kept with its block's)."""
@@ -38,11 +38,11 @@ def _examples(seed: int, n: int = 24) -> list[dict[str, Any]]:
 def _dataset(tmp_path: Path, strategy: int) -> tuple[Path, Path, Exported, set[str]]:
     dataset = tmp_path / "ds"
     with AtlasWriter(dataset, shard_size=12, block_size=2, compression_strategy=strategy) as writer:
-        writer.add_examples(_examples(strategy))
-    exported = _export(dataset, tmp_path / "export")
+        writer.add_examples(random_examples(strategy))
+    exported = export_shards(dataset, tmp_path / "export")
     tables = tmp_path / "tables"
-    _index(dataset, tables)
-    tree = _tree(dataset, tables)
+    index_tables(dataset, tables)
+    tree = located_tree(dataset, tables)
     kinds = set()
     for s in range(len(tree.shards)):
         locators = tree.table(s).locators
@@ -84,7 +84,7 @@ def test_every_kind_of_located_file_reads_exactly_whole_and_in_pieces(tmp_path: 
 
         in_threads(whole, 3)
     assert errors == []
-    answered = _engine_answered(log)
+    answered = engine_answered_in_log(log)
     assert answered["located"][0] > 0 and answered["located"][1] == 0, answered
     assert answered["stored"][0] > 0, answered  # runs read alone, as stored
 
@@ -111,6 +111,6 @@ def test_every_kind_of_located_file_reads_exactly_whole_and_in_pieces(tmp_path: 
                     errors.append(f"past the end {shard}/{name}")
             finally:
                 os.close(fd)
-    answered = _engine_answered(log)
+    answered = engine_answered_in_log(log)
     assert errors == []
     assert answered["located"][0] > 0 and answered["located"][1] == 0, answered

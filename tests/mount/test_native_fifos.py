@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from fusemount import force_unmount, is_mounted, require_fuse, wait_mounted
-from test_located_reads import _examples, _export, _index, _tree, _write
+from locateddata import export_shards, index_tables, located_tree, random_examples, write_dataset
 
 TIMEOUT = 10
 _FOREGROUND = """
@@ -64,11 +64,11 @@ def _daemon(dataset: Path, mnt: Path, log: Path) -> subprocess.Popen[str]:
 @pytest.mark.parametrize("replaced", ["data.bin", "table"])
 def test_a_fifo_in_place_of_a_shard_file_never_freezes_the_daemon(tmp_path: Path, replaced: str) -> None:
     require_fuse()
-    dataset = _write(tmp_path / "ds", _examples(11, 36), 2, block_size=3, shard_size=12)  # 3 shards
-    exported = _export(dataset, tmp_path / "export")
+    dataset = write_dataset(tmp_path / "ds", random_examples(11, 36), 2, block_size=3, shard_size=12)  # 3 shards
+    exported = export_shards(dataset, tmp_path / "export")
     tables = dataset / ".atlasfs-tables"  # where a mount finds them
-    _index(dataset, tables)
-    tree = _tree(dataset, tables)
+    index_tables(dataset, tables)
+    tree = located_tree(dataset, tables)
     shards = [shard.name for shard in tree.shards]
     victim = tree.shards[0]
     path = Path(victim.data_path) if replaced == "data.bin" else Path(tree.table(0).path)

@@ -16,23 +16,14 @@ from pathlib import Path
 import numpy as np
 
 from atlasfs import AtlasWriter
-from fusemount import mounted
-from test_located_reads import _engine_answered, _index
+from fusemount import DAEMON_OVERHEAD, engine_answered_in_log, mounted, proc_status
+from locateddata import index_tables
 
 MIB = 1 << 20
 BLOCK_FILES = 128  # files of 256 KiB: a block of 32 MiB
 FILE_BYTES = 256 << 10
 BLOCKS = 4
 CACHE = "16M"
-#: What the daemon holds besides the cache (Python, numpy, libfuse, the tree): measured ~70 MiB.
-OVERHEAD = 100 * MIB
-
-
-def _status(pid: int, field: str) -> int:
-    text = Path(f"/proc/{pid}/status").read_text()
-    found = re.search(rf"^{field}:\s+(\d+) kB", text, re.M)
-    assert found, text
-    return int(found.group(1)) * 1024
 
 
 def test_concurrent_located_readers_of_different_blocks_stay_within_the_cache_bound(tmp_path: Path) -> None:
@@ -43,7 +34,7 @@ def test_concurrent_located_readers_of_different_blocks_stay_within_the_cache_bo
     with AtlasWriter(dataset, shard_size=BLOCK_FILES * BLOCKS, block_size=BLOCK_FILES, compression_strategy=1) as w:
         # The same files in every block, rotated: the blocks differ, nothing is shared.
         w.add_examples([{"bin": files[(i + b) % BLOCK_FILES]} for b in range(BLOCKS) for i in range(BLOCK_FILES)])
-    _index(dataset, tmp_path / "tables")
+    index_tables(dataset, tmp_path / "tables")
     log = tmp_path / "daemon.log"
     with mounted(dataset, "--cache-size", CACHE, "-o", f"log_file={log}", "-o", f"index_dir={tmp_path / 'tables'}") as mnt:
         pid = int(re.search(r"atlasfs\[(\d+)\]: mounted", log.read_text()).group(1))  # type: ignore[union-attr]
@@ -67,12 +58,13 @@ def test_concurrent_located_readers_of_different_blocks_stay_within_the_cache_bo
         for t in threads:
             t.join(timeout=120)
         took = time.monotonic() - began
-        peak = _status(pid, "VmHWM")
+        peak = proc_status(pid, "VmHWM")
         print(f"daemon peak RSS {peak / MIB:.0f} MiB, {took:.1f} s")
     assert errors == []
-    answered = _engine_answered(log)
+    answered = engine_answered_in_log(log)
     assert answered["located"][0] >= 3 * BLOCKS and answered["read"][1] == 0, answered
     if os.environ.get("ATLASFS_TEST_SANITIZED"):
         return  # ASan's shadow memory and quarantine are no measure of the engine's (452 MiB there)
     bound = 16 * MIB
-    assert peak <= bound + OVERHEAD, f"peak RSS {peak / MIB:.0f} MiB past {CACHE} + {OVERHEAD // MIB} MiB ({took:.1f} s)"
+    assert peak <= bound + DAEMON_OVERHEAD, \
+        f"peak RSS {peak / MIB:.0f} MiB past {CACHE} + {DAEMON_OVERHEAD // MIB} MiB ({took:.1f} s)"

@@ -299,7 +299,7 @@ def test_files_kept_in_a_buckets_tables_read_as_exported(server: S3Server, tmp_p
     bucket, C does not read located files, and the control plane reads them from the kept
     frames of the bucket's tables (checked against each block's fingerprint, a ranged GET):
     every byte as exported. (That they are read from the kept frames, and not through their
-    blocks, is tests/mount/test_located_reads.py's to check, in process.)"""
+    blocks, is tests/unit/tree/test_located.py's to check, in process.)"""
     from atlasfs import AtlasWriter
 
     source = tmp_path / "kept"

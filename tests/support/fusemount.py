@@ -96,3 +96,30 @@ def engine_answered(line: str) -> dict[str, tuple[int, int]]:
     """The counts of the native engine's log line as it ends ("native engine answered lookup
     N in C, M in Python, ..."): kind -> (answered in C, in Python)."""
     return {kind: (int(c), int(python)) for kind, c, python in re.findall(r"(\w+) (\d+) in C, (\d+) in Python", line)}
+
+
+def engine_answered_in_log(log: Path) -> dict[str, tuple[int, int]]:
+    """What the native engine says it answered, in C and in Python, per kind (logged as the
+    daemon ends: waited for)."""
+    deadline = time.monotonic() + 20
+    while True:
+        lines = [line for line in log.read_text().splitlines() if "native engine answered" in line] \
+            if log.exists() else []
+        if lines or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    assert lines, f"the daemon did not say what it answered: {log.read_text() if log.exists() else 'no log'}"
+    return engine_answered(lines[-1])
+
+
+#: What a daemon holds besides its cache (Python, numpy, libfuse, the tree): measured ~70 MiB.
+DAEMON_OVERHEAD = 100 << 20
+
+
+def proc_status(pid: int, field: str) -> int:
+    """A byte count of /proc/PID/status (VmRSS, VmHWM...)."""
+    text = Path(f"/proc/{pid}/status").read_text()
+    found = re.search(rf"^{field}:\s+(\d+) kB", text, re.M)
+    assert found, text
+    return int(found.group(1)) * 1024
+

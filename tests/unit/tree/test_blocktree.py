@@ -36,7 +36,7 @@ def test_a_read_on_a_stored_table_decodes_one_block_and_encodes_one_example(tmp_
     expected = {path: first.read(entry, 0, entry.size) for path, entry in first.walk("/")}
 
     tree = BlockTree(AtlasDataset(dataset), store=TableStore(str(dataset)))
-    tree.located.enabled = False  # the block path (reads through locators: tests/mount/test_located_reads.py)
+    tree.located.enabled = False  # the block path (reads through locators: tests/unit/tree/test_located.py)
     path = sorted(expected)[137]
     entry = tree.lookup("/" + path)
     assert tree.read(entry, 0, entry.size) == expected[path]

@@ -23,7 +23,7 @@ from atlasfs.formats.source import Locator, NativeSpans, SpanMismatch
 class BlockStore(Protocol):
     """What :class:`LocatedReads` needs of the shard it is mixed into (an Atlas
     :class:`~atlasfs.formats.atlas.dataset.Shard`): where its blocks are and how to read
-    them. ``tests/mount/test_located_reads.py`` checks that a shard is one."""
+    them. ``tests/unit/tree/test_located.py`` checks that a shard is one."""
 
     data_path: str
     index_path: str
