@@ -21,8 +21,11 @@ CPUs started for the run (bench/raycluster.py): Ray's overhead on one node is th
 (issue #38: at most 1.15), and each must write the bytes of ``-j 1``. The start-up of a
 cluster for one command is timed once beside it.
 
-    python bench/pack.py [--smoke] [--repeat N] [--datasets image,text,tiny] [--strategies 1,2]
-                         [--reference-python PYTHON] [--ray]
+    python bench/pack.py [--smoke] [--repeat N] [--datasets image,text,tiny] [--examples N]
+                         [--strategies 1,2] [--reference-python PYTHON] [--ray]
+
+``--examples N`` sizes every chosen set (its shard and block sizes kept: more shards): a set
+where ``pack -j 2`` runs a minute and more, so that Ray's fixed cost (seconds) is not the figure.
 
 Report: bench/results/pack.md and pack.json.
 """
@@ -103,8 +106,8 @@ def _same(a: str, b: str) -> bool:
 
 
 def run(name: str, workdir: str, scratch: str, repeat: int, smoke: bool, strategies: list[int],
-        reference: str | None, ray: str | None = None) -> dict:
-    prepared = datagen.prepare(datagen.spec_for(name, smoke=smoke), workdir, harness.log)
+        reference: str | None, ray: str | None = None, examples: int | None = None) -> dict:
+    prepared = datagen.prepare(datagen.spec_for(name, examples, smoke=smoke), workdir, harness.log)
     extracted = os.path.join(scratch, f"{name}-files")
     datagen.materialize(prepared, extracted)
     members = _members(prepared.tars)
@@ -175,6 +178,8 @@ def run(name: str, workdir: str, scratch: str, repeat: int, smoke: bool, strateg
 def main(argv: list[str] | None = None) -> int:
     p = harness.parser(__doc__, repeat=3)
     p.add_argument("--datasets", default="image,text,tiny")
+    p.add_argument("--examples", type=int, metavar="N",
+                   help="examples of each set (default: the set's own; more gives more shards of the same size)")
     p.add_argument("--strategies", default="1,2", help="Atlas compression strategies to pack with (default 1,2)")
     p.add_argument("--reference-python", metavar="PYTHON",
                    help="a Python in which torch_atlas_ds (the reference writer) imports (default: its column missing)")
@@ -195,7 +200,7 @@ def _report(args: argparse.Namespace, ray: str | None) -> int:
         for name in args.datasets.split(","):
             harness.log(f"{name}: packing")
             r = results[name] = run(name, ws.workdir, ws.scratch, args.repeat, args.smoke, strategies,
-                                    args.reference_python, ray)
+                                    args.reference_python, ray, args.examples)
             files = int(r["files"])  # type: ignore[call-overload]
             for strategy in strategies:
                 s = r[f"s{strategy}"]
@@ -211,7 +216,8 @@ def _report(args: argparse.Namespace, ray: str | None) -> int:
         if ray:
             from bench import raycluster
             results["ray startup s"] = raycluster.startup_seconds(str(r["tars"]))
-    body = ["Medians. pack ÷ tar cf: files/s of `atlasfs pack` (a subprocess, -j 1) over GNU tar's into one tar "
+    sized = f" ({args.examples:,} examples a set)" if args.examples else ""
+    body = [f"Medians of {args.repeat or 1}{sized}. pack ÷ tar cf: files/s of `atlasfs pack` (a subprocess, -j 1) over GNU tar's into one tar "
             "of the same files on tmpfs; writer: AtlasWriter alone, in process; reference: torch-atlas-ds's "
             "AtlasDatasetWriter on the same samples; size: the packed dataset's bytes over the WebDataset tars'.", "",
             *harness.table(["set", "strategy", "pack files/s", "pack MB/s in", "pack ÷ tar cf", "writer files/s",
