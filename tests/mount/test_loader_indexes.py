@@ -1,137 +1,26 @@
-"""The loaders' indexes of the tar view (issue #36): energon's <shard>.tar.idx and .nv-meta/,
-DALI's <shard>.idx, computed from the tar layouts, never written into the dataset.
-
-Here each file is checked against the exported tars as Python's tarfile reads them, and the
-mount's behaviour (options, storage and trust of index.sqlite, failures, time). The same
-files against the real `energon prepare` and `wds2idx`, and the real loaders training from
-a mount, are in test_loaders_real.py (marker `loaders`: `make test-loaders`)."""
+"""The loaders' indexes of the tar view through a real mount (issue #36): the mount serves them,
+writes nothing into the dataset and builds index.sqlite once; energon's split and dataset
+options; index.sqlite stored by ``atlasfs index`` and trusted only as tables are; a key in two
+tars fails index.sqlite alone (the files themselves: tests/unit/tree/test_indexes.py)."""
 
 from __future__ import annotations
 
 import errno
-import hashlib
 import json
 import os
-import random
-import re
 import stat
-import struct
 import tarfile
-import time
 from pathlib import Path
 
 import pytest
 
-from atlasfs import AtlasDataset, AtlasWriter
-from atlasfs.formats.factory import SourceOptions, open_source
+from atlasfs import AtlasDataset
 from atlasfs.tree.blocktree import BlockTree
-from atlasfs.tree.indexes import energon
 from atlasfs.tree.indexes.served import LoaderSettings
-from atlasfs.tree.table.store import TableStore
 from atlasfs.tree.tarview import TarView
 from fusemount import atlasfs, mounted
-from loaderdata import loader_dataset, sqlite_rows
+from loaderdata import export_tars, indexes_dataset, view_read
 from otheruser import NOBODY, require_root
-
-# energon's rules (megatron/energon/flavors/webdataset/config.py), restated to check against
-SPLIT = re.compile(r"^((?:.*/|)[^.]+)[.]([^/]*)$")
-META = re.compile(r"__[^/]*__($|/)")
-
-
-def _dataset(path: Path, examples: int = 120, shard_size: int = 50, odd_keys: bool = True) -> Path:
-    return loader_dataset(path, 7, examples, shard_size, odd_keys)
-
-
-def _export(dataset: Path, out: Path) -> None:
-    result = atlasfs("export", str(dataset), str(out))
-    assert result.returncode == 0, result.stderr
-
-
-def _read(view: TarView, path: str) -> bytes:
-    entry = view.lookup(path)
-    data = view.read(entry, 0, entry.size + 10)
-    assert len(data) == entry.size
-    return data
-
-
-def _tarfile_expectations(tar: Path, tar_id: int) -> tuple[bytes, list[str], list[tuple], list[tuple]]:
-    """What energon and DALI find in ``tar``, read with tarfile: the .tar.idx, DALI's lines
-    (without the name escaping), sample rows and part rows."""
-    starts: list[int] = []
-    dali: list[list[str]] = []
-    samples: list[tuple] = []
-    parts: list[tuple] = []
-    last_key = last_dali = None
-    with tarfile.open(tar) as archive:
-        for m in archive:
-            base = m.name[m.name.rfind("/") + 1:]
-            dot = m.name.find(".", m.name.rfind("/") + 1)
-            if base.find(".") > 0:
-                entry = f"{m.name[dot + 1:]} {m.offset_data} {m.size} {m.name}"
-                if m.name[:dot] != last_dali:
-                    dali.append([entry])
-                    last_dali = m.name[:dot]
-                else:
-                    dali[-1].append(entry)
-            match = None if META.match(m.name) else SPLIT.match(m.name)
-            if match is None:
-                continue
-            if match.group(1) != last_key:
-                starts.append(m.offset)
-                samples.append((tar_id, match.group(1), len(samples), m.offset))
-                last_key = match.group(1)
-            parts.append((tar_id, len(samples) - 1, match.group(2), m.offset_data, m.size))
-        end = archive.offset
-    ends = [s[3] for s in samples[1:]] + [end]
-    samples = [(*s, e - s[3]) for s, e in zip(samples, ends)]
-    lines = [f"v1.2 {len(dali)}", *(" ".join(s) for s in dali)]
-    return struct.pack(f"<{len(starts) + 1}Q", *starts, end), lines, samples, parts
-
-
-def test_every_index_agrees_with_the_tars_as_tarfile_reads_them(tmp_path: Path) -> None:
-    dataset = _dataset(tmp_path / "ds")
-    _export(dataset, tmp_path / "out")
-    view = TarView(BlockTree(AtlasDataset(dataset)))
-    names = [n for n, _, _ in view.names("/")]
-    assert names == ["0.tar", "1.tar", "2.tar", "shards.json", "0.tar.idx", "0.idx", "1.tar.idx", "1.idx",
-                     "2.tar.idx", "2.idx", ".nv-meta"]
-    assert [n for n, _, _ in view.names("/.nv-meta")] == [".info.json", "split.yaml", "dataset.yaml",
-                                                           "index.sqlite", "index.uuid"]
-    all_samples: list[tuple] = []
-    all_parts: list[tuple] = []
-    counts = {}
-    for tar_id, shard in enumerate("012"):
-        tar_idx, dali_lines, samples, parts = _tarfile_expectations(tmp_path / "out" / f"{shard}.tar", tar_id)
-        assert _read(view, f"/{shard}.tar.idx") == tar_idx
-        assert _read(view, f"/{shard}.idx").decode().split("\n") == [*dali_lines, ""]
-        all_samples += samples
-        all_parts += parts
-        counts[f"{shard}.tar"] = len(samples)
-    assert counts == {"0.tar": 50, "1.tar": 50, "2.tar": 20}
-    info = json.loads(_read(view, "/.nv-meta/.info.json"))
-    assert info == {"energon_version": "7.4.1", "shard_counts": counts}
-    assert _read(view, "/.nv-meta/split.yaml") == b"split_parts:\n  train:\n  - '{0..2}.tar'\nexclude: []\n"
-    assert _read(view, "/.nv-meta/dataset.yaml") == b"__module__: megatron.energon\n__class__: CrudeWebdataset\n"
-    (tmp_path / "index.sqlite").write_bytes(_read(view, "/.nv-meta/index.sqlite"))
-    schema, samples, parts = sqlite_rows(tmp_path / "index.sqlite")
-    assert [(kind, name) for kind, name, _, _ in schema] == list(energon.SCHEMA)
-    assert samples == sorted(all_samples) and parts == sorted(all_parts)
-    uuid = _read(view, "/.nv-meta/index.uuid")
-    assert re.fullmatch(rb"[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}", uuid)
-    assert _read(TarView(BlockTree(AtlasDataset(dataset))), "/.nv-meta/index.uuid") == uuid  # stable
-
-
-def test_names_as_energon_and_wds2idx_split_them() -> None:
-    assert energon.split_member("a/b.c.d") == ("a/b", "c.d")
-    assert energon.split_member("a.b/c") is None and energon.split_member("__x__/a.json") is None
-    assert energon.tar_order(["a-b.tar", "a/b.tar", "10.tar", "9.tar"]) == ["10.tar", "9.tar", "a/b.tar", "a-b.tar"]
-    assert energon.collapse(["0.tar", "1.tar", "2.tar", "x.tar", "04.tar", "05.tar", "7.tar"]) == [
-        "{0..2}.tar", "x.tar", "{04..05}.tar", "7.tar"]
-    assert energon.split_by_ratio([f"{i}.tar" for i in range(5)], (1, 1, 1)) == {
-        "train": ["0.tar"], "val": ["1.tar", "2.tar"], "test": ["3.tar", "4.tar"]}
-    from atlasfs.tree.indexes import dali
-    assert dali.split_name("a/b.c.d") == ("a/b", "c.d") and dali.split_name("a/bc") == ("a/b", "a/bc")
-    assert dali.tar_printed("ü\\a\tb") == "ü\\\\a\\tb" and dali.tar_printed("x\udcff") == "x\\377"
 
 
 def _snapshot(folder: Path) -> dict[str, tuple[int, int, int]]:
@@ -140,10 +29,10 @@ def _snapshot(folder: Path) -> dict[str, tuple[int, int, int]]:
 
 
 def test_a_mount_serves_them_writes_nothing_and_builds_index_sqlite_once(tmp_path: Path) -> None:
-    dataset = _dataset(tmp_path / "ds")
-    _export(dataset, tmp_path / "out")
+    dataset = indexes_dataset(tmp_path / "ds")
+    export_tars(dataset, tmp_path / "out")
     view = TarView(BlockTree(AtlasDataset(dataset)))
-    expected = {path: _read(view, "/" + path) for path in
+    expected = {path: view_read(view, "/" + path) for path in
                 ["0.tar.idx", "1.idx", "2.tar.idx", ".nv-meta/.info.json", ".nv-meta/split.yaml",
                  ".nv-meta/dataset.yaml", ".nv-meta/index.uuid", ".nv-meta/index.sqlite"]}
     before = _snapshot(dataset)
@@ -169,7 +58,7 @@ def test_a_mount_serves_them_writes_nothing_and_builds_index_sqlite_once(tmp_pat
 
 
 def test_energon_split_and_dataset_options(tmp_path: Path) -> None:
-    dataset = _dataset(tmp_path / "ds", examples=100, shard_size=20, odd_keys=False)
+    dataset = indexes_dataset(tmp_path / "ds", examples=100, shard_size=20, odd_keys=False)
     with mounted(dataset, "--view", "tars", "-o", "energon_split=1:1:1") as mnt:
         assert (mnt / ".nv-meta" / "split.yaml").read_bytes() == (
             b"split_parts:\n  train:\n  - 0.tar\n  val:\n  - '{1..2}.tar'\n  test:\n  - '{3..4}.tar'\nexclude: []\n")
@@ -194,7 +83,7 @@ def test_energon_split_and_dataset_options(tmp_path: Path) -> None:
 def test_atlasfs_index_stores_index_sqlite_beside_and_a_mount_trusts_it_only_as_it_trusts_tables(
         tmp_path: Path) -> None:
     require_root()
-    dataset = _dataset(tmp_path / "ds")
+    dataset = indexes_dataset(tmp_path / "ds")
     result = atlasfs("index", str(dataset))
     assert result.returncode == 0 and result.stderr == "", result.stderr  # stored: the tables' line says it all
     beside, = (dataset / ".atlasfs-tables").glob("energon-*.sqlite")
@@ -243,28 +132,3 @@ def test_a_key_in_two_tars_fails_index_sqlite_alone(tmp_path: Path) -> None:
         assert info.value.errno == errno.EIO
         assert len((mnt / "b.tar.idx").read_bytes()) == 24 and (mnt / "b.idx").read_bytes().startswith(b"v1.2 2\n")
     assert "the sample key same is in more than one sample" in log.read_text()
-
-
-def test_each_index_of_a_2500_sample_shard_in_under_a_second_cold(tmp_path: Path) -> None:
-    dataset = tmp_path / "big"
-    rng = random.Random(3)
-    with AtlasWriter(dataset, shard_size=2500, block_size=50, compression_strategy=1) as writer:
-        for i in range(2500):
-            writer.add_example({"__key__": f"s{i:05d}", "jpg": rng.randbytes(2000), "cls": i, "json": {"i": i}})
-    times = {}
-    for path in ("/0.tar.idx", "/0.idx", "/.nv-meta/.info.json", "/.nv-meta/index.sqlite"):
-        source = open_source(str(dataset), None, SourceOptions())
-        view = TarView(BlockTree(source, store=TableStore(str(dataset), index_dir=str(tmp_path / f"t{len(times)}"))),
-                       store=TableStore(str(dataset), index_dir=str(tmp_path / f"t{len(times)}")))
-        start = time.perf_counter()
-        data = _read(view, path)  # cold: no table stored, the shard decoded and sized to lay it out
-        times[path] = time.perf_counter() - start
-        start = time.perf_counter()
-        for _ in range(10):
-            assert _read(view, path) == data
-        times[path + " again"] = (time.perf_counter() - start) / 10
-        view.loaders.close()
-    assert all(t < 1.0 for t in times.values()), times
-    assert all(times[p + " again"] < 0.01 for p in ("/0.tar.idx", "/0.idx", "/.nv-meta/.info.json")), times
-    digest = hashlib.sha256(data).hexdigest()
-    assert digest  # the sqlite read back whole

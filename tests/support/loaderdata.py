@@ -1,5 +1,5 @@
-"""What the loader tests share (tests/mount/test_loader_indexes.py, tests/loaders/test_loaders_real.py): the
-Atlas dataset they read (samples of random bytes as ``jpg`` with a ``cls`` and a ``json``, in
+"""What the loader tests share (tests/unit/tree/test_indexes.py, tests/mount/test_loader_indexes.py,
+tests/loaders/test_loaders_real.py): the Atlas dataset they read (samples of random bytes as ``jpg`` with a ``cls`` and a ``json``, in
 small blocks), and what an energon ``index.sqlite`` holds."""
 
 from __future__ import annotations
@@ -9,6 +9,8 @@ import sqlite3
 from pathlib import Path
 
 from atlasfs import AtlasWriter
+from atlasfs.tree.tarview import TarView
+from fusemount import atlasfs
 
 
 def loader_dataset(path: Path, seed: int, examples: int = 120, shard_size: int = 50, odd_keys: bool = False) -> Path:
@@ -34,3 +36,22 @@ def sqlite_rows(path: Path) -> tuple[list, list, list]:
                 sorted(db.execute("SELECT * FROM samples")), sorted(db.execute("SELECT * FROM sample_parts")))
     finally:
         db.close()
+
+
+def indexes_dataset(path: Path, examples: int = 120, shard_size: int = 50, odd_keys: bool = True) -> Path:
+    """The index tests' dataset: ``loader_dataset`` of seed 7, odd keys by default."""
+    return loader_dataset(path, 7, examples, shard_size, odd_keys)
+
+
+def export_tars(dataset: Path, out: Path) -> None:
+    """``atlasfs export`` of the dataset into ``out``; it must succeed."""
+    result = atlasfs("export", str(dataset), str(out))
+    assert result.returncode == 0, result.stderr
+
+
+def view_read(view: TarView, path: str) -> bytes:
+    """A file of the tar view read whole (asking for more than its size gives its size)."""
+    entry = view.lookup(path)
+    data = view.read(entry, 0, entry.size + 10)
+    assert len(data) == entry.size
+    return data
