@@ -1,38 +1,30 @@
-"""Stored file tables another user can write (issue #35, points 3, 4, 6 and 9): a table is used
-only if no one but those who can change the data can change it (opened without following a
-link, checked on the descriptor: a regular file of the mounting user, root or the dataset's
-owner, writable by its owner alone), else ignored with one log line and built again; another
-user's table is read by the size its header states; and a size no block can hold is refused
-whoever wrote it. The other user is ``nobody`` (tests/support/otheruser.py): as owner of the files
-and folders it could write (chown needs root, as switching users does).
-"""
+"""Stored file tables another user can write, through a real mount (issue #35): a symlinked
+table repointed under a mount never crashes the daemon, another user's sparse 2 GiB table is
+ignored without being read, and a forged one is ignored with every byte the data's. The other
+user is ``nobody`` (tests/support/otheruser.py); the tables alone:
+tests/unit/tree/test_table_trust.py."""
 
 from __future__ import annotations
 
-import logging
 import os
-import resource
 import shutil
-import stat
 import subprocess
 import sys
-import time
 from pathlib import Path
-from typing import Any
 
-import numpy as np
 import pytest
 
-from atlasfs import AtlasDataset, AtlasWriter
-from atlasfs.formats.atlas.spans.find import inline_check, stored_crc
+from atlasfs import AtlasDataset
 from atlasfs.tree.blocktree import BlockTree
-from atlasfs.tree.table.filetable import FileTable, Limits, Locators
-from atlasfs.tree.table.layout import FILE, INLINE, NO_LOCATOR
+from atlasfs.tree.table.filetable import FileTable, Limits
 from atlasfs.tree.table.store import BESIDE_DATASET, TableStore, cache_folder
-from fusemount import atlasfs, force_unmount, require_fuse, wait_mounted
+from fusemount import force_unmount, require_fuse, wait_mounted
 from otheruser import NOBODY, require_root
+from tabletrust import forged_locators, index_into, jpg_row, nobodys, trust_dataset
+
 
 Exported = dict[str, dict[str, bytes]]
+
 
 #: A foreground daemon: argv[1] "1" has the tree hold one table at a time and the engine read
 #: none from its file (every table let go is mapped again by the tree: TableStore.reopen);
@@ -47,21 +39,6 @@ if sys.argv[1] == "1":
     attachments.FILE_TABLES_MAX = 0
 sys.exit(cli.main(["mount", "-f", *sys.argv[2:]]))
 """
-
-
-def _examples(n: int) -> list[dict[str, Any]]:
-    """Every kind of file: raw bytes and text (located runs), small ints and JSON (inline),
-    a larger JSON (kept in the table)."""
-    rng = np.random.default_rng(7)
-    return [{"__key__": f"s{i:03d}", "jpg": rng.bytes(1500 + 10 * i), "txt": f"text {i} " * 40, "cls": i,
-             "json": {"id": i}, "values.json": {"id": i, "values": rng.integers(100, 1000, 60).tolist()}}
-            for i in range(n)]
-
-
-def _dataset(path: Path, shards: int = 2) -> Path:
-    with AtlasWriter(path, shard_size=12, block_size=4, compression_strategy=1) as writer:
-        writer.add_examples(_examples(12 * shards))
-    return path
 
 
 def _export(dataset: Path, out: Path) -> Exported:
@@ -81,22 +58,6 @@ def _export(dataset: Path, out: Path) -> Exported:
             if name.endswith(".jpg")}
     assert jpgs == {key: example["jpg"] for key, example in library.items()}
     return exported
-
-
-def _index(dataset: Path, folder: Path) -> None:
-    """Every shard's table, every size known, stored in ``folder`` (what ``atlasfs index`` does)."""
-    tree = BlockTree(AtlasDataset(dataset), store=TableStore(str(dataset), index_dir=str(folder)))
-    for s in range(len(tree.shards)):
-        tree.table(s, sizes=True)
-    tree.source.close()
-
-
-def _nobodys(path: Path, mode: int | None = None) -> Path:
-    """``path`` (a file, folder or link) given to ``nobody``, as if they had made it."""
-    os.lchown(path, NOBODY.pw_uid, NOBODY.pw_gid)
-    if mode is not None:
-        path.chmod(mode)
-    return path
 
 
 def _start(dataset: Path, mnt: Path, log: Path, *args: str, one_table: bool = False,
@@ -140,9 +101,6 @@ def _ignored(log: Path, path: Path, why: str) -> list[str]:
     return lines
 
 
-# ---------------------------------------------------------------- 3: a symlinked table
-
-
 def test_a_symlinked_table_repointed_under_a_mount_never_crashes_the_daemon(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Another user links ``.atlasfs-tables/0.table`` to the mounting user's own cached copy (a
@@ -150,23 +108,23 @@ def test_a_symlinked_table_repointed_under_a_mount_never_crashes_the_daemon(
     link pointed at a file of theirs it was mapped again unchecked and cut short: SIGBUS. A
     link is never followed: the table comes from the cache, and the daemon serves on."""
     require_root()
-    dataset = _dataset(tmp_path / "ds")
+    dataset = trust_dataset(tmp_path / "ds")
     exported = _export(dataset, tmp_path / "export")
     xdg = tmp_path / "xdg"
     monkeypatch.setenv("XDG_CACHE_HOME", str(xdg))
     cached = Path(cache_folder(str(dataset)))
-    _index(dataset, cached)  # the user's own cache holds every table (an earlier mount)
+    index_into(dataset, cached)  # the user's own cache holds every table (an earlier mount)
     beside = dataset / BESIDE_DATASET
     beside.mkdir()
-    _nobodys(beside)  # theirs: they may put anything in it
+    nobodys(beside)  # theirs: they may put anything in it
     theirs = tmp_path / "theirs"
     theirs.mkdir()
     for shard in exported:
         link = beside / f"{shard}.table"
         link.symlink_to(cached / f"{shard}.table")
-        _nobodys(link)
+        nobodys(link)
         shutil.copyfile(cached / f"{shard}.table", theirs / f"{shard}.table")  # valid: the same bytes
-        _nobodys(theirs / f"{shard}.table", 0o644)
+        nobodys(theirs / f"{shard}.table", 0o644)
     names = {shard: list(files) for shard, files in exported.items()}
     third = len(names["0"]) // 3
     mnt, log = tmp_path / "mnt", tmp_path / "daemon.log"
@@ -176,7 +134,7 @@ def test_a_symlinked_table_repointed_under_a_mount_never_crashes_the_daemon(
         wrong += _read(mnt, "1", names["1"], exported)  # the tree lets shard 0's table go
         repointed = beside / "0.table.new"
         repointed.symlink_to(theirs / "0.table")
-        _nobodys(repointed)
+        nobodys(repointed)
         os.rename(repointed, beside / "0.table")
         wrong += _read(mnt, "0", names["0"][third:2 * third], exported)  # shard 0's table again
         with open(theirs / "0.table", "r+b") as f:
@@ -188,9 +146,6 @@ def test_a_symlinked_table_repointed_under_a_mount_never_crashes_the_daemon(
     finally:
         _stop(daemon, mnt)
     assert _ignored(log, beside / "0.table", "is a symbolic link"), log.read_text()
-
-
-# ---------------------------------------------------------------- 4: a sparse 2 GiB table
 
 
 def _vm_hwm(pid: int) -> int:
@@ -207,7 +162,7 @@ def test_a_sparse_2_gib_table_of_another_user_is_ignored_without_being_read(tmp_
     check (the daemon went to 2,075 MiB). It is ignored, by its owner, with one log line; the
     daemon's peak memory stays far below the file's size."""
     require_root()
-    dataset = _dataset(tmp_path / "ds")
+    dataset = trust_dataset(tmp_path / "ds")
     exported = _export(dataset, tmp_path / "export")
     shared = tmp_path / "shared"
     shared.mkdir()
@@ -215,7 +170,7 @@ def test_a_sparse_2_gib_table_of_another_user_is_ignored_without_being_read(tmp_
     sparse = shared / "0.table"
     with open(sparse, "wb") as f:
         f.truncate(2 << 30)
-    _nobodys(sparse, 0o644)
+    nobodys(sparse, 0o644)
     mnt, log = tmp_path / "mnt", tmp_path / "daemon.log"
     daemon = _start(dataset, mnt, log, "--index-dir", str(shared), env={"XDG_CACHE_HOME": str(tmp_path / "xdg")})
     try:
@@ -230,80 +185,6 @@ def test_a_sparse_2_gib_table_of_another_user_is_ignored_without_being_read(tmp_
         log.read_text()
 
 
-def test_a_grown_table_of_a_trusted_user_is_refused_by_its_header_without_being_read(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
-    """A table of the dataset's owner (trusted, not the user's: copied, not mapped) grown to a
-    sparse 2 GiB: its header says how big it is, so only the header is read."""
-    require_root()
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
-    dataset = _dataset(tmp_path / "ds")
-    tables = tmp_path / "tables"
-    _index(dataset, tables)
-    os.chown(dataset, NOBODY.pw_uid, NOBODY.pw_gid)  # theirs: their tables are used
-    table = tables / "0.table"
-    with open(table, "r+b") as f:
-        f.truncate(2 << 30)
-    _nobodys(table, 0o644)
-    _nobodys(tables / "1.table", 0o644)
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss << 10
-    with caplog.at_level(logging.INFO, logger="atlasfs"):
-        tree = BlockTree(AtlasDataset(dataset), store=TableStore(str(dataset), index_dir=str(tables)))
-        assert tree.cache.misses == 0
-        tree.names("/0")
-        tree.names("/1")
-    grown = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss << 10
-    assert grown - before < 256 << 20, f"{(grown - before) >> 20} MiB more at the peak"
-    assert tree.cache.misses == 3  # shard 0's 3 blocks built again; shard 1's table (theirs, valid) used
-    lines = [r.getMessage() for r in caplog.records if "ignoring the stored file table" in r.getMessage()]
-    assert len(lines) == 1 and str(table) in lines[0] and f"{2 << 30} bytes where its header means" in lines[0], lines
-
-
-# ---------------------------------------------------------------- 6: a forged table, checksums right
-
-
-def _fingerprints(shard: Path, block: int) -> list[int]:
-    """What a block's fingerprint may be (spans/read.py): its frame's checksum, or the CRC-32
-    of its stored bytes."""
-    index = np.load(shard / "index.npy")
-    stored = (shard / "data.bin").read_bytes()[int(index[block]):int(index[block + 1])]
-    return [int.from_bytes(stored[-4:], "little"), stored_crc(stored)]
-
-
-def _forged(table: FileTable, key: dict[str, Any], path: Path, shard: Path, size_of: int | None = None,
-            size: int = 0, inline: bool = True) -> None:
-    """``table`` (of the shard folder ``shard``) stored at ``path`` with every checksum right,
-    lying: its first inline file's bytes changed (``inline``; its check made to match), and the
-    file of row ``size_of`` (its locator dropped) said to be ``size`` bytes."""
-    locators = table.locators
-    assert locators is not None
-    columns = {name: getattr(locators, name).copy() for name in ("offset", "length", "check", "prefix")}
-    inline_bytes = bytearray(bytes(locators.inline))
-    if inline:  # its check recomputed as a forger would: from the block's fingerprint, read from the data
-        row = int(np.flatnonzero(columns["prefix"] == INLINE)[0])
-        at, length = int(columns["offset"][row]), int(columns["length"][row])
-        original = bytes(inline_bytes[at:at + length])
-        fingerprint = next(f for f in _fingerprints(shard, int(table.block[row]))
-                           if inline_check(original, f) == int(columns["check"][row]))
-        inline_bytes[at:at + length] = b"X" * length
-        columns["check"][row] = inline_check(b"X" * length, fingerprint)
-    sizes = np.array(table.size, dtype=np.uint64)
-    if size_of is not None:
-        sizes[size_of] = size
-        columns["offset"][size_of], columns["length"][size_of], columns["prefix"][size_of] = NO_LOCATOR, 0, 0
-    forged = FileTable(bytes(table._names), np.array(table._offsets), {
-        "kind": np.array(table.kind), "size": sizes, "block": np.array(table.block), "pos": np.array(table.pos),
-        "file": np.array(table.file), "by_path": np.array(table.by_path)})
-    forged.state = table.state
-    forged.locators = Locators(columns["offset"], columns["length"], columns["check"], columns["prefix"],
-                               list(locators.prefixes), bytes(inline_bytes), bytes(locators.kept),
-                               np.array(locators.kept_ends))
-    forged.save(str(path), key)
-
-
-def _jpg_row(table: FileTable) -> int:
-    return next(i for i in range(len(table)) if table.kind[i] == FILE and table.entry_path(i).endswith(".jpg"))
-
-
 @pytest.mark.parametrize("where", ["index-dir", "beside"])
 def test_a_forged_table_of_another_user_is_ignored_and_every_byte_is_the_datas(tmp_path: Path, where: str) -> None:
     """A table with right checksums that lies (an inline file's bytes, a file said to be empty),
@@ -311,14 +192,14 @@ def test_a_forged_table_of_another_user_is_ignored_and_every_byte_is_the_datas(t
     or a ``.atlasfs-tables/`` of theirs. It is ignored with one log line saying why, and every
     byte read is the data's."""
     require_root()
-    dataset = _dataset(tmp_path / "ds")
+    dataset = trust_dataset(tmp_path / "ds")
     exported = _export(dataset, tmp_path / "export")
     built = tmp_path / "built"
-    _index(dataset, built)
+    index_into(dataset, built)
     if where == "beside":
         folder = dataset / BESIDE_DATASET
         folder.mkdir()
-        _nobodys(folder)
+        nobodys(folder)
         args: list[str] = []
     else:
         folder = tmp_path / "shared"
@@ -328,11 +209,11 @@ def test_a_forged_table_of_another_user_is_ignored_and_every_byte_is_the_datas(t
     tree = BlockTree(AtlasDataset(dataset), store=TableStore(str(dataset), index_dir=str(built)))
     table, key = tree.table(0), tree.tables.table_key(0)
     forged = folder / "0.table"
-    _forged(table, key, forged, dataset / "0", size_of=_jpg_row(table), size=0)
+    forged_locators(table, key, forged, dataset / "0", size_of=jpg_row(table), size=0)
     loaded = FileTable.load(str(forged), key, Limits(tree.shards[0].num_blocks, tree.shards[0].block_size,
                                                      tree.shards[0].max_block_bytes))
     assert loaded is not None  # valid as a table: only its owner tells it from the data's
-    _nobodys(forged, 0o644)
+    nobodys(forged, 0o644)
     mnt, log = tmp_path / "mnt", tmp_path / "daemon.log"
     daemon = _start(dataset, mnt, log, *args, env={"XDG_CACHE_HOME": str(tmp_path / "xdg")})
     try:
@@ -345,106 +226,3 @@ def test_a_forged_table_of_another_user_is_ignored_and_every_byte_is_the_datas(t
     assert wrong == [], wrong
     assert len(_ignored(log, forged, f"is owned by uid {NOBODY.pw_uid}, who cannot change the dataset")) == 1, \
         log.read_text()
-
-
-def test_a_table_group_writable_is_ignored_whoever_owns_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                          caplog: pytest.LogCaptureFixture) -> None:
-    """Writable by a group or by everyone: more people can change it than its owner."""
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
-    dataset = _dataset(tmp_path / "ds")
-    tables = tmp_path / "tables"
-    _index(dataset, tables)
-    (tables / "0.table").chmod(0o664)
-    with caplog.at_level(logging.INFO, logger="atlasfs"):
-        tree = BlockTree(AtlasDataset(dataset), store=TableStore(str(dataset), index_dir=str(tables)))
-        tree.names("/0")
-    lines = [r.getMessage() for r in caplog.records if "ignoring the stored file table" in r.getMessage()]
-    assert len(lines) == 1 and "can be changed by users other than its owner (mode 0664)" in lines[0], lines
-    assert tree.cache.misses == 3
-
-
-def test_a_size_no_block_can_hold_is_refused_even_from_the_datas_owner(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
-    """A table of the mounting user's own (trusted) saying a file is 2^62 bytes (tar would pad it
-    with zeros without end): refused by validation, built again; every size is the data's."""
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
-    dataset = _dataset(tmp_path / "ds")
-    tables = tmp_path / "tables"
-    _index(dataset, tables)
-    tree = BlockTree(AtlasDataset(dataset), store=TableStore(str(dataset), index_dir=str(tables)))
-    table, key = tree.table(0), tree.tables.table_key(0)
-    row = _jpg_row(table)
-    name, real = table.entry_path(row), int(table.size[row])
-    _forged(table, key, tables / "0.table", dataset / "0", size_of=row, size=1 << 62, inline=False)
-    assert os.stat(tables / "0.table").st_uid == os.geteuid()
-    library = AtlasDataset(dataset)
-    with caplog.at_level(logging.INFO, logger="atlasfs"):
-        tree = BlockTree(library, store=TableStore(str(dataset), index_dir=str(tables)))
-        entry = tree.lookup(f"/0/{name}")
-    assert entry is not None and entry.size == real == len(library[0]["jpg"])
-    lines = [r.getMessage() for r in caplog.records if "ignoring the stored file table" in r.getMessage()]
-    assert len(lines) == 1 and "a file size past the" in lines[0] and str(tables / "0.table") in lines[0], lines
-
-
-# ---------------------------------------------------------------- 9: atlasfs index and a linked table
-
-
-def test_atlasfs_index_never_changes_the_mode_of_a_file_a_table_links_to(tmp_path: Path) -> None:
-    """``.atlasfs-tables/0.table -> secret`` (and ``1.table`` a hard link to another): `atlasfs
-    index` as root made the secret 0644 (its chmod followed the link). A link is refused with a
-    log line and replaced by the table; a file that is not a valid table keeps its mode."""
-    require_root()
-    dataset = _dataset(tmp_path / "ds")
-    secret, hard = tmp_path / "secret", tmp_path / "secret2"
-    for path in (secret, hard):
-        path.write_bytes(b"password\n")
-        path.chmod(0o600)
-    beside = dataset / BESIDE_DATASET
-    beside.mkdir()
-    _nobodys(beside, 0o755)
-    (beside / "0.table").symlink_to(secret)
-    _nobodys(beside / "0.table")
-    os.link(hard, beside / "1.table")
-    result = atlasfs("index", str(dataset), env={**os.environ, "XDG_CACHE_HOME": str(tmp_path / "xdg")})
-    assert result.returncode == 0, result.stderr
-    for path in (secret, hard):
-        assert stat.S_IMODE(path.stat().st_mode) == 0o600 and path.read_bytes() == b"password\n", path
-    assert not (beside / "0.table").is_symlink()
-    assert stat.S_IMODE((beside / "0.table").stat().st_mode) == 0o644
-    tree = BlockTree(AtlasDataset(dataset), store=TableStore(str(dataset)))
-    tree.names("/0")
-    tree.names("/1")
-    assert tree.cache.misses == 0  # the tables stored are used
-
-
-def test_atlasfs_index_never_writes_through_a_linked_table_folder(tmp_path: Path) -> None:
-    """``.atlasfs-tables -> elsewhere`` (made by whoever owns the dataset): `atlasfs index`, run
-    by root, wrote its tables into the folder the link names. The link is never followed: each
-    table is one line naming the folder, exit 1, and nothing is written there."""
-    require_root()
-    dataset = _dataset(tmp_path / "ds")
-    elsewhere = tmp_path / "elsewhere"
-    elsewhere.mkdir()
-    (dataset / BESIDE_DATASET).symlink_to(elsewhere)
-    result = atlasfs("index", str(dataset), env={**os.environ, "XDG_CACHE_HOME": str(tmp_path / "xdg")})
-    assert result.returncode == 1, result.stderr
-    assert list(elsewhere.iterdir()) == []
-    assert "Traceback" not in result.stderr
-    assert "is a symbolic link (never followed)" in result.stderr, result.stderr
-
-
-def test_a_mount_waits_for_no_fifo_put_in_place_of_a_table(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                          caplog: pytest.LogCaptureFixture) -> None:
-    """A FIFO in place of a table: opened without blocking, refused as no regular file."""
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
-    dataset = _dataset(tmp_path / "ds")
-    tables = tmp_path / "tables"
-    tables.mkdir()
-    os.mkfifo(tables / "0.table")
-    started = time.monotonic()
-    with caplog.at_level(logging.INFO, logger="atlasfs"):
-        tree = BlockTree(AtlasDataset(dataset), store=TableStore(str(dataset), index_dir=str(tables)))
-        tree.names("/0")
-    assert time.monotonic() - started < 30
-    lines = [r.getMessage() for r in caplog.records if "ignoring the stored file table" in r.getMessage()]
-    assert len(lines) == 1 and "is not a regular file" in lines[0], lines

@@ -222,7 +222,7 @@ def test_another_users_table_is_mapped_from_a_copy_and_survives_truncation_in_pl
     """A table another user owns may be truncated in place by them: it is copied into the
     user's cache and the copy mapped, so its owner's changes never reach the map (a map of
     the original would die of SIGBUS past the new end). The other user owns the dataset (a
-    table of anyone else is not used at all: tests/mount/test_hostile_tables.py)."""
+    table of anyone else is not used at all: tests/unit/tree/test_table_trust.py)."""
     dataset = _dataset(tmp_path / "ds")
     index = tmp_path / "index"
     expected = _every_file(BlockTree(AtlasDataset(dataset), store=TableStore(str(dataset), index_dir=str(index))))
