@@ -28,6 +28,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any, Callable
 
+from atlasfs.blockcache import BlockCache
 from atlasfs.fuse.attachments import Attachments
 from atlasfs.fuse.signals import stopped_by_signals
 from atlasfs.tree.base import Entry, Tree
@@ -40,10 +41,12 @@ INSTALL_HINT = ("the native engine (atlasfs.fuse._native) is not built: install 
                 "zlib, pkg-config, gcc and python3-dev (Debian/Ubuntu: apt-get install libfuse3-dev libzstd-dev "
                 "zlib1g-dev pkg-config gcc python3-dev), then "
                 "reinstall atlasfs (make install, or pip install -e .)")
-#: The share of a mount's ``--cache-size`` that goes to the engine's byte cache (encoded files of
-#: blocks, read in C); the tree's block cache (decoded blocks, what fills the byte cache and
-#: serves the rest) keeps the other half: together they stay within the one bound.
-NATIVE_CACHE_SHARE = 0.5
+#: The most of a mount's ``--cache-size`` the tree's block cache (decoded blocks, what fills the
+#: byte cache and serves the rest) keeps. The engine's byte cache (what C reads from) holds the
+#: whole bound and lends the block cache what it keeps (``Session.lend``, cache.c cache_lend):
+#: together they stay within the one bound, C has what Python does not hold, and Python never
+#: has less than this share would leave it when C holds the rest (C cannot take back a loan).
+TREE_CACHE_SHARE = 0.5
 #: A reader whose reads came through this many blocks of a shard in order, this one the last
 #: (the tree's ``Blocks.last_block``), is answered the files of its block, to be read in C. A
 #: random reader lands on the block after its last one now and then (1 in 16 on a shard of 16
@@ -401,7 +404,7 @@ class NativeSession:
 
     def __init__(self, bridge: NativeBridge, mountpoint: str, options: dict[str, str | bool | int],
                  threads: bool = True, debug: bool = False, cache_bytes: int = 0,
-                 decoded_cache: tuple[str, int, str] | None = None) -> None:
+                 decoded_cache: tuple[str, int, str] | None = None, one_bound: bool = False) -> None:
         native = native_module()
         self.bridge = bridge
         self.mountpoint = mountpoint
@@ -412,6 +415,9 @@ class NativeSession:
                                       cache_bytes=cache_bytes, **settings)
         if decoded_cache is not None:  # (folder, bound, dataset identity): diskblocks.c
             self.session.decoded_cache(*decoded_cache)
+        if one_bound:  # the tree's block cache keeps what the byte cache lends it (cache_bytes is both's)
+            for cache in tree_block_caches(bridge.tree):
+                cache.borrow_from(self.session)
         bridge.session = self.session
         if tables is not None:
             tables.on_release = bridge.release
@@ -448,6 +454,9 @@ class NativeSession:
                  ", ".join(f"{kind} {n['c']} in C, {n['python']} in Python" for kind, n in stats.items()),
                  native_module().dictionaries(), frames["whole"], frames["partial"], frames["waited"],
                  frames["kept"], frames["of"])
+        cache = self.session.cache()
+        log.info("%s: caches: at most %d bytes held of the bound of %d (byte cache and block cache together)",
+                 self.mountpoint, cache["peak"], cache["bound"])
         decoded = self.session.decoded()
         if decoded is not None:
             log.info("%s: decoded cache: %d hits, %d misses, %d written, %d failed to write, %d bad, %d evicted, "
@@ -460,11 +469,23 @@ class NativeSession:
             log.warning("%s: libfuse's loop ended with status %d", self.mountpoint, err)
 
 
+def tree_block_caches(tree: Tree) -> list[BlockCache[Any]]:
+    """The block caches of ``tree`` and of the tree a view shows (a tar view's ``base``):
+    those that borrow from the engine's byte cache."""
+    caches: list[BlockCache[Any]] = []
+    for candidate in (tree, getattr(tree, "base", None)):
+        cache = getattr(candidate, "cache", None)
+        if isinstance(cache, BlockCache) and all(cache is not c for c in caches):
+            caches.append(cache)
+    return caches
+
+
 def native_main(tree: Tree, mountpoint: str, options: dict[str, str | bool | int], on_init: Callable[[], None],
                 threads: bool = True, debug: bool = False, cache_bytes: int = 0,
-                decoded_cache: tuple[str, int, str] | None = None) -> None:
+                decoded_cache: tuple[str, int, str] | None = None, one_bound: bool = False) -> None:
     """Serve ``tree`` at ``mountpoint`` through the native engine until unmounted or
     signalled, its byte cache bounded at ``cache_bytes``; ``decoded_cache``: the decoded-block
-    cache's (folder, bound, dataset identity), or None."""
+    cache's (folder, bound, dataset identity), or None; ``one_bound``: ``cache_bytes`` bounds
+    the tree's block caches too, which borrow what they keep from the byte cache."""
     NativeSession(NativeBridge(tree, on_init), mountpoint, options, threads, debug, cache_bytes,
-                  decoded_cache).run()
+                  decoded_cache, one_bound).run()

@@ -27,7 +27,7 @@ from atlasfs import memory
 from atlasfs.errors import AtlasFormatError
 from atlasfs.formats.factory import open_source
 from atlasfs.fuse.daemonlog import PROBLEM_PREFIX, StartupReport, file_handler, log_in_background
-from atlasfs.fuse.engine import NATIVE_CACHE_SHARE, native_main, native_module
+from atlasfs.fuse.engine import TREE_CACHE_SHARE, native_main, native_module
 from atlasfs.fuse.sdnotify import notify
 from atlasfs.options import DECODED_CACHE_BYTES, MountOptions
 from atlasfs.storage import is_url, redact, set_default_options
@@ -237,7 +237,8 @@ def serve(tree: Tree, mountpoint: str, options: MountOptions, fsname: str,
         threading.Thread(target=watch, name="atlasfs-ready", daemon=True).start()
 
     native_main(tree, mountpoint, fuse_options(options, fsname), on_init, threads=options.threads,
-                debug=options.debug, cache_bytes=native_cache_bytes(options), decoded_cache=decoded)
+                debug=options.debug, cache_bytes=native_cache_bytes(options), decoded_cache=decoded,
+                one_bound=True)
 
 
 def fuse_options(options: MountOptions, fsname: str) -> dict[str, str | bool | int]:
@@ -259,9 +260,14 @@ def fuse_options(options: MountOptions, fsname: str) -> dict[str, str | bool | i
 
 
 def native_cache_bytes(options: MountOptions) -> int:
-    """The part of ``--cache-size`` the native engine's byte cache takes (the tree's block cache
-    keeps the rest)."""
-    return int(options.cache_bytes * NATIVE_CACHE_SHARE)
+    """The native engine's byte cache's bound: the whole ``--cache-size``, of which it lends
+    the tree's block cache what that keeps (:func:`tree_cache_bytes` at most)."""
+    return options.cache_bytes
+
+
+def tree_cache_bytes(options: MountOptions) -> int:
+    """The most of ``--cache-size`` the tree's block cache keeps, borrowed from the byte cache."""
+    return int(options.cache_bytes * TREE_CACHE_SHARE)
 
 
 def open_tree(dataset_path: str, options: MountOptions) -> Tree:
@@ -271,7 +277,7 @@ def open_tree(dataset_path: str, options: MountOptions) -> Tree:
     except AtlasFormatError as exc:
         raise MountError(str(exc)) from None
     store = TableStore(source.root, index_dir=options.index_dir, storage=source.storage)
-    tree = BlockTree(source, cache_bytes=options.cache_bytes - native_cache_bytes(options), store=store)
+    tree = BlockTree(source, cache_bytes=tree_cache_bytes(options), store=store)
     if options.view == "files":
         if options.energon_split is not None or options.energon_dataset is not None:
             raise MountError("energon_split= and energon_dataset= are files of the tar view: add --view tars (or both)")

@@ -383,6 +383,45 @@ static void test_buffer_pool(void)
     cache_free(&c);
 }
 
+/* Lending (cache_lend): entries no one reads are evicted to make room for what is lent, an
+ * entry being read and the payloads in flight are never lent, a loan never waits, the bound
+ * shrinks by what is lent and grows back when repaid, and the peak counts what is lent. */
+static void test_lend(void)
+{
+    ByteCache c;
+    CachedBlock *held;
+    size_t bound = 8 * COST(1000), granted, i;
+    CHECK(cache_init(&c, bound) == 0, "cache_init failed");
+    for (i = 0; i < 6; i++)
+        cache_put(&c, 0, KIND_FILES, i, bytes_of(1000, 'a'), 1000);
+    held = cache_peek(&c, 0, KIND_FILES, 5);  /* read now: never evicted for a loan */
+    CHECK(held != NULL, "entry 5 is not in the cache");
+    granted = cache_lend(&c, 4 * COST(1000));
+    CHECK(granted == 4 * COST(1000), "lent %zu bytes with room made by evicting, not %zu", granted, 4 * COST(1000));
+    CHECK(c.bound == bound - granted && c.bytes <= c.bound, "bound %zu, entries %zu after lending %zu of %zu",
+          c.bound, c.bytes, granted, bound);
+    CHECK(cache_peek(&c, 0, KIND_FILES, 0) == NULL, "the least recently used entry stayed beside the loan");
+    cache_reserve(&c, COST(1000));  /* a payload in flight holds its bytes: not lent */
+    granted = cache_lend(&c, bound);  /* more than is left: what can be, at once, without waiting */
+    CHECK(granted == bound - 4 * COST(1000) - COST(1000) - COST(1000),
+          "lent %zu of what is left beside the entry read and the payload in flight", granted);
+    CHECK(held->length == 1000 && held->data[999] == 'a', "the entry being read was evicted");
+    CHECK(c.bytes + c.flight + c.lent <= bound, "entries %zu, in flight %zu and lent %zu past the bound %zu",
+          c.bytes, c.flight, c.lent, bound);
+    CHECK(cache_lend(&c, 1) == 0, "lent past the bound");
+    cache_release(&c, held);
+    cache_unreserve(&c, COST(1000));
+    cache_repay(&c, c.lent);
+    CHECK(c.lent == 0 && c.bound == bound, "repaid: bound %zu of %zu, %zu still lent", c.bound, bound, c.lent);
+    cache_put(&c, 0, KIND_FILES, 9, bytes_of(7 * 1000, 'b'), 7 * 1000);
+    held = cache_peek(&c, 0, KIND_FILES, 9);
+    CHECK(held != NULL, "an entry of most of the bound, once repaid, is not kept");
+    if (held != NULL)
+        cache_release(&c, held);
+    CHECK(c.peak <= bound && c.peak >= bound - COST(1000), "peak %zu of a bound of %zu held whole", c.peak, bound);
+    cache_free(&c);
+}
+
 int main(void)
 {
     test_fill_then_hit();
@@ -395,6 +434,7 @@ int main(void)
     test_reservations_in_turn();
     test_reserve_evicts();
     test_buffer_pool();
+    test_lend();
     if (failures) {
         fprintf(stderr, "%d of %d checks failed\n", failures, checks);
         return 1;

@@ -10,6 +10,9 @@
  * worker that missed it first (cache_acquire says so); the other workers missing it wait:
  * a block is decoded, or decompressed, once. Payloads being made reserve their bytes first
  * (cache_reserve), in turn.
+ *
+ * The mount has one bound for this cache and the control plane's block cache together: this
+ * one holds it all, and lends the block cache what it keeps (cache_lend, cache_repay).
  */
 #include "cache.h"
 
@@ -22,7 +25,8 @@
 
 int cache_init(ByteCache *c, size_t bound)
 {
-    c->bound = bound;
+    c->bound = c->total = bound;
+    c->lent = c->peak = 0;
     c->bytes = 0;
     c->evicted = c->trimmed_at = 0;
     c->flight = 0;
@@ -49,7 +53,9 @@ int cache_init(ByteCache *c, size_t bound)
 
 static size_t pool_limit(const ByteCache *c)
 {
-    return c->bound / 2 < POOL_MAX ? c->bound / 2 : POOL_MAX;
+    /* A quarter of the whole bound: what half of this cache's share was when it had half of
+     * the mount's bound (its free buffers are not charged to it). */
+    return c->total / 4 < POOL_MAX ? c->total / 4 : POOL_MAX;
 }
 
 /* Lock held. */
@@ -225,7 +231,7 @@ static void give_back(ByteCache *c)
 {
     size_t evicted = __atomic_load_n(&c->evicted, __ATOMIC_RELAXED);
     size_t at = __atomic_load_n(&c->trimmed_at, __ATOMIC_RELAXED);
-    if (evicted - at < c->bound / 2 + 1
+    if (evicted - at < c->total / 2 + 1
         || !__atomic_compare_exchange_n(&c->trimmed_at, &at, evicted, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED))
         return;
     malloc_trim(0);
@@ -246,6 +252,15 @@ void cache_free(ByteCache *c)
     pthread_mutex_destroy(&c->lock);
     pthread_cond_destroy(&c->filled);
     pthread_cond_destroy(&c->room);
+}
+
+/* The most the entries, the payloads in flight and what is lent held together (Session.cache:
+ * the mount's two caches never held more). Lock held. */
+static void note_peak(ByteCache *c)
+{
+    size_t held = c->bytes + c->flight + c->lent;
+    if (held > c->peak)
+        c->peak = held;
 }
 
 /* Whether the entries and the payloads in flight are past the bound. */
@@ -287,7 +302,7 @@ static CachedBlock *spent_payload(ByteCache *c)
  * whole bound (made alone) does not take the maps with it while it is made and served: they
  * are what lets the next reads of raw zstd blocks go without decompressing (once it is given
  * back, they too stay only within the bound). */
-static void shrink(ByteCache *c)
+static void evict_idle(ByteCache *c)
 {
     CachedBlock *b;
     int maps;
@@ -312,6 +327,13 @@ static void shrink(ByteCache *c)
             b = prev;
         }
     }
+}
+
+/* Evict to stay within the bound (evict_idle), then note the peak. */
+static void shrink(ByteCache *c)
+{
+    evict_idle(c);
+    note_peak(c);
 }
 
 /* The ready entry (shard, kind, block) held for reading (a reader more, the most recently
@@ -523,3 +545,38 @@ void cache_release(ByteCache *c, CachedBlock *b)
     give_back(c);
 }
 
+/* The bound this cache may hold now: the whole one less what is lent. */
+static void set_bound(ByteCache *c)
+{
+    __atomic_store_n(&c->bound, c->total - c->lent, __ATOMIC_RELAXED);
+}
+
+size_t cache_lend(ByteCache *c, size_t bytes)
+{
+    size_t used, room, granted;
+    pthread_mutex_lock(&c->lock);
+    if (bytes > c->total - c->lent)
+        bytes = c->total - c->lent;
+    /* As if lent: what no one reads is evicted to make room (payloads the most spent first,
+     * frames' maps last, as for any other need of room); the rest is held. */
+    __atomic_store_n(&c->bound, c->total - c->lent - bytes, __ATOMIC_RELAXED);
+    evict_idle(c);
+    used = c->bytes + c->flight;
+    room = c->total - c->lent > used ? c->total - c->lent - used : 0;
+    granted = bytes < room ? bytes : room;
+    c->lent += granted;
+    set_bound(c);
+    note_peak(c);
+    pthread_mutex_unlock(&c->lock);
+    give_back(c);
+    return granted;
+}
+
+void cache_repay(ByteCache *c, size_t bytes)
+{
+    pthread_mutex_lock(&c->lock);
+    c->lent -= bytes < c->lent ? bytes : c->lent;
+    set_bound(c);
+    pthread_cond_broadcast(&c->room);  /* more room for payloads waiting to be made */
+    pthread_mutex_unlock(&c->lock);
+}

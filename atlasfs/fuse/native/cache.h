@@ -48,7 +48,11 @@ typedef struct {
     pthread_mutex_t lock;
     pthread_cond_t filled, room;
     CachedBlock *head, *tail, **buckets;
-    size_t bytes, bound;
+    /* `bound` is what this cache may hold now: `total`, the mount's one bound, less what it
+     * lent (cache_lend) to the control plane's block cache. Written under the lock, read
+     * anywhere (located.c's keep_whole). */
+    size_t bytes, bound, total, lent;
+    size_t peak;    /* the most of bytes + flight + lent seen after any change (Session.cache) */
     size_t flight;  /* bytes reserved for payloads being made and served (cache_reserve) */
     uint64_t reserve_next, reserve_turn;  /* cache_reserve's tickets: waiters served in turn */
     size_t idle;    /* entries ready in the cache that no one reads (what shrink can evict) */
@@ -100,5 +104,12 @@ void cache_unreserve(ByteCache *c, size_t bytes);
  * as reserved until cache_settle gives the reservation back and charges it as an entry. */
 void cache_complete_reserved(ByteCache *c, CachedBlock *b, char *data, size_t length, size_t capacity);
 void cache_settle(ByteCache *c, CachedBlock *b, size_t reserved);
+/* Up to `bytes` of the bound lent to another cache of the same process (the control plane's
+ * block cache keeps that much less of this one): the entries no one reads are evicted to make
+ * room, and what the entries being read and the payloads in flight hold is not lent. Never
+ * waits for room: what is granted may be less, down to 0 (the borrower keeps less). The
+ * borrower gives it back with cache_repay. */
+size_t cache_lend(ByteCache *c, size_t bytes);
+void cache_repay(ByteCache *c, size_t bytes);
 
 #endif

@@ -196,6 +196,53 @@ static PyObject *Session_frames(Session *self, PyObject *unused)
                          "of", (unsigned long long)__atomic_load_n(&self->counters.kept_stored, __ATOMIC_RELAXED));
 }
 
+/* Session.lend(n): up to n bytes of the byte cache's bound lent to the tree's block cache
+ * (cache_lend: never waits; the GIL stays held, as no worker holding the cache's lock waits
+ * for it). */
+static PyObject *Session_lend(Session *self, PyObject *arg)
+{
+    Py_ssize_t n = PyNumber_AsSsize_t(arg, PyExc_OverflowError);
+    if (n == -1 && PyErr_Occurred())
+        return NULL;
+    if (n < 0 || self->cache.buckets == NULL) {
+        PyErr_SetString(PyExc_ValueError, "lend: a byte count >= 0, on a session set up");
+        return NULL;
+    }
+    return PyLong_FromSize_t(cache_lend(&self->cache, (size_t)n));
+}
+
+static PyObject *Session_repay(Session *self, PyObject *arg)
+{
+    Py_ssize_t n = PyNumber_AsSsize_t(arg, PyExc_OverflowError);
+    if (n == -1 && PyErr_Occurred())
+        return NULL;
+    if (n < 0 || self->cache.buckets == NULL) {
+        PyErr_SetString(PyExc_ValueError, "repay: a byte count >= 0, on a session set up");
+        return NULL;
+    }
+    cache_repay(&self->cache, (size_t)n);
+    Py_RETURN_NONE;
+}
+
+static PyObject *Session_cache(Session *self, PyObject *unused)
+{
+    ByteCache *c = &self->cache;
+    unsigned long long v[6];
+    (void)unused;
+    if (c->buckets == NULL)
+        Py_RETURN_NONE;
+    pthread_mutex_lock(&c->lock);  /* one consistent view; the lock is held briefly by anyone */
+    v[0] = c->total;
+    v[1] = c->lent;
+    v[2] = c->bytes;
+    v[3] = c->flight;
+    v[4] = c->peak;
+    v[5] = c->pool_bytes;
+    pthread_mutex_unlock(&c->lock);
+    return Py_BuildValue("{sKsKsKsKsKsK}", "bound", v[0], "lent", v[1], "bytes", v[2], "flight", v[3], "peak", v[4],
+                         "pool", v[5]);
+}
+
 static void Session_dealloc(Session *self)
 {
     int i;
@@ -239,6 +286,14 @@ static PyMethodDef Session_methods[] = {
     {"decoded", (PyCFunction)diskblocks_stats, METH_NOARGS,
      "The decoded cache's counts ({'hits': n, 'misses': n, 'written': n, 'write_failed': n, 'bad': n, 'evicted': n, "
      "'found': n, 'ignored': n, 'bytes': n, 'bound': n}), or None when it is off."},
+    {"lend", (PyCFunction)Session_lend, METH_O,
+     "lend(n): up to n bytes of the byte cache's bound lent to the tree's block cache (entries no one reads "
+     "evicted to make room; never waits): the bytes granted, maybe fewer. Given back by repay(n)."},
+    {"repay", (PyCFunction)Session_repay, METH_O, "repay(n): n bytes lent by lend() given back."},
+    {"cache", (PyCFunction)Session_cache, METH_NOARGS,
+     "The byte cache now: {'bound': the mount's whole bound, 'lent': what the tree's block cache holds of it, "
+     "'bytes': entries, 'flight': payloads being made, 'peak': the most bytes + flight + lent ever held, "
+     "'pool': free buffers kept}, or None before set-up."},
     {"fd", (PyCFunction)Session_fd, METH_NOARGS, "The session's /dev/fuse descriptor, -1 when closed."},
     {NULL, NULL, 0, NULL},
 };
