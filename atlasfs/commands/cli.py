@@ -563,7 +563,9 @@ def _main(argv: Sequence[str] | None, previous: dict[int, object]) -> int:
     from atlasfs.fuse.mount import MountError
     from atlasfs.options import OptionError, from_args
     from atlasfs.storage import set_default_options
-    args = build_parser().parse_args(argv)
+    from atlasfs.commands.jobs import ray_address_apart
+    # --ray's address is optional: a word after it that is no address is the next positional
+    args = build_parser().parse_args(ray_address_apart(sys.argv[1:] if argv is None else argv))
     _setup_logging(args.verbose)
     if args.command not in INTERRUPTIBLE:
         interrupts.restore(previous)

@@ -25,22 +25,21 @@ and bytes are the same whichever runs them.
 
 from __future__ import annotations
 
+import argparse
 import collections
 import contextlib
 import logging
 import multiprocessing
 import multiprocessing.connection
 import os
+import re
 import signal
 import sys
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
-
-if TYPE_CHECKING:
-    import argparse
+from typing import Any, Protocol
 
 from atlasfs.commands import interrupts
 
@@ -167,13 +166,49 @@ def per_machine(jobs: int | Executor) -> int:
 RAY_EXTRA = "pip install 'atlasfs[ray]'"
 
 
+#: What ``--ray`` takes as a cluster's address (Ray's own forms): ``auto`` (the cluster of this
+#: node), ``local`` (one started for the command), ``HOST:PORT`` (a head's GCS, IPv6 in
+#: brackets) or ``ray://HOST:PORT`` (Ray Client). Any other word after ``--ray`` is no address.
+_ADDRESS = re.compile(r"auto|local|ray://\S+|(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+):\d{1,5}")
+
+
+def is_ray_address(text: str) -> bool:
+    """Whether ``text`` is one of the forms of a Ray cluster's address (:data:`_ADDRESS`)."""
+    return bool(_ADDRESS.fullmatch(text))
+
+
+def _ray_value(text: str) -> str:
+    """``--ray``'s value: empty (no address given) or an address; else argparse's error."""
+    if text and not is_ray_address(text):
+        raise argparse.ArgumentTypeError(f"{text!r} is no Ray address (auto, local, HOST:PORT or ray://HOST:PORT)")
+    return text
+
+
 def add_executor_arguments(parser: argparse.ArgumentParser) -> None:
-    """``--ray [ADDRESS]`` on a command that works shard by shard."""
+    """``--ray [ADDRESS]`` on a command that works shard by shard. Its value is optional, so
+    argparse alone would take ``pack --ray DATASET OUTDIR``'s DATASET for it: the command line
+    is read through :func:`ray_address_apart` first."""
     parser.add_argument(
-        "--ray", nargs="?", const="", default=None, metavar="ADDRESS",
-        help="one Ray task per shard: on the cluster at ADDRESS (or $RAY_ADDRESS), else on a local one started "
-             "for the command; input and output on a file system every node shares, or a bucket "
+        "--ray", nargs="?", const="", default=None, metavar="ADDRESS", type=_ray_value,
+        help="one Ray task per shard: on the cluster at ADDRESS (auto, HOST:PORT or ray://HOST:PORT; "
+             "else $RAY_ADDRESS), or on a local one started for the command (no address, or local); a word "
+             "after --ray that is none of these is the command's next argument (pack --ray DATASET OUTDIR); "
+             "input and output on a file system every node shares, or a bucket "
              f"(needs {RAY_EXTRA})")
+
+
+def ray_address_apart(argv: Sequence[str]) -> list[str]:
+    """``argv`` with each ``--ray WORD`` whose WORD is no Ray address (:func:`is_ray_address`)
+    written ``--ray= WORD``: ``--ray`` without an address, WORD left to the positionals. An
+    address stays ``--ray``'s value; so does anything given as ``--ray=VALUE``."""
+    out = list(argv)
+    for i, arg in enumerate(out[:-1]):
+        if arg == "--":
+            break
+        if len(arg) >= 4 and "--ray".startswith(arg) and not out[i + 1].startswith("-") \
+                and not is_ray_address(out[i + 1]):
+            out[i] = "--ray="
+    return out
 
 
 def executor_from_args(args: argparse.Namespace, jobs: int | None) -> int | Executor | None:
@@ -188,7 +223,8 @@ def executor_from_args(args: argparse.Namespace, jobs: int | None) -> int | Exec
         from atlasfs.options import OptionError
         missing = getattr(exc, "name", None) or "ray"
         raise OptionError(f"--ray needs Ray ({missing} cannot be imported): {RAY_EXTRA}") from None
-    return executor.RayExecutor(address or os.environ.get("RAY_ADDRESS") or None, jobs)
+    address = address or os.environ.get("RAY_ADDRESS") or None
+    return executor.RayExecutor(None if address == "local" else address, jobs)
 
 
 # -- the pool
@@ -261,12 +297,13 @@ def _serve() -> None:
             func, arg = conn.recv()
         except (EOFError, OSError):
             return
-        try:
-            if broken is not None:
-                raise broken
-            reply: tuple[str, Any] = ("ok", func(arg))
-        except Exception as exc:
-            reply = ("error", exc)
+        with said_once() as held:
+            try:
+                if broken is not None:
+                    raise broken
+                reply: tuple[str, Any] = ("ok", held.answered(func(arg)))
+            except Exception as exc:
+                reply = ("error", held.answered(exc))
         try:
             conn.send(reply)
         except (BrokenPipeError, EOFError):
@@ -494,6 +531,50 @@ def _run_in_worker(s: int) -> Done:
         return Done(s, f"{exc!r}")
 
 
+class _Held(logging.Filter):
+    """Warnings logged during one call, held until what the call says of itself is known
+    (:func:`said_once`)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.records: list[logging.LogRecord] = []
+        #: What the call's answer says (a shard's failure line, an exception's words).
+        self.said = ""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno < logging.WARNING:  # -v's lines go on as they come
+            return True
+        self.records.append(record)
+        return False
+
+    def answered(self, answer: Any) -> Any:
+        """Note what ``answer`` (a :class:`Done`, an exception, any value) says; returns it."""
+        if isinstance(answer, Done):
+            self.said = answer.error or ""
+        elif isinstance(answer, BaseException):
+            self.said = str(answer)
+        return answer
+
+
+@contextlib.contextmanager
+def said_once() -> Iterator[_Held]:
+    """Hold the warnings logged during a call on a shard (give its answer to the yielded
+    :meth:`_Held.answered`); at the end, say those its answer does not say already. A damaged
+    tar is then one line, the command's (``export of shard X failed: <why>``), not also the
+    pass's warning of the same words (said first, by the worker: two lines for one problem).
+    The warnings of a call that did not fail are all said, once it returns."""
+    held = _Held()
+    logger = logging.getLogger("atlasfs")  # every module logs there: a filter on it sees all
+    logger.addFilter(held)
+    try:
+        yield held
+    finally:
+        logger.removeFilter(held)
+        for record in held.records:
+            if record.getMessage() not in held.said:
+                logger.handle(record)
+
+
 def run(source: Source, opener: Opener, setup: Setup, work: Work, shards: Iterable[int], jobs: int | Executor,
         report: Report, running: set[int] | None = None) -> Iterator[Done]:
     """Do ``work`` on each shard position of ``shards`` in ``jobs`` processes (or on the
@@ -509,10 +590,11 @@ def run(source: Source, opener: Opener, setup: Setup, work: Work, shards: Iterab
         state = setup(source)
         for s in shards:
             running.add(s)
-            try:
-                done = work(state, s, report)
-            except Exception as exc:
-                done = Done(s, f"{exc!r}")
+            with said_once() as held:
+                try:
+                    done = held.answered(work(state, s, report))
+                except Exception as exc:
+                    done = held.answered(Done(s, f"{exc!r}"))
             running.discard(s)
             yield done
         return

@@ -127,3 +127,70 @@ def test_jobs_must_be_a_positive_number(tmp_path: Path) -> None:
         assert result.returncode == 2 and "Traceback" not in result.stderr
         assert "argument -j/--jobs: " in result.stderr and ("at least 1" in result.stderr or "whole number" in
                                                             result.stderr), result.stderr
+
+
+def test_ray_takes_an_address_only_when_it_looks_like_one() -> None:
+    """``--ray``'s value is optional: a word after it that is no address is given back to the
+    positionals (``pack --ray DATASET OUTDIR``), an address stays its value, and --help says so."""
+    from atlasfs.commands.cli import build_parser
+    from atlasfs.commands.jobs import is_ray_address, ray_address_apart
+    for address in ("auto", "local", "10.0.0.5:6379", "head-0.cluster.local:6379", "[::1]:6379",
+                    "ray://head:10001"):
+        assert is_ray_address(address), address
+    for word in ("wds", "/data/wds", "s3://bucket/wds", "./out", "data:set", "10.0.0.5"):
+        assert not is_ray_address(word), word
+    parser = build_parser()
+
+    def parsed(*argv: str) -> tuple[str | None, str, str]:
+        args = parser.parse_args(ray_address_apart(list(argv)))
+        return args.ray, args.dataset, args.outdir
+    assert parsed("pack", "--ray", "wds", "out") == ("", "wds", "out")
+    assert parsed("pack", "--ra", "wds", "out") == ("", "wds", "out")  # argparse's abbreviation too
+    assert parsed("pack", "--ray", "10.0.0.5:6379", "wds", "out") == ("10.0.0.5:6379", "wds", "out")
+    assert parsed("pack", "wds", "--ray", "ray://head:10001", "out") == ("ray://head:10001", "wds", "out")
+    assert parsed("pack", "wds", "out", "--ray") == ("", "wds", "out")
+    assert parsed("pack", "-j", "2", "--ray", "-q", "wds", "out") == ("", "wds", "out")
+    assert ray_address_apart(["pack", "--", "--ray", "wds"]) == ["pack", "--", "--ray", "wds"]  # after --: as is
+    help_text = " ".join(parser.commands["pack"].format_help().split())
+    assert "auto, HOST:PORT or ray://HOST:PORT" in help_text and "pack --ray DATASET OUTDIR" in help_text
+
+
+def test_ray_with_a_value_that_is_no_address_is_one_line(tmp_path: Path) -> None:
+    result = atlasfs("verify", str(TWELVE), "--ray=wds")
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr == ("atlasfs verify: argument --ray: 'wds' is no Ray address "
+                             "(auto, local, HOST:PORT or ray://HOST:PORT)\n")
+
+
+def _damaged_and_warned(tmp_path: Path) -> Path:
+    """Four tars: shard-003 cut short (it fails), shard-001 with a member of no '.' in its
+    name (left out with a warning; the shard is written)."""
+    import io
+    import tarfile
+    from raydata import write_tars
+    source = write_tars(tmp_path / "wds", 4, 40)
+    bad = source / "shard-003.tar"
+    bad.write_bytes(bad.read_bytes()[:700] + b"\x07" * 4000)
+    with tarfile.open(source / "shard-001.tar", "a") as tar:
+        info = tarfile.TarInfo("README")
+        info.size = 5
+        tar.addfile(info, io.BytesIO(b"hello"))
+    return source
+
+
+def test_a_damaged_tar_is_said_once_and_a_good_shards_warning_too(tmp_path: Path) -> None:
+    """The pass's warning about a damaged tar is not said again beside the shard's failure line
+    (it was, by the worker, before it); a warning of a shard that is written is said, once."""
+    source = _damaged_and_warned(tmp_path)
+    runs = {"export -j 2": ["export", str(source), str(tmp_path / "e2"), "-j", "2"],
+            "export -j 1": ["export", str(source), str(tmp_path / "e1"), "-j", "1"],
+            "index -j 2": ["index", str(source), "--index-dir", str(tmp_path / "i2"), "-j", "2"],
+            "pack -j 2": ["pack", str(source), str(tmp_path / "p2"), "-j", "2"]}
+    for what, args in runs.items():
+        result = atlasfs(*args)
+        assert result.returncode == 1 and "Traceback" not in result.stderr, (what, result.stderr)
+        damaged = [line for line in result.stderr.splitlines() if "shard-003.tar" in line]
+        assert len(damaged) == 1 and ("failed" in damaged[0] or "cannot be read" in damaged[0]), (what, result.stderr)
+        if what != "pack -j 2":  # pack stops at its first failure: shard-001 may not have been read
+            warned = [line for line in result.stderr.splitlines() if "'README'" in line]
+            assert len(warned) == 1 and "no '.' in its file name" in warned[0], (what, result.stderr)
