@@ -101,3 +101,42 @@ def tar_samples(folder: Path) -> list[dict[str, object]]:
 def ordered() -> None:
     from ray.data import DataContext
     DataContext.get_current().execution_options.preserve_order = True
+
+
+def run_on_terminal(args: list[str], timeout: float = 120, **extra_env: str) -> tuple[int, str, str]:
+    """Run the command line with its stderr on a terminal (a pty of 120 columns), as a user
+    sees its bar: ``(status, stdout, what the terminal showed)``."""
+    import fcntl
+    import pty
+    import select
+    import struct
+    import termios
+    import time
+    main, side = pty.openpty()
+    fcntl.ioctl(side, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))
+    process = subprocess.Popen([*atlasfs_command(), *args], stdout=subprocess.PIPE, stderr=side, text=True,
+                               env={**env(), **extra_env})
+    os.close(side)
+    shown = b""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([main], [], [], 0.1)
+        if ready:
+            try:
+                chunk = os.read(main, 65536)
+            except OSError:  # the last holder of the terminal's other side ended
+                break
+            if not chunk:
+                break
+            shown += chunk
+        elif process.poll() is not None:
+            break
+    os.close(main)
+    stdout, _ = process.communicate(timeout=timeout)
+    return process.returncode, stdout, shown.decode(errors="replace")
+
+
+def bar_frames(shown: str, label: str) -> list[str]:
+    """The frames of the bar ``label`` a terminal showed (tqdm redraws it after each ``\\r``)."""
+    frames = [part.strip() for part in re.split(r"[\r\n]", shown)]
+    return [frame for frame in frames if frame.startswith(f"{label}:")]
