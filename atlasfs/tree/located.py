@@ -17,15 +17,17 @@ import logging
 import threading
 from collections import OrderedDict
 
+import numpy as np
+
 from atlasfs.blockcache import BlockCache
 from atlasfs.errors import AtlasFormatError
-from atlasfs.formats.source import SpanMismatch
+from atlasfs.formats.source import Locator, SpanMismatch
 from atlasfs.storage import StorageUnavailableError
 from atlasfs.tree.base import Entry
 from atlasfs.tree.blocks import Blocks, log_unavailable
 from atlasfs.tree.listing import FileRef
 from atlasfs.tree.table.filetable import FileTable
-from atlasfs.tree.table.layout import shard_ino
+from atlasfs.tree.table.layout import KEPT, NO_LOCATOR, shard_ino
 
 log = logging.getLogger("atlasfs")
 
@@ -64,6 +66,8 @@ class LocatedReads:
         self._kept: OrderedDict[int, bytes] = OrderedDict()
         self._kept_bytes = 0
         self._lock = threading.Lock()
+        # Per shard, which blocks hold their files' runs as they are (in_pass): shard -> bools.
+        self._as_is: dict[int, np.ndarray] = {}
         #: Whether random reads of files whose blocks are not cached go through their
         #: locators (tests of the block path turn it off).
         self.enabled = True
@@ -71,6 +75,8 @@ class LocatedReads:
         #: tests and benchmarks; threads may race on them: approximate).
         self.reads = 0
         self.fallbacks = 0
+        #: Of :attr:`reads`, those of a pass over a shard in order (:meth:`in_pass`).
+        self.pass_reads = 0
 
     def read(self, table: FileTable | None, entry: Entry, ref: FileRef, offset: int, size: int) -> bytes | None:
         """The whole file through its locator (its block is not cached), or None: no
@@ -105,14 +111,77 @@ class LocatedReads:
         if locator is None or locator.size != entry.size:
             return None
         self.blocks.reading(s, block)
+        data = self._read_span(s, block, locator, entry.size)
+        if data is None:
+            return None
+        if offset + size < len(data) and len(data) <= LOCATED_KEEP_BYTES // 4:
+            self._keep(entry.ino, data)
+        return data
+
+    def in_pass(self, table: FileTable | None, entry: Entry, ref: FileRef) -> bytes | None:
+        """The whole file for a pass over its shard in order (the tar view's, tree/tarstream.py)
+        through its locator, when its block is not cached and holds its files' runs as they are
+        (:meth:`stored_as_is`): a pread of the file's bytes, or a small file from the table,
+        instead of the block read, decompressed and unpickled (three copies of it, in memory
+        the allocator maps afresh for each block). None: the block path (a compressed block,
+        no locator, a check that failed). Unlike :meth:`read`, it starts no read-ahead of
+        blocks: the pass reads none."""
+        s, block = ref.shard, ref.block
+        if not self.enabled or table is None or table.locators is None:
+            return None
+        as_is = self.stored_as_is(s, table)  # first: a compressed block's files are let go of at once
+        if not (0 <= block < len(as_is) and as_is.item(block)):
+            return None
+        if (s, block) in self.blocks.cache or (s, block) in self._unlocated or (s, block) in self.blocks.failed:
+            return None
+        row = entry.ino - shard_ino(s) - 1
+        if not 0 <= row < len(table) or table.block.item(row) != block:
+            return None
+        locator = table.locator(row)
+        if locator is None or locator.size != entry.size:
+            return None
+        data = self._read_span(s, block, locator, entry.size)
+        if data is not None:
+            self.pass_reads += 1
+        return data
+
+    def stored_as_is(self, s: int, table: FileTable) -> np.ndarray:
+        """Per block of shard ``s``, whether it holds its files' runs as they are: some runs,
+        and no fewer bytes stored than they add up to (a block whose runs are compressed
+        stores fewer; a file in a run that is not stored raw after all is still read right,
+        :meth:`~atlasfs.formats.source.SourceShard.read_span` decompresses the block once)."""
+        as_is = self._as_is.get(s)
+        if as_is is None:
+            locators, shard = table.locators, self.blocks.shards[s]
+            n = shard.num_blocks
+            if locators is None or not n:
+                as_is = np.zeros(n, dtype=bool)
+            else:
+                # runs: a locator that is neither inline (INLINE) nor kept (KEPT) in the table
+                runs = (locators.offset != NO_LOCATOR) & (locators.prefix < KEPT)
+                run_bytes = np.bincount(table.block[runs].astype(np.int64), weights=locators.length[runs],
+                                        minlength=n)[:n]
+                stored = np.array([shard.stored_block_size(b) for b in range(n)], dtype=np.float64)
+                as_is = (run_bytes > 0) & (stored >= run_bytes)
+            self._as_is[s] = as_is  # threads may race here: they compute the same
+        return as_is
+
+    def known_as_is(self, s: int) -> np.ndarray | None:
+        """:meth:`stored_as_is` of shard ``s`` if made already, else None."""
+        return self._as_is.get(s)
+
+    def _read_span(self, s: int, block: int, locator: Locator, size: int) -> bytes | None:
+        """The file's bytes through its locator (checked by the source), or None: the source
+        would rather decode the block, or the check failed (logged once for the block, whose
+        files are read through it from then on)."""
         shard = self.blocks.shards[s]
         try:
-            data = shard.read_span(block, locator, entry.size, _Scratch(self.blocks.cache, (s, block, "scratch")))
+            data = shard.read_span(block, locator, size, _Scratch(self.blocks.cache, (s, block, "scratch")))
             if data is None:  # the source would rather have the block decoded
                 return None
-            if len(data) != entry.size:
+            if len(data) != size:
                 raise SpanMismatch(f"{shard.block_where(block)}: a located read gave {len(data)} bytes "
-                                   f"for a file of {entry.size}")
+                                   f"for a file of {size}")
         except Exception as exc:  # the block path decides: it serves, or fails with EIO and says why
             if isinstance(exc, StorageUnavailableError):  # transient, not remembered; the block path would
                 log_unavailable(exc)                       # wait for the same store again: EIO now
@@ -124,8 +193,6 @@ class LocatedReads:
                             exc if isinstance(exc, AtlasFormatError) else f"{shard.block_where(block)}: {exc!r}")
             return None
         self.reads += 1
-        if offset + size < len(data) and len(data) <= LOCATED_KEEP_BYTES // 4:
-            self._keep(entry.ino, data)
         return data
 
     def _keep(self, ino: int, data: bytes) -> None:

@@ -38,6 +38,7 @@ from typing import Callable
 import numpy as np
 
 from atlasfs.tree.base import Entry, Tree, Unreadable, not_found, split_path
+from atlasfs.tree.blocktree import BlockTree
 from atlasfs.tree.indexes.served import LoaderFiles, LoaderSettings, Served
 from atlasfs.tree.tarstream import Streams
 
@@ -218,12 +219,15 @@ class TarLayout:
         writes); each member checked against the layout (EIO if the tree changed under it)."""
         sizes, mtimes = self.sizes.tolist(), self.mtimes.tolist()
         tree, where = self.tree, self.folder
+        located = _pass_reader(tree)
         count = 0
         for i, (name, entry, data) in enumerate(tree.member_files(self._members_of)):
             size = entry.size
             if i >= len(sizes) or size != sizes[i] or name != self.name(i):
                 raise OSError(errno.EIO, f"{where}/{name}: changed since its tar was laid out")
             yield _header(name, size, mtimes[i])
+            if data is None and located is not None and size:
+                data = located(entry)
             if data is not None:
                 yield data if type(data) is bytes else bytes(data)
             else:
@@ -243,6 +247,28 @@ class TarLayout:
         """Write the whole tar to the binary file ``out``: the bytes :meth:`read` gives, the
         members checked against the layout as they come (see :func:`write_tar`)."""
         write_tar(self.tree, self._members_of, out, chunk=chunk, expect=self)
+
+
+def _pass_reader(tree: Tree) -> Callable[[Entry], bytes | None] | None:
+    """For a pass over a :class:`~atlasfs.tree.blocktree.BlockTree`'s shard: a file's bytes
+    through its locator where its block stores the runs as they are
+    (:meth:`~atlasfs.tree.located.LocatedReads.in_pass`), None for the block path; None for
+    other trees. Served that way a tar of incompressible files (JPEGs) costs a pread a file
+    instead of three copies of each block in freshly mapped memory (docs/performance.md, "The
+    tar view")."""
+    if not isinstance(tree, BlockTree):
+        return None
+    tables, located = tree.tables.tables, tree.located
+
+    def read(entry: Entry) -> bytes | None:
+        ref = entry.ref
+        if ref is None:
+            return None
+        as_is = located.known_as_is(ref.shard)  # a compressed block's files let go of at once (tiny sets: 1 us a file)
+        if as_is is not None and not (ref.block < len(as_is) and as_is.item(ref.block)):
+            return None
+        return located.in_pass(tables.get(ref.shard), entry, ref)
+    return read
 
 
 @dataclass(frozen=True)
