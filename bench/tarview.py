@@ -13,6 +13,8 @@ For shard 0 of each of the benchmark's datasets (bench/datagen.py), with file ta
 
 and prints MB/s, the median of ``--repeat`` runs, with the issue's ratios: cold cat / export
 (target >= 0.9, issue #36) and warm cat / tmpfs cat (target >= 0.7). The mounted tar must equal the export.
+Beside them, CPU milliseconds (medians): export's process (its threads included) and the mount
+daemon's during the cold cat: figures a loaded machine moves less than wall-clock ones.
 
     python bench/tarview.py [--smoke] [--repeat N] [--datasets image,text,tiny] [--view tars|both]
 
@@ -37,7 +39,10 @@ from bench.systems import Atlasfs
 
 def export_in_process(atlas: str, shard: str) -> None:
     """Open ``atlas`` with its stored tables and write shard ``shard``'s tar to /dev/null; prints the
-    seconds and the tar's size. Runs in a fresh process (:func:`export_seconds`)."""
+    seconds, the tar's size and the process's CPU seconds meanwhile. Runs in a fresh process
+    (:func:`export_seconds`)."""
+    import time
+
     from atlasfs import AtlasDataset
     from bench._atlasfs import BlockTree, TableStore, TarLayout
 
@@ -48,16 +53,26 @@ def export_in_process(atlas: str, shard: str) -> None:
         with open("/dev/null", "wb") as out:
             layout.write_to(out)
         return layout.size
+    cpu = time.process_time()
     run = harness.timed(write)
-    print(run.seconds, run.answer)
+    print(run.seconds, run.answer, time.process_time() - cpu)
 
 
-def export_seconds(atlas: str, shard: str) -> tuple[float, int]:
-    """:func:`export_in_process` in a fresh process: (seconds, tar bytes)."""
+def export_seconds(atlas: str, shard: str) -> tuple[float, int, float]:
+    """:func:`export_in_process` in a fresh process: (seconds, tar bytes, CPU seconds)."""
     code = "import sys\nfrom bench.tarview import export_in_process\nexport_in_process(sys.argv[1], sys.argv[2])\n"
     out = subprocess.run([sys.executable, "-c", code, atlas, shard], capture_output=True, text=True, check=True,
                          cwd=harness.REPO).stdout.split()
-    return float(out[0]), int(out[1])
+    return float(out[0]), int(out[1]), float(out[2])
+
+
+def cpu_seconds(pid: int | None) -> float:
+    """User and system CPU seconds of process ``pid`` so far, its threads included (0 without one)."""
+    if pid is None:
+        return 0.0
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def cat(path: str) -> float:
@@ -75,22 +90,26 @@ def run(name: str, workdir: str, scratch: str, repeat: int, smoke: bool, view: s
     system.prepare_metadata()  # atlasfs index: the tables stored beside the dataset
     tmpfs_tar = os.path.join(scratch, f"{name}-{shard}.tar")
     shutil.copyfile(os.path.join(prepared.tars, f"{shard}.tar"), tmpfs_tar)
-    figures: dict[str, list[float]] = {"export": [], "cold cat": [], "warm cat": [], "tmpfs cat": []}
+    figures: dict[str, list[float]] = {"export": [], "cold cat": [], "warm cat": [], "tmpfs cat": [],
+                                       "export cpu ms": [], "cold cat daemon cpu ms": []}
     size = os.path.getsize(tmpfs_tar)
     for _ in range(repeat):
-        seconds, exported = export_seconds(prepared.atlas, shard)
+        seconds, exported, export_cpu = export_seconds(prepared.atlas, shard)
         if exported != size:
             raise RuntimeError(f"{name}: the export's tar has {exported} bytes, the exported file {size}")
         figures["export"].append(size / seconds)
+        figures["export cpu ms"].append(export_cpu * 1e3)
         with system.session() as view:
             tar = os.path.join(view.root, f"{shard}.tar")
+            before = cpu_seconds(view.pid)
             figures["cold cat"].append(size / cat(tar))
+            figures["cold cat daemon cpu ms"].append((cpu_seconds(view.pid) - before) * 1e3)
             figures["warm cat"].append(size / cat(tar))
             if subprocess.run(["cmp", tar, tmpfs_tar]).returncode != 0:
                 raise RuntimeError(f"{name}: the mounted tar differs from the export")
         cat(tmpfs_tar)
         figures["tmpfs cat"].append(size / cat(tmpfs_tar))
-    result = {key: statistics.median(values) / 1e6 for key, values in figures.items()}
+    result = {key: statistics.median(values) / (1 if key.endswith(" ms") else 1e6) for key, values in figures.items()}
     result["tar MB"] = size / 1e6
     return result
 
@@ -107,12 +126,13 @@ def main(argv: list[str] | None = None) -> int:
             r = data[name] = run(name, ws.workdir, ws.scratch, args.repeat, args.smoke, args.view)
             rows.append([name, f"{r['tar MB']:.1f}", f"{r['export']:.0f}", f"{r['cold cat']:.0f}",
                          f"{r['cold cat'] / r['export']:.2f}", f"{r['warm cat']:.0f}", f"{r['tmpfs cat']:.0f}",
-                         f"{r['warm cat'] / r['tmpfs cat']:.2f}"])
+                         f"{r['warm cat'] / r['tmpfs cat']:.2f}", f"{r['export cpu ms']:.0f}",
+                         f"{r['cold cat daemon cpu ms']:.0f}"])
             harness.log(" | ".join(rows[-1]))
     body = [f"Shard 0 of each set, tables stored, MB/s, median of {args.repeat}; the tar read through "
             f"`atlasfs mount --view {args.view}`.", ""]
     body += harness.table(["set", "tar MB", "export", "cold cat", "cold / export (>= 0.9)", "warm cat", "tmpfs cat",
-                           "warm / tmpfs (>= 0.7)"], rows)
+                           "warm / tmpfs (>= 0.7)", "export CPU ms", "cold cat: daemon CPU ms"], rows)
     harness.write_report("tarview", args, "the tar view against export and tmpfs", body,
                          harness.meta("tarview.py", args), {"datasets": data})
     return 0
