@@ -131,6 +131,7 @@ def run(name: str, workdir: str, scratch: str, repeat: int, smoke: bool, strateg
     for strategy in strategies:
         packs, writes, references, size = [], [], [], 0
         parallel: dict[str, list[float]] = {"-j 2": [], "--ray": []}
+        loads: dict[str, list[float]] = {"-j 2": [], "--ray": []}
         for _ in range(repeat):
             out = os.path.join(scratch, f"{name}-packed-{strategy}")
             shutil.rmtree(out, ignore_errors=True)
@@ -149,6 +150,7 @@ def run(name: str, workdir: str, scratch: str, repeat: int, smoke: bool, strateg
                     shutil.rmtree(other, ignore_errors=True)
                     parallel[column].append(harness.timed(lambda: _atlasfs(
                         "pack", prepared.tars, other, "--strategy", str(strategy), *flags)).seconds)
+                    loads[column].append(os.getloadavg()[0])  # the machine's load over that run, about
                     if not _same(out, other):
                         raise SystemExit(f"pack {' '.join(flags)}: {name}, strategy {strategy}: other bytes than -j 1")
                     shutil.rmtree(other)
@@ -169,7 +171,10 @@ def run(name: str, workdir: str, scratch: str, repeat: int, smoke: bool, strateg
                                    "reference s": statistics.median(references) if references else None,
                                    "bytes": size, "shards": len(prepared.shards),
                                    **({"pack -j 2 s": statistics.median(parallel["-j 2"]),
-                                       "pack --ray s": statistics.median(parallel["--ray"])} if ray else {})}
+                                       "pack --ray s": statistics.median(parallel["--ray"]),
+                                       "runs -j 2 s": parallel["-j 2"], "runs --ray s": parallel["--ray"],
+                                       "load after -j 2": loads["-j 2"], "load after --ray": loads["--ray"]}
+                                      if ray else {})}
     shutil.rmtree(extracted)
     os.unlink(samples_path)
     return figures
@@ -212,7 +217,9 @@ def _report(args: argparse.Namespace, ray: str | None) -> int:
                 if ray:
                     ray_rows.append([name, str(strategy), f"{s['pack s']:.2f}", f"{s['pack -j 2 s']:.2f}",
                                      f"{s['pack --ray s']:.2f}", f"{s['pack --ray s'] / s['pack -j 2 s']:.2f}",
-                                     f"{s['pack s'] / s['shards']:.3f}"])
+                                     f"{s['pack s'] / s['shards']:.3f}",
+                                     " / ".join(f"{x:.1f}" for x in s["load after -j 2"]),
+                                     " / ".join(f"{x:.1f}" for x in s["load after --ray"])])
         if ray:
             from bench import raycluster
             results["ray startup s"] = raycluster.startup_seconds(str(r["tars"]))
@@ -227,8 +234,10 @@ def _report(args: argparse.Namespace, ray: str | None) -> int:
                  "local cluster of 2 CPUs started once for the run; --ray ÷ -j 2 is Ray's overhead on one node (target "
                  "<= 1.15); per shard: -j 1's seconds per shard (one process). A cluster started for one command "
                  f"(`--ray` with no address) adds {results['ray startup s']:.1f} s (verify's, measured once).", "",
-                 *harness.table(["set", "strategy", "-j 1 s", "-j 2 s", "--ray s", "--ray ÷ -j 2", "s per shard (-j 1)"],
-                                ray_rows)]
+                 *harness.table(["set", "strategy", "-j 1 s", "-j 2 s", "--ray s", "--ray ÷ -j 2", "s per shard (-j 1)",
+                                 "load after -j 2", "load after --ray"], ray_rows),
+                 "", "load after: the 1-minute load average as each run ended (2 cores: above 2, other work "
+                 f"shared them); at the end of the run: {' '.join(f'{x:.2f}' for x in os.getloadavg())}."]
     meta = harness.meta("pack.py", args)
     harness.write_report("pack", args, "atlasfs pack: throughput and size", body, meta, {"results": results})
     return 0
