@@ -149,12 +149,15 @@ class LocatedReads:
         """Per block of shard ``s``, whether it holds its files' runs as they are: some runs,
         and no fewer bytes stored than they add up to (a block whose runs are compressed
         stores fewer; a file in a run that is not stored raw after all is still read right,
-        :meth:`~atlasfs.formats.source.SourceShard.read_span` decompresses the block once)."""
+        :meth:`~atlasfs.formats.source.SourceShard.read_span` decompresses the block once).
+        None of a shard in a bucket (a request a file, where the block is one)."""
         as_is = self._as_is.get(s)
         if as_is is None:
             locators, shard = table.locators, self.blocks.shards[s]
             n = shard.num_blocks
-            if locators is None or not n:
+            # from a bucket a pass reads whole blocks: a request a file would wait for each
+            remote = getattr(getattr(shard, "storage", None), "remote", False)
+            if locators is None or not n or remote:
                 as_is = np.zeros(n, dtype=bool)
             else:
                 # runs: a locator that is neither inline (INLINE) nor kept (KEPT) in the table

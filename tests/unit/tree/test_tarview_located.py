@@ -88,6 +88,17 @@ def test_a_tar_read_twice_at_once_and_out_of_order_gives_the_export(tmp_path: Pa
     assert tree.located.pass_reads == 3 * 80 and decoded_blocks(tree) == []
 
 
+def test_a_shard_in_a_bucket_keeps_the_block_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """From an object store a pass reads whole blocks: a request a file would wait for each."""
+    dataset = write_dataset(tmp_path / "ds", jpeg_like(4, 20), 2, block_size=4, shard_size=20)
+    exported = exported_tars(dataset, tmp_path / "export")
+    index_tables(dataset, tmp_path / "tables")
+    tree = located_tree(dataset, tmp_path / "tables")
+    monkeypatch.setattr(tree.shards[0].storage, "remote", True)  # the local store standing for a bucket's
+    assert tar_in_order(TarView(tree), "0") == exported["0"]
+    assert tree.located.pass_reads == 0 and decoded_blocks(tree)
+
+
 def test_locators_that_lie_cost_a_fallback_not_wrong_bytes(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     path, key, _, table = stored_table(tmp_path)  # a one-shard dataset at tmp_path/ds, its table stored
     forged_table(table, check=lambda c: c.__setitem__(slice(None), c ^ 0x5A5A5A5A)).save(str(path), key)
