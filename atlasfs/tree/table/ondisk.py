@@ -61,6 +61,12 @@ _PAGED = ("names", "inline", "kept")
 _VALIDATED: dict[tuple[int, ...], "Limits"] = {}
 _VALIDATED_MAX = 1 << 16
 _validated_lock = threading.Lock()
+#: Tables mapped with every check ("full") and without, found valid before ("known"): the
+#: tests' counters of what a second mount checks again.
+CHECKS = {"full": 0, "known": 0}
+#: Called with (identity, limits) of each file found valid by the full checks
+#: (:mod:`atlasfs.tree.table.validated` keeps them between mounts).
+on_validated: Callable[[tuple[int, ...], "Limits"], None] | None = None
 
 
 def path_hashes(paths: list[bytes]) -> np.ndarray:
@@ -261,6 +267,43 @@ def _identity(st: os.stat_result) -> tuple[int, ...]:
     return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
 
 
+def _same_limits(table: "FileTable", limits: "Limits | LimitsOf", known: "Limits") -> bool:
+    """Whether ``table`` (parsed without its checks) is to be checked against the limits it was
+    found valid against: ``limits``, or what ``limits`` gives for its stored state."""
+    from atlasfs.tree.table.filetable import Limits
+
+    if not isinstance(limits, Limits):
+        try:
+            limits = limits(table.state)
+        except ValueError:  # a state that does not fit: the full checks say so
+            return False
+    if limits != known:
+        return False
+    table.limits = known
+    return True
+
+
+def remember(identity: tuple[int, ...], limits: "Limits") -> None:
+    """Record that the file of ``identity`` was found valid against ``limits`` (mapping it again,
+    in this process or, through the store's record, in the next mount, costs no pass)."""
+    with _validated_lock:
+        if len(_VALIDATED) >= _VALIDATED_MAX:
+            _VALIDATED.clear()
+        _VALIDATED[identity] = limits
+
+
+def touched(before: os.stat_result, after: os.stat_result) -> None:
+    """A file found valid had its mtime set by this process (the cache's last use), nothing else:
+    it stays found valid under its new identity."""
+    limits = _VALIDATED.get(_identity(before))
+    if limits is None or (before.st_dev, before.st_ino, before.st_size) != (after.st_dev, after.st_ino, after.st_size):
+        return
+    identity = _identity(after)
+    remember(identity, limits)
+    if on_validated is not None:
+        on_validated(identity, limits)
+
+
 #: Flags every table file is opened with: never through a symlink (its last component), never
 #: blocking on a FIFO or a device put in its place, never kept by a child process.
 OPEN_FLAGS = (os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
@@ -370,7 +413,7 @@ def map_descriptor(fd: int, path: str, key: dict[str, Any], limits: "Limits | Li
     for the native engine and messages), mapped (its arrays and names are views of the map:
     nothing is copied). The size column is a copy in memory if some sizes are unknown (they are
     filled in at lookup). The caller closes ``fd`` (the maps keep the file)."""
-    from atlasfs.tree.table.filetable import Limits, TableError
+    from atlasfs.tree.table.filetable import TableError
 
     st = os.fstat(fd)
     if not stat.S_ISREG(st.st_mode):
@@ -387,11 +430,12 @@ def map_descriptor(fd: int, path: str, key: dict[str, Any], limits: "Limits | Li
 
     identity = _identity(st)
     known = _VALIDATED.get(identity)
-    checked = known is not None and isinstance(limits, Limits) and known == limits
+    checked = False
     try:
-        if checked:
+        if known is not None:
             table = parse(data, key, limits, blob, validated=True)
-        else:
+            checked = _same_limits(table, limits, known)
+        if not checked:
             # The checks read every page of the file: one table at a time, and its pages
             # out of this process's memory after (a lookup touches a few; they come back
             # from the page cache). Sixteen readers of sixteen shards each validating one
@@ -405,11 +449,14 @@ def map_descriptor(fd: int, path: str, key: dict[str, Any], limits: "Limits | Li
         raise TableError(f"is corrupt ({exc})") from None
     except OSError as exc:
         raise TableError(f"cannot be read ({exc.strerror or exc})") from None
-    if not checked and table.limits is not None:
-        with _validated_lock:
-            if len(_VALIDATED) >= _VALIDATED_MAX:
-                _VALIDATED.clear()
-            _VALIDATED[identity] = table.limits
+    if checked:
+        CHECKS["known"] += 1
+    else:
+        CHECKS["full"] += 1
+        if table.limits is not None:
+            remember(identity, table.limits)
+            if on_validated is not None:
+                on_validated(identity, table.limits)
     table.mapped_bytes = st.st_size
     table.path = path
     table.file_identity = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)

@@ -59,7 +59,7 @@ from typing import Any
 
 from atlasfs.sizes import parse_size
 from atlasfs.storage import LOCAL, Storage, StorageUnavailableError, is_url, redact
-from atlasfs.tree.table import ondisk
+from atlasfs.tree.table import ondisk, validated
 from atlasfs.tree.table.filetable import FileTable, Limits, LimitsOf, TableError
 
 log = logging.getLogger("atlasfs")
@@ -83,6 +83,12 @@ def cache_root() -> str:
     """The user's table cache: ``$XDG_CACHE_HOME/atlasfs/tables`` (default ``~/.cache/atlasfs/tables``)."""
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return os.path.join(base, "atlasfs", "tables")
+
+
+def validated_root() -> str:
+    """Where the user's record of table files found valid is kept (:mod:`validated`): beside the
+    table cache, ``$XDG_CACHE_HOME/atlasfs``, not in it (never counted, listed or evicted as a table)."""
+    return os.path.dirname(cache_root())
 
 
 def cache_bound() -> int:
@@ -154,6 +160,8 @@ class TableStore:
             except OSError:  # the dataset's own opening says why
                 pass
         self._cache_bytes: int | None = None  # the cache's size as last counted, kept up to date by saves
+        # Tables found valid by an earlier mount or `atlasfs index` are mapped without a pass.
+        validated.load(validated_root(), validated_root)
         #: Tables that could not be stored (each logged).
         self.failures = 0
 
@@ -214,7 +222,11 @@ class TableStore:
             # its size and mtime are those it had when checked (ondisk.map_descriptor).
             if folder == self.cache_folder and st.st_uid == os.geteuid():
                 _touch(fd)  # eviction goes by last use
+                touched, st = st, os.fstat(fd)
+                ondisk.touched(touched, st)  # found valid before: still so (validated.py)
+            checks = ondisk.CHECKS["full"]
             table = self._open(folder, fd, path, st, key, limits)
+            log.debug("file table %s: %s", path, "checked" if ondisk.CHECKS["full"] != checks else "found valid before")
             if self._beside_only:
                 _share(fd, path, st)  # `atlasfs index` keeps it: stored 0600 by an older atlasfs, it becomes 0644
             return table
