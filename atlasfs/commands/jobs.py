@@ -284,23 +284,32 @@ def _serve() -> None:
     conn = _conn = multiprocessing.connection.Connection(CHILD_FD)
     try:
         sys.path[:] = conn.recv()
-        initializer, initargs = pickle.loads(conn.recv_bytes())
+        payload = conn.recv_bytes()
     except (EOFError, OSError):
         return
-    try:
-        initializer(*initargs)
-        broken: BaseException | None = None
-    except Exception as exc:  # each call is answered with it
-        broken = exc
+    broken: BaseException | None = None
+    try:  # unpickling imports the modules of the work: one that cannot load here fails each call
+        initializer, initargs = pickle.loads(payload)
+    except Exception as exc:
+        broken = _unloadable(exc)
+    if broken is None:
+        try:
+            initializer(*initargs)
+        except Exception as exc:  # each call is answered with it
+            broken = exc
     while True:
         try:
-            func, arg = conn.recv()
+            message = conn.recv_bytes()
         except (EOFError, OSError):
             return
         with said_once() as held:
             try:
                 if broken is not None:
                     raise broken
+                try:
+                    func, arg = pickle.loads(message)
+                except Exception as exc:
+                    raise _unloadable(exc) from None
                 reply: tuple[str, Any] = ("ok", held.answered(func(arg)))
             except Exception as exc:
                 reply = ("error", held.answered(exc))
@@ -310,6 +319,16 @@ def _serve() -> None:
             return
         except Exception as exc:  # an answer that does not pickle
             conn.send(("error", RuntimeError(f"{reply[1]!r}: {exc}")))
+
+
+def _unloadable(exc: BaseException) -> BaseException:
+    """The one-line failure of work a worker cannot unpickle (a module of it that does not
+    import in the worker: moved, or a native library that does not load there). It used to
+    end the worker with a traceback, every shard it was given then lost, said only as
+    :data:`LOST`. Stopped meanwhile (:func:`_stop`), the worker ends quietly."""
+    if _stopping(exc):
+        raise SystemExit(0) from None
+    return RuntimeError(f"a worker process cannot load its work: {exc}")
 
 
 def _stop(signum: int, frame: object) -> None:

@@ -15,3 +15,22 @@ def jobs_dataset(path: Path) -> Path:
             writer.add_example({"__key__": f"d{i % 3}/s{i:03d}", "bin": rng.randbytes(rng.randrange(1, 3000)),
                                 "json": {"i": i}, **({"big": rng.randbytes(2_500_000)} if i == 17 else {})})
     return path
+
+
+# The work of test_jobs' worker processes: here, not in the test module, so that a worker
+# imports only this small module (importing the test module copied the reference fixtures in
+# every worker, left behind by one that dies, and failed while the tests were being moved).
+
+
+def no_state(source: object) -> None:
+    """A worker's state: none."""
+    return None
+
+
+def dies_on_shard_2(state: object, s: int, report: object) -> object:
+    """A worker's work that ends its process on shard 2, as a crash in a decoder would."""
+    import os
+    from atlasfs.commands.jobs import Done
+    if s == 2:
+        os._exit(3)
+    return Done(s, value=os.getpid())

@@ -14,7 +14,7 @@ from atlasfs.formats.factory import SourceOptions, open_source
 from atlasfs.storage import StorageOptions
 from fusemount import atlasfs
 from helpers import REFERENCE
-from jobsdata import jobs_dataset
+from jobsdata import dies_on_shard_2, jobs_dataset, no_state
 
 
 TWELVE = REFERENCE / "s2_twelve_shards" / "dataset"  # keys partNN/itemNNNN: a sub-folder per part
@@ -101,24 +101,40 @@ def test_a_shard_failing_in_a_worker_is_one_line_and_the_others_are_done(tmp_pat
                                                            + ["shards.json"])
 
 
-def _no_state(source: object) -> None:
-    return None
-
-
-def _dies_on_shard_2(state: object, s: int, report: object) -> Done:
-    """A worker's work that ends its process on shard 2, as a crash in a decoder would."""
-    if s == 2:
-        os._exit(3)
-    return Done(s, value=os.getpid())
-
-
 def test_a_worker_that_dies_loses_its_own_shard_only(tmp_path: Path) -> None:
     dataset = jobs_dataset(tmp_path / "ds")
     opener = Opener(str(dataset), None, SourceOptions(), StorageOptions())
-    results = list(run(open_source(str(dataset)), opener, _no_state, _dies_on_shard_2, range(5), 2,
-                       lambda what, n: None))
+    with open_source(str(dataset)) as source:
+        results = list(run(source, opener, no_state, dies_on_shard_2, range(5), 2, lambda what, n: None))
     assert sorted(done.shard for done in results) == [0, 1, 2, 3, 4]  # each once
     assert {done.shard: done.error for done in results if done.error} == {2: LOST}
+
+
+def test_work_a_worker_cannot_load_fails_each_shard_in_one_line(tmp_path: Path) -> None:
+    """A module of the work that does not import in a worker (moved meanwhile, or a native
+    library that does not load there): each shard fails in one line naming why; the workers
+    did not die (it was LOST for every shard, a traceback from each worker)."""
+    import importlib
+    import sys
+    (tmp_path / "here_only.py").write_text(
+        "import os\n"
+        f"if os.getpid() != {os.getpid()}:\n"
+        "    raise ImportError('here_only imports in the test process only')\n"
+        "def no_state(source):\n"
+        "    return None\n")
+    sys.path.insert(0, str(tmp_path))
+    try:
+        here_only = importlib.import_module("here_only")
+        dataset = jobs_dataset(tmp_path / "ds")
+        opener = Opener(str(dataset), None, SourceOptions(), StorageOptions())
+        with open_source(str(dataset)) as source:
+            results = list(run(source, opener, here_only.no_state, dies_on_shard_2, range(3), 2,
+                               lambda what, n: None))
+    finally:
+        sys.path.remove(str(tmp_path))
+        sys.modules.pop("here_only", None)
+    assert {done.shard: done.error for done in results} == {
+        s: "a worker process cannot load its work: here_only imports in the test process only" for s in range(3)}
 
 
 def test_jobs_must_be_a_positive_number(tmp_path: Path) -> None:
