@@ -9,6 +9,11 @@ going through the shard in order, asks the source for the bytes there
 (:meth:`~atlasfs.formats.source.SourceShard.read_span`), which checks them; anything
 else, or a check that fails (logged once per block), takes the block path. Either way
 the bytes are those the block path gives.
+
+A pass over a shard in order (the tar view's, :meth:`LocatedReads.in_pass`) reads its files
+through their locators too where the block stores their runs as they are (incompressible
+files: a pread each beats reading, decompressing and unpickling the block); elsewhere it
+keeps the block path and its read-ahead.
 """
 
 from __future__ import annotations
