@@ -1,7 +1,7 @@
 """A tar read front to back through the tar view (atlasfs/tree/tarstream.py) reads each file of
 a block that stores its runs as they are through its locator (``LocatedReads.in_pass``): a
 pread a file, no block decoded; a compressed block keeps the block path; locators that lie
-cost a fallback, never wrong bytes. Through a mount: tests/mount/test_tarview_located.py."""
+cost a fallback, never wrong bytes. Through a mount: tests/mount/test_tarview_located_mount.py."""
 
 from __future__ import annotations
 
