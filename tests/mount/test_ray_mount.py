@@ -10,30 +10,14 @@ import pytest
 
 ray = pytest.importorskip("ray") if os.environ.get("CI") != "true" else __import__("ray")
 
-from raydata import ordered, tar_samples, write_tars  # noqa: E402
-
-SHARDS = 8
+from raydata import pipeline_once  # noqa: E402
 
 
 @pytest.fixture(scope="module")
-def dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Eight WebDataset tars of 400 samples: enough blocks for strategy 2's dictionary."""
-    return write_tars(tmp_path_factory.mktemp("ray") / "wds", SHARDS, 400)
-
-
-@pytest.fixture(scope="module")
-def pipeline(dataset: Path, ray_address: str, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list]:
-    """WebDataset -> Ray Data (a transform) -> Atlas in one pipeline; the dataset written
-    and the samples it must hold."""
-    from atlasfs.ray import read_atlas, write_atlas
-    ordered()
-    out = tmp_path_factory.mktemp("pipeline") / "atlas"
-
-    def shout(row: dict) -> dict:
-        return {**row, "txt": row["txt"].upper()}
-    write_atlas(read_atlas(str(dataset)).map(shout), str(out), shard_size=700, block_size=32)
-    expected = [{**s, "txt": s["txt"].upper()} for s in tar_samples(dataset)]
-    return out, expected
+def pipeline(ray_address: str, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list]:
+    """WebDataset -> Ray Data (a transform) -> Atlas in one pipeline (written once per session:
+    raydata.pipeline_once); the dataset written and the samples it must hold."""
+    return pipeline_once(tmp_path_factory)
 
 
 @pytest.mark.fuse

@@ -46,8 +46,10 @@ def command_args(command: str, dataset: Path, out: Path) -> list[str]:
             "index": ["index", str(dataset), "--index-dir", str(out)], "verify": ["verify", str(dataset)]}[command]
 
 
-def run(args: list[str], timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*atlasfs_command(), *args], capture_output=True, text=True, timeout=timeout, env=env())
+def run(args: list[str], timeout: float = 120, **extra_env: str) -> subprocess.CompletedProcess[str]:
+    """The command line with ``args``, as a user runs it (``extra_env``: RAY_ADDRESS...)."""
+    return subprocess.run([*atlasfs_command(), *args], capture_output=True, text=True, timeout=timeout,
+                          env={**env(), **extra_env})
 
 
 def files(folder: Path) -> dict[str, bytes]:
@@ -140,3 +142,25 @@ def bar_frames(shown: str, label: str) -> list[str]:
     """The frames of the bar ``label`` a terminal showed (tqdm redraws it after each ``\\r``)."""
     frames = [part.strip() for part in re.split(r"[\r\n]", shown)]
     return [frame for frame in frames if frame.startswith(f"{label}:")]
+
+
+#: The pipeline's dataset, written once per test session (:func:`pipeline_once`).
+_PIPELINE: dict[str, tuple[Path, list[dict[str, object]]]] = {}
+
+
+def pipeline_once(factory: object) -> tuple[Path, list[dict[str, object]]]:
+    """WebDataset -> Ray Data (a transform) -> Atlas in one pipeline, on the session's cluster;
+    the dataset written and the samples it must hold. Written once per session: two test
+    modules read it (tests/unit/ray/ and tests/mount/), and a Ray Data pipeline costs tens of
+    seconds on a loaded 2-core machine. Read only: a test writes nothing into it."""
+    if "written" not in _PIPELINE:
+        from atlasfs.ray import read_atlas, write_atlas
+        ordered()
+        dataset = write_tars(factory.mktemp("pipeline-wds") / "wds", 8, 400)  # type: ignore[attr-defined]
+        out = factory.mktemp("pipeline") / "atlas"  # type: ignore[attr-defined]
+
+        def shout(row: dict) -> dict:
+            return {**row, "txt": row["txt"].upper()}
+        write_atlas(read_atlas(str(dataset)).map(shout), str(out), shard_size=700, block_size=32)
+        _PIPELINE["written"] = (out, [{**s, "txt": s["txt"].upper()} for s in tar_samples(dataset)])
+    return _PIPELINE["written"]

@@ -33,29 +33,17 @@ def dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.mark.parametrize("command", COMMANDS)
 def test_same_bytes_and_lines_as_local_processes(command: str, dataset: Path, ray_address: str,
                                                  tmp_path: Path) -> None:
+    """The cluster from RAY_ADDRESS, ``--ray`` before the positionals (``pack --ray DATASET
+    OUTDIR``: DATASET is no address, so it is the dataset)."""
     local, ours = tmp_path / "local", tmp_path / "ray"
     expected = run([*command_args(command, dataset, local), *(["-j", "2"] if command != "verify" else [])])
     assert expected.returncode == 0, expected.stderr
-    got = run([*command_args(command, dataset, ours), "--ray", ray_address])
+    name, *rest = command_args(command, dataset, ours)
+    got = run([name, "--ray", *rest], RAY_ADDRESS=ray_address)
     same_output(expected, got, (local, ours))
     assert "Traceback" not in got.stderr, got.stderr
     if command != "verify":
         assert files(ours) == files(local) and files(ours)
-
-
-def test_ray_before_the_positionals_takes_no_dataset_for_an_address(dataset: Path, ray_address: str,
-                                                                    tmp_path: Path) -> None:
-    """``pack --ray DATASET OUTDIR`` (the cluster from RAY_ADDRESS): DATASET is the dataset, not
-    --ray's address; an address right after --ray is still its value."""
-    local = tmp_path / "local"
-    assert run(["pack", str(dataset), str(local), "-j", "2"]).returncode == 0
-    got = subprocess.run([*atlasfs_command(), "pack", "--ray", str(dataset), str(tmp_path / "ray")],
-                         capture_output=True, text=True, timeout=120, env={**env(), "RAY_ADDRESS": ray_address})
-    assert got.returncode == 0 and got.stderr == "", got.stderr
-    assert files(tmp_path / "ray") == files(local)
-    got = run(["pack", "--ray", ray_address, str(dataset), str(tmp_path / "ray2")])
-    assert got.returncode == 0 and got.stderr == "", got.stderr
-    assert files(tmp_path / "ray2") == files(local)
 
 
 def test_verify_bar_has_its_total_from_the_start_and_q_hides_it(dataset: Path, ray_address: str) -> None:
@@ -96,12 +84,21 @@ def test_two_nodes_share_the_shards(dataset: Path, tmp_path: Path) -> None:
     assert files(ours) == files(local)
 
 
-def test_a_worker_killed_mid_pack_and_the_pack_completes(ray_address: str, tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def big(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """Four tars of 2500 samples (a pack long enough to be caught under way) and their pack by
+    the local processes (-j 2), made once for the tests that interrupt a --ray pack."""
+    folder = tmp_path_factory.mktemp("big")
+    source, local = write_tars(folder / "wds", 4, 2500, seed=7), folder / "local"
+    assert run(["pack", str(source), str(local), "-j", "2"]).returncode == 0
+    return source, local
+
+
+def test_a_worker_killed_mid_pack_and_the_pack_completes(big: tuple[Path, Path], ray_address: str,
+                                                         tmp_path: Path) -> None:
     """SIGKILL to the Ray worker process of a shard being packed: Ray runs its task again
     (max_retries), the pack completes, and its bytes are the local processes'."""
-    source = write_tars(tmp_path / "big", 4, 2500, seed=7)
-    local, ours = tmp_path / "local", tmp_path / "ray"
-    assert run(["pack", str(source), str(local), "-j", "2"]).returncode == 0
+    (source, local), ours = big, tmp_path / "ray"
     process = subprocess.Popen([*atlasfs_command(), "pack", str(source), str(ours), "--ray", ray_address],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env())
     killed = None
@@ -141,12 +138,10 @@ def test_a_bad_shard_is_said_once_and_the_others_are_done(dataset: Path, ray_add
         assert sorted(got.stderr.splitlines()) == sorted(expected.splitlines()), (got.stderr, expected)
 
 
-def test_ctrl_c_cancels_the_tasks_and_says_one_line(ray_address: str, tmp_path: Path) -> None:
+def test_ctrl_c_cancels_the_tasks_and_says_one_line(big: tuple[Path, Path], ray_address: str, tmp_path: Path) -> None:
     """SIGINT to the command's group while its tasks run: status 130 within 2 s, one line,
     the tasks cancelled, no partial shard left; the same command then completes exactly."""
-    source = write_tars(tmp_path / "big", 4, 2500, seed=8)
-    local, ours = tmp_path / "local", tmp_path / "ray"
-    assert run(["pack", str(source), str(local), "-j", "2"]).returncode == 0
+    (source, local), ours = big, tmp_path / "ray"
     process = subprocess.Popen([*atlasfs_command(), "pack", str(source), str(ours), "--ray", ray_address],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env(),
                                start_new_session=True)

@@ -11,7 +11,7 @@ import pytest
 
 ray = pytest.importorskip("ray") if os.environ.get("CI") != "true" else __import__("ray")
 
-from raydata import ordered, run, tar_samples, write_tars  # noqa: E402
+from raydata import ordered, pipeline_once, run, tar_samples, write_tars  # noqa: E402
 
 SHARDS = 8
 
@@ -23,18 +23,10 @@ def dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def pipeline(dataset: Path, ray_address: str, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list]:
-    """WebDataset -> Ray Data (a transform) -> Atlas in one pipeline; the dataset written
-    and the samples it must hold."""
-    from atlasfs.ray import read_atlas, write_atlas
-    ordered()
-    out = tmp_path_factory.mktemp("pipeline") / "atlas"
-
-    def shout(row: dict) -> dict:
-        return {**row, "txt": row["txt"].upper()}
-    write_atlas(read_atlas(str(dataset)).map(shout), str(out), shard_size=700, block_size=32)
-    expected = [{**s, "txt": s["txt"].upper()} for s in tar_samples(dataset)]
-    return out, expected
+def pipeline(ray_address: str, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list]:
+    """WebDataset -> Ray Data (a transform) -> Atlas in one pipeline (written once per session:
+    raydata.pipeline_once); the dataset written and the samples it must hold."""
+    return pipeline_once(tmp_path_factory)
 
 
 def test_read_atlas_gives_the_samples_in_order_from_any_format(dataset: Path, ray_address: str,
