@@ -17,7 +17,8 @@ from collections.abc import Iterator
 def cluster(cpus: int = 2) -> Iterator[str]:
     """A local Ray cluster for the duration; its address."""
     import ray
-    ray.init(num_cpus=cpus, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
+    # "local": a cluster of its own, even while another runs here (`ray start`, a test's Cluster)
+    ray.init(address="local", num_cpus=cpus, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
     try:
         yield ray.get_runtime_context().gcs_address
     finally:

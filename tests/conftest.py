@@ -46,7 +46,8 @@ def ray_address() -> str:
         if os.environ.get("CI") == "true":
             pytest.fail("Ray is not installed (CI installs it with the test extra)")
         pytest.skip("Ray is not installed: pip install 'atlasfs[ray]'")
-    ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
+    # "local": a cluster of its own, even while another runs here (a test's Cluster, `ray start`)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
     try:
         yield ray.get_runtime_context().gcs_address
     finally:

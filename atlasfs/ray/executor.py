@@ -59,7 +59,9 @@ def connect(address: str | None) -> bool:
     try:
         with interrupts.deferred():
             local = {"num_cpus": jobs.default_jobs(), "include_dashboard": False} if address is None else {}
-            ray.init(address=address, logging_level=logging.ERROR, log_to_driver=False, **local)
+            # "local": a new cluster even where one runs on this machine already (Ray would join
+            # that one, and refuse num_cpus with a ValueError): --ray auto joins it
+            ray.init(address=address or "local", logging_level=logging.ERROR, log_to_driver=False, **local)
     finally:
         for sig, handler in kept.items():
             signal.signal(sig, handler)

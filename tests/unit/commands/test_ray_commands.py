@@ -63,7 +63,10 @@ def test_verify_bar_has_its_total_from_the_start_and_q_hides_it(dataset: Path, r
 
 def test_two_nodes_share_the_shards(dataset: Path, tmp_path: Path) -> None:
     """A cluster of two nodes on this machine (Ray's own Cluster): the tasks ran on both
-    (their node ids, logged with -v) and the dataset is the one the local processes write."""
+    (their node ids, logged with -v) and the dataset is the one the local processes write.
+    Meanwhile --ray with no address (and no RAY_ADDRESS) starts a cluster of its own for the
+    command, ended with it (none of its servers or agents left): it does not join the one
+    running here (Ray would, and refuse the CPUs asked for it with a traceback)."""
     from ray.cluster_utils import Cluster
     local = tmp_path / "local"
     assert run(["pack", str(dataset), str(local), "-j", "2"]).returncode == 0
@@ -74,8 +77,17 @@ def test_two_nodes_share_the_shards(dataset: Path, tmp_path: Path) -> None:
         ids = {node.node_id for node in cluster.list_all_nodes()}
         ours = tmp_path / "ray"
         got = run(["-v", "pack", str(dataset), str(ours), "--ray", cluster.address])
+        before = ray_servers()
+        alone = run(["verify", str(dataset), "--ray"])
+        deadline = time.monotonic() + 10
+        while ray_servers() - before and time.monotonic() < deadline:
+            time.sleep(0.1)
+        left = ray_servers() - before
     finally:
         cluster.shutdown()
+    assert alone.returncode == 0 and alone.stdout.startswith(f"verify: OK ({SHARDS} shards"), alone.stderr
+    assert alone.stderr == ""
+    assert not left, "the command's cluster outlived it"
     assert got.returncode == 0, got.stderr
     used = set()
     for line in re.findall(r"Ray: \d+ tasks on \d+ node\(s\): (.*)", got.stderr):
@@ -170,18 +182,10 @@ def test_ctrl_c_cancels_the_tasks_and_says_one_line(big: tuple[Path, Path], ray_
 
 
 def test_a_local_cluster_started_for_the_command(dataset: Path, tmp_path: Path) -> None:
-    """--ray with no address (and no RAY_ADDRESS): a cluster of this machine started for the
-    command and ended with it (none of its servers or agents left), also on Ctrl-C; nothing said
-    but the result."""
+    """--ray with no address (and no RAY_ADDRESS), Ctrl-C once its tasks run: the cluster
+    started for the command is killed with it, within the deadline, none of its servers or
+    agents left; one line said. (Its normal end: test_two_nodes_share_the_shards.)"""
     before = ray_servers()
-    got = run(["verify", str(dataset), "--ray"])
-    assert got.returncode == 0 and got.stdout.startswith(f"verify: OK ({SHARDS} shards"), got.stderr
-    assert got.stderr == ""
-    deadline = time.monotonic() + 10
-    while ray_servers() - before and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not ray_servers() - before, "the command's cluster outlived it"
-    # Ctrl-C once its tasks run: the cluster is killed with the command, within the deadline
     process = subprocess.Popen([*atlasfs_command(), "pack", str(dataset), str(tmp_path / "out"), "--ray"],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env(),
                                start_new_session=True)
