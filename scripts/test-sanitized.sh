@@ -12,9 +12,9 @@ venv=$(cd "$1" && pwd)
 shift
 tests=("$@")
 if [ ${#tests[@]} -eq 0 ]; then
-    tests=(tests/test_native.py tests/mount/test_mount.py tests/mount/test_hardening_mount.py tests/mount/test_safety.py
-           tests/mount/test_faults.py tests/test_tarview.py tests/mount/test_located_reads.py tests/mount/test_located_kinds.py
-           tests/mount/test_native_fifos.py tests/mount/test_native_memory.py tests/test_decoded_cache.py
+    tests=(tests/mount/test_native.py tests/mount/test_mount.py tests/mount/test_hardening_mount.py tests/mount/test_safety.py
+           tests/mount/test_faults.py tests/mount/test_tarview.py tests/mount/test_located_reads.py tests/mount/test_located_kinds.py
+           tests/mount/test_native_fifos.py tests/mount/test_native_memory.py tests/mount/test_decoded_cache.py
            tests/mount/test_order_mount.py)
 fi
 repo=$(cd "$(dirname "$0")/.." && pwd)

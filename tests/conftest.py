@@ -6,7 +6,7 @@ from pathlib import Path
 # tests). Without __init__.py files pytest imports each test file by its basename, so
 # basenames are unique across the folders.
 _TESTS = Path(__file__).resolve().parent
-for _folder in (_TESTS, _TESTS / "support", _TESTS / "contract"):
+for _folder in (_TESTS / "support", _TESTS / "contract"):
     sys.path.insert(0, str(_folder))
 
 import atexit

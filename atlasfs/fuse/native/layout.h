@@ -1,6 +1,6 @@
 /* The file table's layout and its rows' node ids, as the engine reads them: stated once here
  * for C. Python's twin is atlasfs/tree/table/layout.py (the table's builders and readers);
- * tests/test_table_layout.py reads this header and fails if any constant here is not
+ * tests/unit/tree/test_table_layout.py reads this header and fails if any constant here is not
  * Python's, or is defined anywhere else among the C sources.
  *
  * tables.c reads the entry columns, readpath.c a row's kind, size and block, and Atlas's

@@ -4,7 +4,7 @@ The native engine reads attached tables itself (``atlasfs/fuse/native/``: ``tabl
 entry columns, ``located.c`` the locator columns, ``readpath.c`` a row's kind, size and block)
 and names their rows by node ids it computes the same way: the kinds, sentinels, column
 widths and node-id scheme below are what both sides agree on, and
-``tests/test_table_layout.py`` checks that the C side's constants equal them.
+``tests/unit/tree/test_table_layout.py`` checks that the C side's constants equal them.
 """
 
 from __future__ import annotations

@@ -30,7 +30,8 @@ from helpers import REFERENCE
 pytestmark = pytest.mark.fuse
 
 DATASET = REFERENCE / "s1_tricky_keys_and_fields" / "dataset"
-HERE = Path(__file__).resolve().parent
+#: Where native_hostile.py is (run as the hostile bridge's script).
+HERE = Path(__file__).resolve().parents[1] / "support"
 
 
 @pytest.fixture(autouse=True)

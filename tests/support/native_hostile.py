@@ -1,5 +1,5 @@
 """A mount whose control plane answers the native engine with wrong values, for
-tests/test_native.py: ``python native_hostile.py MOUNTPOINT``.
+tests/mount/test_native.py: ``python native_hostile.py MOUNTPOINT``.
 
 Each name at the root is one way of answering wrong (see ``ANSWERS``); ``good`` is answered
 right, so that the test can see the daemon still serves after every wrong answer. The

@@ -1,6 +1,6 @@
 """The native engine's byte cache (atlasfs/fuse/native/cache.c) tested alone, as C.
 
-cache.c knows no table, no format and no FUSE: tests/native/cache_test.c links it with
+cache.c knows no table, no format and no FUSE: tests/unit/fuse/cache_test.c links it with
 nothing else and checks its entries, bound, least-recently-used eviction and its order by
 kind, that an entry being read is never evicted, single flight (of 8 threads missing one
 entry, one fills it and the others read it), and that reservations are served in turn (a
@@ -22,7 +22,7 @@ import pytest
 #: The repository (found upward, so that this file may move within tests/).
 ROOT = next(p for p in Path(__file__).resolve().parents if (p / "setup.py").is_file())
 NATIVE = ROOT / "atlasfs" / "fuse" / "native"
-PROGRAM = ROOT / "tests" / "native" / "cache_test.c"
+PROGRAM = Path(__file__).resolve().parent / "cache_test.c"
 FLAGS = ["-std=gnu11", "-O1", "-g", "-Wall", "-Wextra", "-Werror", "-pthread"]
 SANITIZE = ["-fsanitize=address,undefined", "-fno-sanitize-recover=undefined", "-fno-omit-frame-pointer"]
 

@@ -1,6 +1,6 @@
 /* The byte cache (atlasfs/fuse/native/cache.c) alone: no Python, no FUSE, no table.
  *
- * Built and run by tests/test_native_cache_unit.py (gcc, and again under
+ * Built and run by tests/unit/fuse/test_native_cache_unit.py (gcc, and again under
  * -fsanitize=address,undefined). Each check prints one line naming what went wrong and the
  * program exits 1; it prints "ok N checks" and exits 0 when all hold.
  */
