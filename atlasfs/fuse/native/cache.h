@@ -1,6 +1,6 @@
 /* The byte cache (cache.c): entries of bytes keyed by (shard, kind, block), bounded in bytes,
  * filled once however many workers miss them at once. It knows no table, no format, no zstd
- * and no FUSE: readpath.c and located.c decide what goes in it; tests/native/cache_test.c
+ * and no FUSE: readpath.c and located.c decide what goes in it; tests/unit/fuse/cache_test.c
  * runs it alone.
  */
 #ifndef ATLASFS_CACHE_H
