@@ -9,7 +9,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from atlasfs.commands.jobs import LOST, Done, Opener, run
+from atlasfs.commands.jobs import LOST, Opener, run
 from atlasfs.formats.factory import SourceOptions, open_source
 from atlasfs.storage import StorageOptions
 from fusemount import atlasfs
