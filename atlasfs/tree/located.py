@@ -109,11 +109,8 @@ class LocatedReads:
             return None
         if table is None or table.locators is None:
             return None
-        row = entry.ino - shard_ino(s) - 1
-        if not 0 <= row < len(table) or table.block.item(row) != block:
-            return None
-        locator = table.locator(row)
-        if locator is None or locator.size != entry.size:
+        locator = _locator(table, entry, s, block)
+        if locator is None:
             return None
         self.blocks.reading(s, block)
         data = self._read_span(s, block, locator, entry.size)
@@ -139,11 +136,8 @@ class LocatedReads:
             return None
         if (s, block) in self.blocks.cache or (s, block) in self._unlocated or (s, block) in self.blocks.failed:
             return None
-        row = entry.ino - shard_ino(s) - 1
-        if not 0 <= row < len(table) or table.block.item(row) != block:
-            return None
-        locator = table.locator(row)
-        if locator is None or locator.size != entry.size:
+        locator = _locator(table, entry, s, block)
+        if locator is None:
             return None
         data = self._read_span(s, block, locator, entry.size)
         if data is not None:
@@ -218,3 +212,15 @@ class LocatedReads:
             old = self._kept.pop(ino, None)
             if old is not None:
                 self._kept_bytes -= len(old)
+
+
+def _locator(table: FileTable, entry: Entry, s: int, block: int) -> Locator | None:
+    """The locator of ``entry``'s row in shard ``s``'s table, if the row is in ``block`` and
+    its locator's size is the entry's; else None (the block path)."""
+    row = entry.ino - shard_ino(s) - 1
+    if not 0 <= row < len(table) or table.block.item(row) != block:
+        return None
+    locator = table.locator(row)
+    if locator is None or locator.size != entry.size:
+        return None
+    return locator
