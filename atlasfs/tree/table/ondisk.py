@@ -20,7 +20,7 @@ overlapping, of the lengths the entry count implies, ending where the file ends:
 nothing is ever read past the end of a file), every section's checksum, then
 :meth:`FileTable._problem`'s checks of the values (paths, permutation, index rows,
 positions). A file found valid once is remembered by its identity (device, inode,
-size, mtime) so that mapping it again after its table was unmapped costs no pass.
+size, mtime, ctime) so that mapping it again after its table was unmapped costs no pass.
 
 Why mapping is safe from SIGBUS: a table is mapped only from a local file of the
 daemon's own user (the user's cache or a folder they own), checked on the descriptor it is
@@ -264,7 +264,9 @@ def _drop_pages(maps: list[mmap.mmap]) -> None:
 
 
 def _identity(st: os.stat_result) -> tuple[int, ...]:
-    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+    # ctime too: a file changed in place with its size and mtime put back (touch -d, rsync
+    # --inplace) is another file; no user can set ctime
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
 def _same_limits(table: "FileTable", limits: "Limits | LimitsOf", known: "Limits") -> bool:

@@ -3,7 +3,7 @@
 Mapping a stored table checks every page of it (:mod:`atlasfs.tree.table.ondisk`): at 200,000
 files a shard, a tenth of a second of the daemon's time per table, most of what a second
 mount's ``find`` costs it. A file found valid is remembered by its identity (device, inode,
-size, mtime in ns) with the limits it was checked against; this module keeps those in
+size, mtime and ctime in ns) with the limits it was checked against; this module keeps those in
 ``$XDG_CACHE_HOME/atlasfs/validated-tables``, one line a file, appended as tables are checked
 (by a mount or by ``atlasfs index``), so that the next mount maps them after the header's
 checks only.
@@ -11,7 +11,7 @@ checks only.
 Only the daemon's user's own table files are ever mapped, and atlasfs replaces them by rename,
 never in place: a file of a remembered identity still holds what was checked. The record is
 used only if it is a regular file of the user's own that no one else can write; a line that
-is not seven integers is skipped.
+is not eight integers is skipped.
 """
 
 from __future__ import annotations
@@ -58,10 +58,10 @@ def load(root: str, current: Callable[[], str]) -> int:
     taken = 0
     for line in lines[-KEPT:]:
         fields = line.split()
-        if len(fields) != 7 or not all(f.isdigit() for f in fields):
+        if len(fields) != 8 or not all(f.isdigit() for f in fields):
             continue
         values = [int(f) for f in fields]
-        ondisk.remember(tuple(values[:4]), Limits(*values[4:]))
+        ondisk.remember(tuple(values[:5]), Limits(*values[5:]))
         taken += 1
     if len(lines) > 2 * KEPT:
         _rewrite(root, path, lines[-KEPT:])
