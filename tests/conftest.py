@@ -35,10 +35,12 @@ if "XDG_STATE_HOME" not in os.environ:
 import pytest  # noqa: E402
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def ray_address() -> str:
-    """ONE local Ray cluster for the whole test session (``ray.init(num_cpus=2)``), shut down
-    at its end; its address, for ``--ray ADDRESS``. In CI a test that cannot start Ray
+    """One local Ray cluster for a test module (``ray.init(num_cpus=2)``), shut down at its
+    end; its address, for ``--ray ADDRESS``. Not one for the session: a driver left running
+    in the pytest process for the tests after it made the storage tests' in-process TCP
+    proxies miss their 2-3 s deadlines in CI. In CI a test that cannot start Ray
     fails; elsewhere it is skipped when Ray is not installed."""
     try:
         import ray
