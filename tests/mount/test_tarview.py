@@ -10,7 +10,6 @@ import random
 import subprocess
 import sys
 import tarfile
-import time
 from pathlib import Path
 
 import numpy as np
@@ -21,8 +20,9 @@ from atlasfs import AtlasDataset, AtlasWriter
 from atlasfs.tree.blocktree import BlockTree
 from atlasfs.tree.table.store import TableStore
 from atlasfs.tree.tarview import TarLayout, TarView
-from fusemount import atlasfs, engine_answered, mounted
+from fusemount import atlasfs, engine_answered_in_log, mounted
 from helpers import REFERENCE, TORCH_STANDIN, expected_examples, in_threads, reference_names
+from locateddata import read_through
 
 
 def _dataset(path: Path, examples: int = 120, plain_keys: bool = False, jpg_bytes: int = 3000) -> Path:
@@ -181,19 +181,6 @@ def _members(tar: Path) -> dict[str, bytes]:
         return {m.name: archive.extractfile(m).read() for m in archive.getmembers()}  # type: ignore[union-attr]
 
 
-def _answered(log: Path) -> dict[str, tuple[int, int]]:
-    """The native engine's counts (in C, in Python) from its log line as the daemon ends."""
-    deadline = time.monotonic() + 20
-    while True:
-        lines = [line for line in log.read_text().splitlines() if "native engine answered" in line] \
-            if log.exists() else []
-        if lines or time.monotonic() > deadline:
-            break
-        time.sleep(0.05)
-    assert lines, log.read_text() if log.exists() else "no log"
-    return engine_answered(lines[-1])
-
-
 @pytest.mark.parametrize("view", ["files", "both"])
 def test_view_both_answers_per_sample_files_in_c_as_view_files_does(tmp_path: Path, view: str) -> None:
     """Per-sample files under --view both are the engine's in C, as under --view files (issue
@@ -207,23 +194,14 @@ def test_view_both_answers_per_sample_files_in_c_as_view_files_does(tmp_path: Pa
     exported = {shard: _members(tmp_path / "out" / f"{shard}.tar") for shard in shards}
     files = [(shard, name) for shard in shards for name in exported[shard]]
     log = tmp_path / "daemon.log"
-    errors: list[str] = []
     with mounted(dataset, "--view", view, "-o", f"log_file={log}") as mnt:
-        def reader(seed: int) -> None:
-            order = files[:]
-            random.Random(seed).shuffle(order)
-            for shard, name in order:
-                with open(mnt / shard / name, "rb", buffering=0) as f:
-                    if f.read() != exported[shard][name]:
-                        errors.append(f"{shard}/{name}")
-
-        in_threads(reader, 4)
+        errors = read_through(mnt, exported)
         for shard in shards:  # listed in example order, with their sizes (READDIRPLUS, then stat)
             assert os.listdir(mnt / shard) == list(exported[shard])
             assert [(mnt / shard / name).stat().st_size for name in exported[shard]] == \
                 [len(data) for data in exported[shard].values()]
     assert errors == []
-    answered = _answered(log)
+    answered = engine_answered_in_log(log)
     assert answered["read"][1] == 0 and answered["read"][0] >= len(files), answered
     # Python: the root's lookups of each shard folder, and in each folder the first lookups
     # before its table is attached (one a reader at most)
