@@ -39,7 +39,7 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 from atlasfs.commands import interrupts
 
@@ -101,19 +101,44 @@ Work = Callable[[Any, int, Report], Done]
 # -- executors
 
 
-class Pool(Protocol):
+class Pool(ABC):
     """Workers that each ran an initializer once and then take one call at a time (what
     :class:`Workers` is on this machine, and :class:`~atlasfs.ray.executor.RayPool` on a
-    cluster). Used as a context manager: leaving it on an exception stops the calls under way."""
+    cluster). Used as a context manager: leaving it on an exception (Ctrl-C) stops the calls
+    under way (:meth:`stop`), else lets them end (:meth:`close`)."""
 
-    def __enter__(self) -> Pool: ...
-    def __exit__(self, kind: type[BaseException] | None, *rest: object) -> None: ...
-    def idle(self) -> bool: ...
-    def busy(self) -> list[Any]: ...
-    def submit(self, tag: Any, func: Callable[[Any], Any], arg: Any) -> None: ...
-    def wait(self, timeout: float = ...) -> list[tuple[Any, str, Any]]: ...
-    def close(self) -> None: ...
-    def stop(self) -> None: ...
+    def __enter__(self) -> Pool:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, *rest: object) -> None:
+        if kind is None:
+            self.close()
+        else:
+            self.stop()
+
+    @abstractmethod
+    def idle(self) -> bool:
+        """Whether :meth:`submit` can start a call now."""
+
+    @abstractmethod
+    def busy(self) -> list[Any]:
+        """The tags of the calls under way."""
+
+    @abstractmethod
+    def submit(self, tag: Any, func: Callable[[Any], Any], arg: Any) -> None:
+        """Start ``func(arg)``; its answer comes back from :meth:`wait` with ``tag``."""
+
+    @abstractmethod
+    def wait(self, timeout: float = POLL_SECONDS) -> list[tuple[Any, str, Any]]:
+        """The answers that came within ``timeout`` seconds, as ``(tag, kind, value)``."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Once every answer came: end the workers."""
+
+    @abstractmethod
+    def stop(self) -> None:
+        """End the calls under way now."""
 
 
 class Executor(ABC):
@@ -358,7 +383,7 @@ def _send(message: Any) -> None:
         _conn.send(message)
 
 
-class Workers:
+class Workers(Pool):
     """Up to ``size`` worker processes, each a new interpreter (not a copy of this process,
     which has threads and open files) running ``initializer(*initargs)`` once, then one call
     at a time. Used as a context manager: leaving it on an exception (Ctrl-C) stops the
@@ -377,15 +402,6 @@ class Workers:
         self._payload = pickle.dumps((initializer, initargs))
         self._on_message = on_message
         self._workers: list[_Child] = []
-
-    def __enter__(self) -> Workers:
-        return self
-
-    def __exit__(self, kind: type[BaseException] | None, *rest: object) -> None:
-        if kind is None:
-            self.close()
-        else:
-            self.stop()
 
     def _start(self) -> _Child:
         import subprocess

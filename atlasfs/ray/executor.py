@@ -39,8 +39,6 @@ log = logging.getLogger("atlasfs")
 
 #: Times Ray runs a task again whose worker process or node died (never for an exception).
 MAX_RETRIES = 3
-#: Seconds :meth:`RayPool.wait` waits for a task when not told.
-POLL_SECONDS = 0.2
 #: What ends a task without its answer: its worker or node was lost (retries spent).
 _LOST = (ray.exceptions.WorkerCrashedError, ray.exceptions.NodeDiedError, ray.exceptions.ObjectLostError,
          ray.exceptions.OwnerDiedError, ray.exceptions.TaskCancelledError, ray.exceptions.LocalRayletDiedError,
@@ -192,7 +190,7 @@ def _call(key: str, setup: tuple[Callable[..., None], tuple[Any, ...]], func: Ca
 _remote_call = ray.remote(max_retries=MAX_RETRIES, retry_exceptions=False, num_cpus=1)(_call)
 
 
-class RayPool:
+class RayPool(jobs.Pool):
     """:class:`~atlasfs.commands.jobs.Pool` of Ray tasks: ``size`` at most under way."""
 
     def __init__(self, executor: RayExecutor, size: int, initializer: Callable[..., None],
@@ -205,15 +203,6 @@ class RayPool:
         self._refs: dict[Any, Any] = {}
         #: Tasks answered on each node (by node id): logged at the end with -v.
         self.nodes: collections.Counter[str] = collections.Counter()
-
-    def __enter__(self) -> RayPool:
-        return self
-
-    def __exit__(self, kind: type[BaseException] | None, *rest: object) -> None:
-        if kind is None:
-            self.close()
-        else:
-            self.stop()
 
     def idle(self) -> bool:
         """Whether :meth:`submit` can start a task now."""
@@ -228,7 +217,7 @@ class RayPool:
         ref = _remote_call.remote(self._key, self._setup, func, arg, self._progress)
         self._refs[ref] = tag
 
-    def wait(self, timeout: float = POLL_SECONDS) -> list[tuple[Any, str, Any]]:
+    def wait(self, timeout: float = jobs.POLL_SECONDS) -> list[tuple[Any, str, Any]]:
         """Answers that came within ``timeout`` seconds, as
         :meth:`~atlasfs.commands.jobs.Workers.wait` gives them."""
         if not self._refs:
