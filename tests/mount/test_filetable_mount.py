@@ -55,5 +55,7 @@ def test_a_mount_writes_nothing_into_the_dataset_and_stores_tables_in_the_user_c
     with mounted(dataset, env=env) as mnt:
         names = os.listdir(mnt / "1")
         assert "000020.unreadable" in names
+    assert (cache / "atlasfs" / "validated-tables").exists()  # the mounts recorded tables found valid
     cleared = atlasfs("cache", "--clear", env={**os.environ, **env})
     assert cleared.returncode == 0 and not list(cache.glob("atlasfs/tables/*/*.table")), cleared.stderr
+    assert not (cache / "atlasfs" / "validated-tables").exists()  # nor the record of tables found valid

@@ -46,6 +46,7 @@ stays private (0600 files).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -426,7 +427,8 @@ def evict(bound: int, keep: str | None = None) -> int:
 
 
 def clear(dataset_root: str | None = None) -> int:
-    """Delete the user's cached tables (only those of ``dataset_root`` if given); returns bytes freed."""
+    """Delete the user's cached tables (only those of ``dataset_root`` if given; else every table
+    and the record of tables found valid); returns bytes freed."""
     tables = cached_tables(dataset_root)
     freed = 0
     for table in tables:
@@ -437,6 +439,11 @@ def clear(dataset_root: str | None = None) -> int:
             pass
     for folder in {os.path.dirname(t.path) for t in tables}:
         _remove_if_empty(folder)
+    if dataset_root is None:  # every table gone: so is the record of those found valid
+        with contextlib.suppress(OSError):
+            record = os.path.join(validated_root(), validated.RECORD_NAME)
+            freed += os.lstat(record).st_size
+            os.unlink(record)
     return freed
 
 
