@@ -40,7 +40,7 @@ from typing import Any
 
 import zstandard
 
-from atlasfs.commands.jobs import Executor, Pool, executor_of
+from atlasfs.commands.jobs import Executor, Pool, executor_of, said_once
 from atlasfs.commands.packexamples import ExampleMaker, PackError, shard_samples
 from atlasfs.errors import AtlasFormatError
 from atlasfs.formats.atlas.dataset import DICT_NAME
@@ -373,7 +373,13 @@ class _Runner:
         kept). Interrupted, the workers are stopped at once (:meth:`close`)."""
         if self.pool is None:
             for item in items:
-                each(func(item))
+                with said_once() as held:  # a damaged source is then the failure's line only, as in workers
+                    try:
+                        result = func(item)
+                    except BaseException as exc:
+                        held.answered(exc)
+                        raise
+                each(result)
             return
         todo = collections.deque(items)
         failure: BaseException | None = None

@@ -188,6 +188,27 @@ def test_verify_of_a_cut_off_tar_says_its_problem_once(tmp_path: Path) -> None:
     assert lines[1].startswith("verify: 1 problem(s)"), lines
 
 
+@pytest.mark.parametrize("jobs", ["1", "2"])
+def test_pack_of_a_damaged_tar_says_its_problem_once(tmp_path: Path, jobs: str) -> None:
+    """With -j 1 the tar walk's warning came first, then pack's line saying the same again."""
+    (tmp_path / "wds").mkdir()
+    for n in range(2):
+        with tarfile.open(tmp_path / "wds" / f"{n}.tar", "w", format=tarfile.USTAR_FORMAT) as archive:
+            for i in range(5):
+                for ext in ("txt", "cls"):
+                    data = f"sample {n} {i}".encode()
+                    member = tarfile.TarInfo(f"k{n}{i}.{ext}")
+                    member.size = len(data)
+                    archive.addfile(member, io.BytesIO(data))
+    damaged = bytearray((tmp_path / "wds" / "1.tar").read_bytes())
+    damaged[1024 + 148:1024 + 156] = b"99999999"  # the second header's checksum
+    (tmp_path / "wds" / "1.tar").write_bytes(bytes(damaged))
+    result = atlasfs("pack", "-j", jobs, str(tmp_path / "wds"), str(tmp_path / "out"))
+    lines = result.stderr.splitlines()
+    assert result.returncode == 1 and len(lines) == 1, lines
+    assert lines[0].startswith("atlasfs: pack stopped") and "1.tar sample 'k10'" in lines[0], lines
+
+
 @pytest.mark.parametrize("command", ["mount", "export", "pack"])
 def test_a_path_inside_the_dataset_is_refused_in_one_line(tmp_path: Path, command: str) -> None:
     """A mount point made in the dataset said 'shard folder name is not a number'; `export
