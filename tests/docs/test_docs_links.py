@@ -84,3 +84,18 @@ def test_anchors_follow_githubs_rule(tmp_path: Path) -> None:
     doc.write_text("# The tar view: `<shard>.tar` and `shards.json`\n## Modalities .pbin\n"
                    "```\n# not a heading\n```\n## Notes\n## Notes\n")
     assert anchors(doc) == {"the-tar-view-shardtar-and-shardsjson", "modalities-pbin", "notes", "notes-1"}
+
+
+#: A repository path in a code span: `tests/...`, `bench/...`, `atlasfs/...`, `scripts/...`, `docs/...`.
+_PATH = re.compile(r"`((?:tests|bench|atlasfs|scripts|docs)/[\w./-]*\.(?:py|md|c|h|sh))`")
+#: Every README of the repository's folders besides the docs (fixtures name their tests).
+READMES = sorted(p for p in REPO.glob("*/**/README.md")
+                 if not any(part.startswith(".") for part in p.relative_to(REPO).parts))
+
+
+@pytest.mark.parametrize("doc", DOCS + READMES, ids=lambda p: p.relative_to(REPO).as_posix())
+def test_named_paths_exist(doc: Path) -> None:
+    """A file the docs name in code (`tests/mount/test_jobs_mount.py`) exists: a test or module
+    moved to another folder left its old path in the docs, with no link to fail."""
+    missing = sorted({name for name in _PATH.findall(doc.read_text()) if not (REPO / name).exists()})
+    assert not missing, f"{doc.relative_to(REPO)} names files that do not exist: {missing}"
