@@ -321,6 +321,23 @@ class FileTable:
             return length
         return len(locators.prefixes[number - 1]) + length
 
+    def located_sizes(self, rows: np.ndarray) -> np.ndarray:
+        """:meth:`located_size` of each of entries ``rows`` at once (uint64), :data:`UNKNOWN_SIZE`
+        where an entry has no locator."""
+        out = np.full(len(rows), UNKNOWN_SIZE, dtype=np.uint64)
+        locators = self.locators
+        if locators is None or not len(rows):
+            return out
+        has = locators.offset[rows] != NO_LOCATOR
+        number = locators.prefix[rows].astype(np.int64)
+        sizes = locators.length[rows].astype(np.uint64)
+        runs = has & (number != 0) & (number != INLINE) & (number != KEPT)
+        if bool(runs.any()):
+            prefix_lengths = np.array([len(p) for p in locators.prefixes], dtype=np.uint64)
+            sizes[runs] += prefix_lengths[number[runs] - 1]
+        out[has] = sizes[has]
+        return out
+
     def entry_path(self, i: int) -> str:
         """The path of entry ``i`` (relative to the shard folder)."""
         return self._path(i).decode("utf-8")

@@ -234,17 +234,21 @@ class Tables:
         rows = rows[table.size[rows] == UNKNOWN_SIZE]
         if not len(rows):
             return
-        self.blocks.reading(s, block)
-        decoded = self.blocks.decoded(s, block)
-        sizes = []
-        for pos, file in zip(table.pos[rows].tolist(), table.file[rows].tolist()):
-            files = self.blocks.example_of(decoded, s, block, pos)
-            if file >= len(files):  # only if a stored table lies
-                raise self.blocks.mismatch(s, block)
-            sizes.append(len(files[file]))
+        # A file with a locator has its size there (checked against its encoding when the
+        # table was built, as at a lookup: size_located); only the others encode their examples.
+        sizes = table.located_sizes(rows)
+        left = np.flatnonzero(sizes == UNKNOWN_SIZE)
+        if len(left):
+            self.blocks.reading(s, block)
+            decoded = self.blocks.decoded(s, block)
+            for k, pos, file in zip(left.tolist(), table.pos[rows[left]].tolist(), table.file[rows[left]].tolist()):
+                files = self.blocks.example_of(decoded, s, block, pos)
+                if file >= len(files):  # only if a stored table lies
+                    raise self.blocks.mismatch(s, block)
+                sizes[k] = len(files[file])
         with self.locks[s]:
             still = table.size[rows] == UNKNOWN_SIZE  # another thread may have been first
-            table.size[rows[still]] = np.array(sizes, dtype=np.uint64)[still]
+            table.size[rows[still]] = sizes[still]
             learnt = int(np.count_nonzero(still))
             unsized.left -= learnt
             unsized.learnt += learnt

@@ -151,3 +151,37 @@ def test_index_command_writes_beside_the_dataset_or_to_an_index_dir(tmp_path: Pa
     blocked.write_text("")
     result = atlasfs("index", str(other), "--index-dir", str(blocked / "sub"))
     assert result.returncode == 1 and result.stderr.count("\n") == 1 and "--index-dir" in result.stderr
+
+
+def test_a_table_is_sized_from_its_locators_without_decoding(tmp_path: Path) -> None:
+    """``located_sizes`` is each entry's ``located_size`` at once, and sizing a table (what
+    `atlasfs index` and the tar view's layout do) encodes only the files no locator sizes."""
+    import random
+
+    from atlasfs.tree.blocktree import BlockTree
+    from atlasfs.tree.table.layout import INLINE, KEPT, UNKNOWN_SIZE
+    from atlasfs import AtlasWriter
+
+    rng = random.Random(5)
+    dataset = tmp_path / "ds"
+    with AtlasWriter(dataset, shard_size=64, block_size=16, compression_strategy=1) as writer:
+        for i in range(64):  # runs (bin, txt; npy behind its header), inline (cls), kept (a json of
+            values = 1500 if i == 3 else 20  # ~500 bytes), none (one json past 16 KiB, in block 0)
+            writer.add_example({"bin": rng.randbytes(300), "txt": "y" * (i + 200), "cls": i,
+                                "npy": np.arange(i + 100, dtype=np.int64),
+                                "json": {"i": i, "v": [rng.random() for _ in range(values)]}})
+    tree = BlockTree(AtlasDataset(dataset), cache_bytes=0)
+    table = tree.table(0)
+    rows = np.arange(len(table))
+    located = table.located_sizes(rows)
+    assert located.dtype == np.uint64
+    assert [None if v == UNKNOWN_SIZE else int(v) for v in located] == [table.located_size(i) for i in rows]
+    kinds = set(table.locators.prefix[table.locators.offset != 0xFFFFFFFF].tolist())
+    assert {0, 1, INLINE, KEPT} <= kinds, kinds  # every kind of locator: runs without and with a prefix
+    assert int(np.count_nonzero((located == UNKNOWN_SIZE) & (table.kind == FILE))) == 1  # the big json
+    misses = tree.cache.misses
+    sized = tree.table(0, sizes=True)
+    reference = BlockTree(AtlasDataset(dataset))
+    assert [(p, e.size) for p, e in tree.walk("/")] == [(p, e.size) for p, e in reference.walk("/")]
+    assert not np.any(sized.size[sized.kind == FILE] == UNKNOWN_SIZE)
+    assert tree.cache.misses - misses == 1  # block 0 decoded for its big json, no other
