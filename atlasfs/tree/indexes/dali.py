@@ -19,7 +19,7 @@ view serves it as ``<shard>.idx``, the same name for every shard name without a 
 
 from __future__ import annotations
 
-from atlasfs.tree.indexes.energon import Layout
+from atlasfs.tree.indexes.energon import Layout, layout_names
 
 VERSION = "v1.2"
 SUFFIX = ".idx"  # replacing ".tar"
@@ -54,16 +54,14 @@ def split_name(path: str) -> tuple[str, str]:
 def dali_index(layout: Layout) -> bytes:
     """The v1.2 index ``wds2idx`` writes for the tar laid out by ``layout``; an empty
     tar (no sample) gets ``v1.2 0`` (``wds2idx`` fails on one, leaving an empty file)."""
-    data = layout.data_starts()
-    sizes = layout.sizes
     samples: list[list[str]] = []
     last = None
-    for i in range(len(layout)):
-        name = tar_printed(layout.name(i))
+    for name, data, size in zip(layout_names(layout), layout.data_starts().tolist(), layout.sizes.tolist()):
+        name = tar_printed(name)
         key, ext = split_name(name)
         if not key or key.endswith("/"):
             continue
-        entry = f"{ext} {int(data[i])} {int(sizes[i])} {name}"
+        entry = f"{ext} {data} {size} {name}"
         if key != last:
             samples.append([entry])
             last = key
