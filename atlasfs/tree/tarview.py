@@ -50,6 +50,10 @@ INDEX_NAME = "shards.json"
 #: Bytes of tar layouts kept (the most recently used; at least one): a layout is made again
 #: from the tree when its tar is next looked up.
 LAYOUT_BYTES = 16 << 20
+#: A pass's pieces shorter than this are joined with their neighbours (:meth:`TarLayout.pieces`).
+SMALL_PIECE = 16 << 10
+#: ... into pieces of about this many bytes (for the tar view's passes, tree/tarstream.py).
+GATHER_BYTES = 64 << 10
 #: Inode numbers of the view's own files start here (the base tree's stay below).
 VIEW_INO_BASE = 1 << 62
 #: Inode numbers of the loaders' indexes (atlasfs/tree/indexes/) start here.
@@ -80,11 +84,19 @@ _TEMPLATE = _tarfile_header("", 0, 0)
 _TEMPLATE_SUM = sum(_TEMPLATE[:148]) + sum(_TEMPLATE[156:]) + 8 * 0x20  # the checksum field counts as spaces
 
 
+_MODE_IDS = _TEMPLATE[100:124]  # mode, uid, gid: the same in every header
+_TYPE_ON = _TEMPLATE[156:]  # type flag, link name, magic, version, names, device numbers, prefix
+_SUM_BASE = _TEMPLATE_SUM - sum(_TEMPLATE[124:148])  # without size and mtime
+_NAME_PADS = tuple(bytes(n) for n in range(tarfile.LENGTH_NAME + 1))
+#: Zeros after a file's bytes up to the next block, for each length (no bytes made per member).
+_PADS = tuple(bytes(n) for n in range(BLOCK))
+
+
 def _fast_header(name: bytes, size: int, mtime: int) -> bytes:
     numbers = b"%011o\0%011o\0" % (size, mtime)
-    checksum = _TEMPLATE_SUM + sum(name) + sum(numbers) - sum(_TEMPLATE[124:148])
-    return b"".join((name, bytes(tarfile.LENGTH_NAME - len(name)), _TEMPLATE[100:124], numbers,
-                     b"%06o\0 " % checksum, _TEMPLATE[156:]))
+    checksum = _SUM_BASE + sum(name) + sum(numbers)
+    return b"".join((name, _NAME_PADS[tarfile.LENGTH_NAME - len(name)], _MODE_IDS, numbers,
+                     b"%06o\0 " % checksum, _TYPE_ON))
 
 
 _FAST = all(_fast_header(n.encode(), z, t) == _tarfile_header(n, z, t)
@@ -212,36 +224,80 @@ class TarLayout:
             raise OSError(errno.EIO, f"{self.folder}/{self.name(i)}: short read")
         return data if type(data) is bytes else bytes(data)
 
-    def pieces(self, chunk: int = 1 << 20) -> Iterator[bytes]:
+    def pieces(self, chunk: int = 1 << 20, gather: int = 0) -> Iterator[bytes]:
         """The whole tar in order, a piece at a time (a header, up to ``chunk`` bytes of a
         file, padding, the end blocks), from one pass over the members
         (:meth:`~atlasfs.tree.base.Tree.member_files`: no lookup per file, the bytes export
-        writes); each member checked against the layout (EIO if the tree changed under it)."""
+        writes); each member checked against the layout (EIO if the tree changed under it).
+        With ``gather``, runs of pieces shorter than :data:`SMALL_PIECE` are joined into
+        pieces of about ``gather`` bytes (a pass a reader takes in requests keeps a piece per
+        ``gather`` bytes of small files instead of three a member)."""
         sizes, mtimes = self.sizes.tolist(), self.mtimes.tolist()
+        name_of = self._names_in_order()
         tree, where = self.tree, self.folder
         located = _pass_reader(tree)
+        pads, block = _PADS, BLOCK
+        small = SMALL_PIECE if gather else 0
+        held: list[bytes] = []  # small pieces not yet joined, ``kept`` bytes
+        kept = 0
         count = 0
         for i, (name, entry, data) in enumerate(tree.member_files(self._members_of)):
             size = entry.size
-            if i >= len(sizes) or size != sizes[i] or name != self.name(i):
+            if i >= len(sizes) or size != sizes[i] or name != name_of(i):
                 raise OSError(errno.EIO, f"{where}/{name}: changed since its tar was laid out")
-            yield _header(name, size, mtimes[i])
             if data is None and located is not None and size:
                 data = located(entry)
             if data is not None:
-                yield data if type(data) is bytes else bytes(data)
+                files = (data,)
+            elif not size:
+                files = ()
+            elif size <= chunk:
+                files = (tree.read(entry, 0, size),)
             else:
-                for at in range(0, size, chunk):
-                    piece = tree.read(entry, at, min(chunk, size - at))
-                    if len(piece) != min(chunk, size - at):
-                        raise OSError(errno.EIO, f"{where}/{name}: short read")
-                    yield piece if type(piece) is bytes else bytes(piece)
-            if size % BLOCK:
-                yield bytes(BLOCK - size % BLOCK)
+                files = (tree.read(entry, at, min(chunk, size - at)) for at in range(0, size, chunk))
+            header = _header(name, size, mtimes[i])
+            if not small:
+                yield header
+            else:
+                held.append(header)
+                kept += len(header)
+            got = 0
+            for piece in files:
+                got += len(piece)
+                if type(piece) is not bytes:
+                    piece = bytes(piece)
+                if len(piece) < small:
+                    held.append(piece)
+                    kept += len(piece)
+                    continue
+                if held:
+                    yield held[0] if len(held) == 1 else b"".join(held)
+                    held, kept = [], 0
+                yield piece
+            if got != size:
+                raise OSError(errno.EIO, f"{where}/{name}: short read")
+            if size % block:
+                if not small:
+                    yield pads[block - size % block]
+                else:
+                    held.append(pads[block - size % block])
+                    kept += block - size % block
+            if kept >= gather and held:
+                yield b"".join(held)
+                held, kept = [], 0
             count += 1
         if count != len(sizes):
             raise OSError(errno.EIO, f"{where}: changed since its tar was laid out")
-        yield bytes(self.size - self.starts.item(len(sizes)))
+        held.append(bytes(self.size - self.starts.item(len(sizes))))
+        yield b"".join(held)
+
+    def _names_in_order(self) -> Callable[[int], str]:
+        """``name`` for a pass: the names decoded once (a slice each), when they are ASCII."""
+        names = self._names.decode("utf-8", "surrogateescape")
+        if len(names) != len(self._names):  # some name is not ASCII: offsets are not characters
+            return self.name
+        offsets = self._name_offsets.tolist()
+        return lambda i: names[offsets[i]:offsets[i + 1]]
 
     def write_to(self, out: "object", chunk: int = 1 << 20) -> None:
         """Write the whole tar to the binary file ``out``: the bytes :meth:`read` gives, the
@@ -259,13 +315,19 @@ def _pass_reader(tree: Tree) -> Callable[[Entry], bytes | None] | None:
     if not isinstance(tree, BlockTree):
         return None
     tables, located = tree.tables.tables, tree.located
+    known: dict[int, list[bool]] = {}  # per shard, located.known_as_is as a list, once made
 
     def read(entry: Entry) -> bytes | None:
         ref = entry.ref
         if ref is None:
             return None
-        as_is = located.known_as_is(ref.shard)  # a compressed block's files let go of at once (tiny sets: 1 us a file)
-        if as_is is not None and not (ref.block < len(as_is) and as_is.item(ref.block)):
+        as_is = known.get(ref.shard)
+        if as_is is None:
+            made = located.known_as_is(ref.shard)
+            if made is not None:
+                as_is = known[ref.shard] = made.tolist()
+        # a compressed block's files let go of at once (tiny sets: 1 us a file)
+        if as_is is not None and not (ref.block < len(as_is) and as_is[ref.block]):
             return None
         return located.in_pass(tables.get(ref.shard), entry, ref)
     return read
@@ -555,7 +617,7 @@ class TarView(Tree):
         if offset >= stop:
             return []
         # a reader going through the tar in order: one pass over its members, as export writes it
-        parts = self._streams.read(layout, offset, stop, layout.pieces)
+        parts = self._streams.read(layout, offset, stop, lambda: layout.pieces(gather=GATHER_BYTES))
         return parts if parts is not None else layout.parts(offset, size)
 
     def total_bytes(self) -> int:

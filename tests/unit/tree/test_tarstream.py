@@ -130,3 +130,32 @@ def test_a_tar_read_in_order_through_the_view_makes_no_lookup_per_member(tmp_pat
         parts = {0: view.read(entry, 0, 8192), **{offset: view.read(entry, offset, 8192) for offset in order}}
         assert b"".join(parts[offset] for offset in sorted(parts)) == expected
     assert len(lookups) <= 10, lookups[:20]  # the folders', not one a member
+
+
+def test_a_pass_gathers_small_pieces_and_gives_the_bytes_export_writes(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    dataset = _dataset(tmp_path / "ds")
+    with AtlasWriter(tmp_path / "named", shard_size=40, block_size=8) as writer:  # a name not ASCII: no slice of the names blob
+        for i in range(40):
+            writer.add_example({"__key__": f"é{i:03d}" if i % 7 else f"k{i:03d}", "bin": bytes([i]) * (i * 997)})
+    for source in (dataset, tmp_path / "named"):
+        out = tmp_path / f"out-{source.name}"
+        assert atlasfs("export", str(source), str(out)).returncode == 0
+        atlasfs("index", str(source))
+        view = TarView(BlockTree(AtlasDataset(source), store=TableStore(str(source))))
+        for shard in sorted(p.name[:-4] for p in out.glob("*.tar")):
+            expected = (out / f"{shard}.tar").read_bytes()
+            layout = view.lookup(f"/{shard}.tar").ref
+            plain = list(layout.pieces())
+            gathered = list(layout.pieces(gather=4096))
+            assert b"".join(plain) == b"".join(gathered) == expected
+            # three pieces a member at most without gathering; with it, every small piece is in a
+            # run of them joined up to the size asked, and a piece of SMALL_PIECE or more goes alone
+            assert len(gathered) < len(plain)
+            small = [len(p) for p in gathered if len(p) < 4096]
+            assert len(small) <= sum(1 for p in plain if len(p) >= 16 << 10) + 2
+    # a pass that fails part way (the tree changed under its layout) still fails as before
+    layout = view.lookup("/0.tar").ref
+    monkeypatch.setattr(layout, "sizes", layout.sizes + 1)
+    with pytest.raises(OSError, match="changed since its tar was laid out"):
+        list(layout.pieces(gather=4096))
