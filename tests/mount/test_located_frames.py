@@ -6,6 +6,7 @@ logs, as it unmounts, the frames it decompressed (whole, in part) and the reads 
 
 from __future__ import annotations
 
+import os
 import random
 import re
 import threading
@@ -164,3 +165,42 @@ def test_sixteen_shuffled_readers_with_a_small_cache_read_the_exported_bytes(tmp
     answered = engine_answered_in_log(log)
     assert answered["located"][1] == 0 and answered["read"][1] == 0, answered
     assert frames["partial"] > 0, (frames, time.monotonic() - began)
+
+
+def _text_examples(n: int) -> list[dict[str, Any]]:
+    """Compressible texts of ~64 KB: every zstd block of the frame is compressed (no run alone)."""
+    rng = np.random.default_rng(5)
+    return [{"txt": "".join(rng.choice(list("abcd "), 64_000)) + str(i)} for i in range(n)]
+
+
+@pytest.mark.parametrize("strategy", [1, 2])
+def test_a_first_read_is_answered_before_its_frame_is_decompressed_to_the_end(tmp_path: Path,
+                                                                              strategy: int) -> None:
+    """With a cache that keeps whole payloads, a block's first read is answered once its frame is
+    decompressed up to the file, and the rest of the frame is decompressed after the reply. The
+    frame's content checksum (its last 4 bytes) is broken here, so that only a decompression to
+    the frame's end finds it: the first file is still answered in C (before, the whole frame was
+    decompressed first, failed its checksum, and the read was left to Python), the frame is
+    counted decompressed in part, and the last file, past what checked out, is never served."""
+    dataset = write_dataset(tmp_path / "ds", _text_examples(8), strategy, block_size=8)
+    exported = export_shards(dataset, tmp_path / "export")
+    index_tables(dataset, tmp_path / "tables")
+    data = dataset / "0" / "data.bin"
+    before = data.stat()
+    with open(data, "r+b") as f:  # the block's frame ends the file: flip its checksum's last byte
+        f.seek(before.st_size - 1)
+        last = f.read(1)[0]
+        f.seek(before.st_size - 1)
+        f.write(bytes([last ^ 0xFF]))
+    os.utime(data, ns=(before.st_atime_ns, before.st_mtime_ns))  # the stored table's key still holds
+    names = sorted(exported["0"])
+    first, last_name = names[0], names[-1]
+    log = tmp_path / "daemon.log"
+    with mounted(dataset, "-o", f"log_file={log}", "-o", f"index_dir={tmp_path / 'tables'}") as mnt:
+        assert _read(mnt, first) == exported["0"][first]
+        with pytest.raises(OSError):
+            _read(mnt, last_name)
+    answered = engine_answered_in_log(log)
+    assert answered["located"][0] >= 1, answered  # the first file, in C
+    frames = _frames(log)
+    assert frames["whole"] == 0 and frames["partial"] >= 1, frames

@@ -404,8 +404,9 @@ CachedBlock *cache_acquire_min(ByteCache *c, uint64_t shard, int kind, uint64_t 
     CachedBlock *b;
     *mine = *waited = 0;
     pthread_mutex_lock(&c->lock);
-    while ((b = find(c, shard, kind, block)) != NULL && b->state != READY) {
-        *waited = 1;  /* another worker makes it: never twice at once */
+    while ((b = find(c, shard, kind, block)) != NULL
+           && (b->state != READY || (b->growing && b->length < min_length))) {
+        *waited = 1;  /* another worker makes it (or the rest of it): never twice at once */
         pthread_cond_wait(&c->filled, &c->lock);
     }
     if (b != NULL && b->length >= min_length) {
@@ -477,6 +478,55 @@ void cache_complete_sized(ByteCache *c, CachedBlock *b, char *data, size_t lengt
 void cache_complete_reserved(ByteCache *c, CachedBlock *b, char *data, size_t length, size_t capacity)
 {
     complete(c, b, data, length, capacity, 1);
+}
+
+void cache_complete_growing(ByteCache *c, CachedBlock *b, char *data, size_t length, size_t capacity)
+{
+    pthread_mutex_lock(&c->lock);
+    b->growing = 1;  /* before it is ready: no reader sees it ready and not growing */
+    pthread_mutex_unlock(&c->lock);
+    complete(c, b, data, length, capacity, 1);
+}
+
+void cache_grown(ByteCache *c, CachedBlock *b, size_t length)
+{
+    pthread_mutex_lock(&c->lock);
+    if (length > b->length)
+        __atomic_store_n(&b->length, length, __ATOMIC_RELEASE);  /* its readers read it unlocked */
+    b->growing = 0;
+    pthread_cond_broadcast(&c->filled);
+    shrink(c);
+    pthread_mutex_unlock(&c->lock);
+}
+
+CachedBlock *cache_replace_grown(ByteCache *c, CachedBlock *b, char *data, size_t length, size_t capacity)
+{
+    CachedBlock *n = calloc(1, sizeof *n);
+    if (n == NULL)
+        return NULL;
+    pthread_mutex_lock(&c->lock);
+    b->growing = 0;
+    {
+        n->shard = b->shard;
+        n->block = b->block;
+        n->kind = b->kind;
+        n->data = data;
+        n->length = length;
+        n->capacity = capacity;
+        n->sparse = 1;
+        n->bytes = capacity + sizeof *n;
+        n->state = READY;
+        n->readers = 1;  /* the filler's, until it lets go of it: not evicted before its waiters take it */
+        n->served = __atomic_load_n(&b->served, __ATOMIC_RELAXED);
+        if (!b->orphan)
+            orphan(c, b);  /* out of the cache first: find() gives the new one */
+        insert(c, n);
+        c->bytes += n->bytes;
+    }
+    pthread_cond_broadcast(&c->filled);
+    shrink(c);
+    pthread_mutex_unlock(&c->lock);
+    return n;
 }
 
 void cache_settle(ByteCache *c, CachedBlock *b, size_t reserved)

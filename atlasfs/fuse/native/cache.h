@@ -37,6 +37,10 @@ struct CachedBlock {
                          * charged to the bound as reserved, not twice (cache_settle) */
     int sparse;         /* KIND_PAYLOAD: the frame's map and only its compressed zstd blocks'
                          * bytes (located.c Sparse); `length` is then how far it maps */
+    int growing;        /* KIND_PAYLOAD: ready up to `length` while its filler decompresses the
+                         * rest of the frame into `data` past it (cache_complete_growing): readers
+                         * needing no more read it meanwhile, the others wait (cache_acquire_min).
+                         * `length` then changes under readers: read it with __atomic_load_n */
     CachedBlock *next, *prev;  /* the LRU list, most recently used first */
     CachedBlock *hnext;        /* the hash chain */
 };
@@ -78,7 +82,7 @@ void cache_complete(ByteCache *c, CachedBlock *b, char *data, size_t length);
  * `length`, but for a sparse payload, whose `length` is how far it maps). */
 void cache_complete_sized(ByteCache *c, CachedBlock *b, char *data, size_t length, size_t capacity);
 /* The ready entry of at least `min_length` bytes held for reading, waiting for one being
- * filled (*waited then 1); else a new entry being filled by this worker (*mine 1), an older
+ * filled, or growing short of `min_length` (*waited then 1); else a new entry being filled by this worker (*mine 1), an older
  * shorter one replaced (freed by its last reader). NULL: no memory. */
 CachedBlock *cache_acquire_min(ByteCache *c, uint64_t shard, int kind, uint64_t block, size_t min_length,
                                int *mine, int *waited);
@@ -103,6 +107,18 @@ void cache_unreserve(ByteCache *c, size_t bytes);
 /* As cache_complete_sized, for a payload whose `reserved` bytes are still reserved: charged
  * as reserved until cache_settle gives the reservation back and charges it as an entry. */
 void cache_complete_reserved(ByteCache *c, CachedBlock *b, char *data, size_t length, size_t capacity);
+/* As cache_complete_reserved, for a payload ready up to `length` whose filler goes on
+ * decompressing into `data` past it (growing): it ends that with cache_grown or
+ * cache_replace_grown, whatever happens. */
+void cache_complete_growing(ByteCache *c, CachedBlock *b, char *data, size_t length, size_t capacity);
+/* The growing payload `b` is done: ready up to `length` (at least what it was), growing no more. */
+void cache_grown(ByteCache *c, CachedBlock *b, size_t length);
+/* The growing payload `b` is done, and replaced by a sparse one (`data`, malloc'd: `capacity`
+ * bytes that map `length` decompressed bytes), charged as an entry and held for reading by the
+ * filler (cache_release), which is returned; `b` (held by its filler) is freed by its last
+ * reader, its buffer back to the pool. NULL: no memory (nothing done, `b` still growing, `data`
+ * still the caller's). */
+CachedBlock *cache_replace_grown(ByteCache *c, CachedBlock *b, char *data, size_t length, size_t capacity);
 void cache_settle(ByteCache *c, CachedBlock *b, size_t reserved);
 /* Up to `bytes` of the bound lent to another cache of the same process (the control plane's
  * block cache keeps that much less of this one): the entries no one reads are evicted to make

@@ -422,6 +422,87 @@ static void test_lend(void)
     cache_free(&c);
 }
 
+/* A payload published ready up to part of it while its filler makes the rest (growing): a
+ * reader needing no more than what is ready reads it at once; one needing more waits for the
+ * rest, then reads it whole (made in place: cache_grown), or the sparse entry that replaced it
+ * (cache_replace_grown), the growing one freed by its last reader; charged as one entry. */
+typedef struct {
+    ByteCache *c;
+    size_t need;
+    int done, waited;
+    CachedBlock *got;
+    size_t length;
+} GrowWaiter;
+
+static void *grow_waiter(void *arg)
+{
+    GrowWaiter *w = arg;
+    int mine = 0, waited = 0;
+    CachedBlock *b = cache_acquire_min(w->c, 1, KIND_PAYLOAD, 2, w->need, &mine, &waited);
+    pthread_mutex_lock(&w->c->lock);
+    w->got = b;
+    w->waited = waited;
+    w->length = b != NULL && !mine ? b->length : 0;
+    w->done = 1;
+    pthread_mutex_unlock(&w->c->lock);
+    if (b != NULL)
+        cache_release(w->c, b);
+    return NULL;
+}
+
+static void test_growing(int replace)
+{
+    ByteCache c;
+    CachedBlock *b, *early;
+    GrowWaiter w;
+    pthread_t t;
+    char *data;
+    size_t capacity;
+    int mine = 0, waited = 0;
+    CHECK(cache_init(&c, 1 << 20) == 0, "cache_init failed");
+    w = (GrowWaiter){&c, 800, 0, 0, NULL, 0};
+    b = cache_acquire_min(&c, 1, KIND_PAYLOAD, 2, 100, &mine, &waited);
+    CHECK(b != NULL && mine, "a miss is not the caller's");
+    if (b == NULL)
+        return;
+    cache_reserve(&c, 1000);
+    data = buffer_get(&c, 1000, &capacity);
+    memset(data, 'g', 1000);
+    cache_complete_growing(&c, b, data, 200, capacity);
+    /* ready as far as 200 bytes: a reader of 150 reads it now, without waiting */
+    early = cache_acquire_min(&c, 1, KIND_PAYLOAD, 2, 150, &mine, &waited);
+    CHECK(early == b && !mine && !waited, "a reader of what is ready waited, or made its own");
+    pthread_create(&t, NULL, grow_waiter, &w);
+    pause_ms(30);
+    pthread_mutex_lock(&c.lock);
+    CHECK(!w.done, "a reader of more than is ready did not wait");
+    pthread_mutex_unlock(&c.lock);
+    if (replace) {
+        CachedBlock *sparse = cache_replace_grown(&c, b, bytes_of(300, 's'), 1000, 300);
+        CHECK(sparse != NULL && sparse != b && sparse->sparse && sparse->readers == 1, "no replacement held");
+        pthread_join(t, NULL);
+        if (sparse != NULL)
+            cache_release(&c, sparse);
+        CHECK(w.got != NULL && w.got != b && w.length == 1000 && w.waited, "the waiter did not read the sparse one");
+        cache_release(&c, b);  /* the filler */
+        if (early != NULL)
+            cache_release(&c, early);  /* the last reader of the growing one: freed now (ASan) */
+        cache_unreserve(&c, 1000);
+        CHECK(c.bytes == 300 + sizeof(CachedBlock), "charged %zu, not the sparse entry alone", c.bytes);
+    } else {
+        cache_grown(&c, b, 1000);
+        pthread_join(t, NULL);
+        CHECK(w.got == b && w.length == 1000 && w.waited, "the waiter did not read it made whole");
+        if (early != NULL)
+            cache_release(&c, early);
+        cache_settle(&c, b, 1000);
+        cache_release(&c, b);
+        CHECK(c.bytes == capacity + sizeof(CachedBlock), "charged %zu, not one entry of %zu", c.bytes, capacity);
+    }
+    CHECK(c.flight == 0, "%zu bytes still reserved", c.flight);
+    cache_free(&c);
+}
+
 int main(void)
 {
     test_fill_then_hit();
@@ -435,6 +516,8 @@ int main(void)
     test_reserve_evicts();
     test_buffer_pool();
     test_lend();
+    test_growing(0);
+    test_growing(1);
     if (failures) {
         fprintf(stderr, "%d of %d checks failed\n", failures, checks);
         return 1;

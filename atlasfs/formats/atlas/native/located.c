@@ -773,102 +773,149 @@ static int frame_content(const Located *l, uint64_t block, uint64_t *content)
     return 0;
 }
 
-/* Block `block`'s zstd frame decompressed into `dst` (`cap` bytes; `content`: what its header
- * says) zstd block by zstd block (zstd's buffer-less decoder), its stored bytes read
- * WINDOW_BYTES at a time into the worker's window (no buffer of the whole frame): the whole
- * frame, checked as codec.decompress does (one frame, its checksum if it has one, `content`
- * bytes, nothing after it), or with `want` < content only up to the zstd block that reaches
- * `want` (a file's end: its bytes are then checked by their CRC-32). *decoded: the bytes made;
- * *map_out, *nmap: every zstd block made, raw, RLE or compressed (malloc'd; NULL when there
- * was no memory for it). 0, or -1. */
-static int decode_frame(const Located *l, uint64_t block, char *dst, size_t cap, uint64_t content, uint64_t want,
-                        size_t *decoded, FrameBlock **map_out, size_t *nmap)
+/* A zstd frame being decompressed zstd block by zstd block (zstd's buffer-less decoder) into
+ * `dst` (`cap` bytes), its stored bytes read WINDOW_BYTES at a time into the worker's window (no
+ * buffer of the whole frame), resumable: decoder_run goes up to a point and returns, and a later
+ * call of the same worker goes on from there (the context and the window are the worker's own,
+ * which nothing else uses meanwhile). `map`: every zstd block made so far, raw, RLE or
+ * compressed (NULL once there was no memory for more: it stays a prefix of the frame's). */
+typedef struct {
+    const Located *l;
+    uint64_t start, stored, content;
+    uint64_t pos, wpos, wlen;  /* the next input; the window holds stored bytes [wpos, wpos + wlen) */
+    char *dst, *w;
+    size_t cap, out, count, room;
+    FrameBlock *map, pending;
+    ZSTD_DCtx *dctx;
+    int mapping, done;
+} Decoder;
+
+/* Block `block`'s frame (`content`: what its header says) to be decompressed into `dst`: 0, or -1. */
+static int decoder_begin(Decoder *d, const Located *l, uint64_t block, char *dst, size_t cap, uint64_t content)
 {
-    uint64_t start = l->starts[block], stored = l->starts[block + 1] - start;
-    uint64_t pos = 0, wpos = 0, wlen = 0;  /* the next input; the window holds stored bytes [wpos, wpos + wlen) */
-    size_t out = 0, count = 0, room = 0, got;
-    FrameBlock *map = NULL, pending = {0, 0, 0, 0, 0};
-    ZSTD_DCtx *dctx = thread_dctx();
-    char *w = thread_window();
-    int mapping = 1, done = 0;
-    *map_out = NULL;
-    *nmap = 0;
-    *decoded = 0;
-    if (dctx == NULL || w == NULL || cap > content)
+    size_t got;
+    memset(d, 0, sizeof *d);
+    d->l = l;
+    d->start = l->starts[block];
+    d->stored = l->starts[block + 1] - d->start;
+    d->content = content;
+    d->dst = dst;
+    d->cap = cap;
+    d->mapping = 1;
+    d->dctx = thread_dctx();
+    d->w = thread_window();
+    if (d->dctx == NULL || d->w == NULL || cap > content)
         return -1;
-    got = l->dictionary != NULL ? ZSTD_decompressBegin_usingDDict(dctx, dictionary_ddict(l->dictionary))
-                                : ZSTD_decompressBegin(dctx);
-    if (ZSTD_isError(got))
-        return -1;
+    got = l->dictionary != NULL ? ZSTD_decompressBegin_usingDDict(d->dctx, dictionary_ddict(l->dictionary))
+                                : ZSTD_decompressBegin(d->dctx);
+    return ZSTD_isError(got) ? -1 : 0;
+}
+
+/* The frame decompressed on, up to the zstd block that reaches `want` (a file's end: its bytes
+ * are then checked by their CRC-32) or, with `want` >= content, to its end, checked as
+ * codec.decompress does (one frame, its checksum if it has one, `content` bytes, nothing after
+ * it). 0, or -1 (the decoder is then of no more use: decoder_end). */
+static int decoder_run(Decoder *d, uint64_t want)
+{
+    const Located *l = d->l;
     for (;;) {
-        size_t n = ZSTD_nextSrcSizeToDecompress(dctx);
+        size_t n, got;
         ZSTD_nextInputType_e type;
         const char *src;
         int is_block;
+        if (want < d->content && d->out >= want)
+            return 0;  /* at a zstd block's end: what was asked is there */
+        n = ZSTD_nextSrcSizeToDecompress(d->dctx);
         if (n == 0) {
-            done = 1;
+            d->done = 1;
             break;
         }
-        type = ZSTD_nextInputType(dctx);
+        type = ZSTD_nextInputType(d->dctx);
         is_block = type == ZSTDnit_block || type == ZSTDnit_lastBlock;
-        if (type == ZSTDnit_skippableFrame || n > WINDOW_BYTES || n > stored - pos)
-            goto bad;
-        if (pos + n > wpos + wlen) {  /* read on: what is left of the window first */
-            uint64_t keep = wpos + wlen - pos, more;
+        if (type == ZSTDnit_skippableFrame || n > WINDOW_BYTES || n > d->stored - d->pos)
+            return -1;
+        if (d->pos + n > d->wpos + d->wlen) {  /* read on: what is left of the window first */
+            uint64_t keep = d->wpos + d->wlen - d->pos, more;
             if (keep > 0)
-                memmove(w, w + (pos - wpos), (size_t)keep);
-            wpos = pos;
-            wlen = keep;
-            more = stored - (wpos + wlen);
-            if (more > WINDOW_BYTES - wlen)
-                more = WINDOW_BYTES - wlen;
-            if (read_full(l->fd, w + wlen, (size_t)more, start + wpos + wlen) != 0)
-                goto bad;
-            wlen += more;
-            if (pos + n > wpos + wlen)
-                goto bad;
+                memmove(d->w, d->w + (d->pos - d->wpos), (size_t)keep);
+            d->wpos = d->pos;
+            d->wlen = keep;
+            more = d->stored - (d->wpos + d->wlen);
+            if (more > WINDOW_BYTES - d->wlen)
+                more = WINDOW_BYTES - d->wlen;
+            if (read_full(l->fd, d->w + d->wlen, (size_t)more, d->start + d->wpos + d->wlen) != 0)
+                return -1;
+            d->wlen += more;
+            if (d->pos + n > d->wpos + d->wlen)
+                return -1;
         }
-        src = w + (pos - wpos);
+        src = d->w + (d->pos - d->wpos);
         if (type == ZSTDnit_blockHeader) {
             uint32_t value = (unsigned char)src[0] | (uint32_t)(unsigned char)src[1] << 8
                              | (uint32_t)(unsigned char)src[2] << 16;
-            pending.pos = pos;
-            pending.kind = value >> 1 & 3;
+            d->pending.pos = d->pos;
+            d->pending.kind = value >> 1 & 3;
         }
-        got = ZSTD_decompressContinue(dctx, dst + out, cap - out, src, n);
-        if (ZSTD_isError(got) || got > cap - out)
-            goto bad;
-        if (is_block && mapping) {
-            if (count == room) {
-                size_t grown_room = room ? 2 * room : 64;
-                FrameBlock *grown = count < FRAME_BLOCKS_MAX ? realloc(map, grown_room * sizeof *map) : NULL;
+        got = ZSTD_decompressContinue(d->dctx, d->dst + d->out, d->cap - d->out, src, n);
+        if (ZSTD_isError(got) || got > d->cap - d->out)
+            return -1;
+        if (is_block && d->mapping) {
+            if (d->count == d->room) {
+                size_t grown_room = d->room ? 2 * d->room : 64;
+                FrameBlock *grown = d->count < FRAME_BLOCKS_MAX ? realloc(d->map, grown_room * sizeof *d->map) : NULL;
                 if (grown == NULL)
-                    mapping = 0;  /* mapped this far: the map stays a prefix of the frame's */
+                    d->mapping = 0;  /* mapped this far: the map stays a prefix of the frame's */
                 else {
-                    map = grown;
-                    room = grown_room;
+                    d->map = grown;
+                    d->room = grown_room;
                 }
             }
-            if (mapping) {
-                pending.decoded = out;
-                pending.size = (uint32_t)got;  /* at most a zstd block's 128 KiB */
-                map[count++] = pending;
+            if (d->mapping) {
+                d->pending.decoded = d->out;
+                d->pending.size = (uint32_t)got;  /* at most a zstd block's 128 KiB */
+                d->map[d->count++] = d->pending;
             }
         }
-        out += got;
-        pos += n;
-        if (is_block && want < content && out >= want)
-            break;
+        d->out += got;
+        d->pos += n;
     }
-    if (done ? out != content || pos != stored : out < want)
-        goto bad;
-    *decoded = out;
-    *map_out = map;
-    *nmap = count;
+    return d->out == d->content && d->pos == d->stored ? 0 : -1;
+}
+
+/* The map learnt (malloc'd, *n entries; the caller's from now), or NULL with *n 0. */
+static FrameBlock *decoder_take_map(Decoder *d, size_t *n)
+{
+    FrameBlock *map = d->map;
+    *n = map != NULL ? d->count : 0;
+    d->map = NULL;
+    d->count = d->room = 0;
+    return map;
+}
+
+static void decoder_end(Decoder *d)
+{
+    free(d->map);
+    d->map = NULL;
+}
+
+/* Block `block`'s zstd frame decompressed into `dst` (`cap` bytes; `content`: what its header
+ * says): the whole frame, or with `want` < content only up to the zstd block that reaches `want`
+ * (decoder_run). *decoded: the bytes made; *map_out, *nmap: every zstd block made (malloc'd;
+ * NULL when there was no memory for it). 0, or -1. */
+static int decode_frame(const Located *l, uint64_t block, char *dst, size_t cap, uint64_t content, uint64_t want,
+                        size_t *decoded, FrameBlock **map_out, size_t *nmap)
+{
+    Decoder d;
+    *map_out = NULL;
+    *nmap = 0;
+    *decoded = 0;
+    if (decoder_begin(&d, l, block, dst, cap, content) != 0 || decoder_run(&d, want) != 0 || d.out < want) {
+        decoder_end(&d);
+        return -1;
+    }
+    *decoded = d.out;
+    *map_out = decoder_take_map(&d, nmap);
     return 0;
-bad:
-    free(map);
-    return -1;
 }
 
 /* Whether block `block`'s payload is made whole and kept for the pass rather than only up to
@@ -1027,16 +1074,28 @@ typedef struct {
     int pooled;
 } Pending;
 
+/* A payload made whole, but answered first: the frame decompressed up to the file read, the
+ * payload published as ready that far (growing), the file answered from it, and only then the
+ * rest of the frame decompressed (finish_growing) by the same worker, with its own context and
+ * window. Readers needing no more than what is ready read it meanwhile; the others wait. */
+typedef struct {
+    Decoder d;
+    size_t cap, capacity;  /* reserved, and the buffer's size */
+    int active, to_disk;
+} Growing;
+
 /* Block `block`'s payload, at least its first `need` bytes, held for reading: one in the cache,
  * or one another worker is making (waited for: never made twice at once), else made by this
  * worker (a longer one in place of a shorter; its bytes reserved within the cache's bound,
  * *reserved, to settle once served). With compression, *map_out (malloc'd, *nmap_out
  * entries): the frame's map learnt on the way, for keep_map once the payload was given back;
- * with a decoded cache, the frame decompressed whole and *pending what to write of it. NULL:
- * no room, or not loadable. */
+ * with a decoded cache, the frame decompressed whole and *pending what to write of it. A
+ * payload to be made whole whose first `need` bytes are well short of its end is made only
+ * that far first: grow->active, and finish_growing makes the rest once the read is answered.
+ * NULL: no room, or not loadable. */
 static CachedBlock *acquire_payload(Session *s, const Located *l, uint64_t shard, uint64_t block, uint64_t need,
                                     size_t *reserved, FrameBlock **map_out, size_t *nmap_out, Pending *pending,
-                                    int *on_disk)
+                                    int *on_disk, Growing *grow)
 {
     int mine, waited;
     CachedBlock *b = cache_acquire_min(engine_cache(s), shard, KIND_PAYLOAD, block, (size_t)need, &mine, &waited);
@@ -1049,6 +1108,7 @@ static CachedBlock *acquire_payload(Session *s, const Located *l, uint64_t shard
     *map_out = NULL;
     *nmap_out = 0;
     memset(pending, 0, sizeof *pending);
+    grow->active = 0;
     *on_disk = 0;
     if (waited)
         __atomic_add_fetch(&engine_counters(s)->frames_waited, 1, __ATOMIC_RELAXED);
@@ -1088,6 +1148,23 @@ static CachedBlock *acquire_payload(Session *s, const Located *l, uint64_t shard
     cap = (size_t)(whole || content - need < ZSTD_BLOCKSIZE_MAX ? content : need + ZSTD_BLOCKSIZE_MAX);
     cache_reserve(engine_cache(s), cap);
     data = buffer_get(engine_cache(s), cap ? cap : 1, &capacity);
+    if (data != NULL && whole && need < content - content / 8) {
+        /* Whole, but the file read first (the rest once it is answered: finish_growing). */
+        if (decoder_begin(&grow->d, l, block, data, cap, content) != 0 || decoder_run(&grow->d, need) != 0
+            || grow->d.out < need) {
+            decoder_end(&grow->d);
+            buffer_put(engine_cache(s), data, capacity);
+            cache_abandon(engine_cache(s), b);
+            cache_unreserve(engine_cache(s), cap);
+            return NULL;
+        }
+        cache_complete_growing(engine_cache(s), b, data, grow->d.out, capacity);
+        grow->active = 1;
+        grow->cap = cap;
+        grow->capacity = capacity;
+        grow->to_disk = to_disk;
+        return b;
+    }
     if (data == NULL || decode_frame(l, block, data, cap, content, want, &decoded, &map, &nmap) != 0) {
         if (data != NULL)
             buffer_put(engine_cache(s), data, capacity);
@@ -1159,6 +1236,57 @@ static void let_go(Session *s, CachedBlock *b, size_t reserved)
     cache_release(engine_cache(s), b);
 }
 
+/* The growing payload `b` (held by this worker, its filler) made whole once its first file was
+ * answered (`served`: that file checked out): the rest of its frame decompressed, then the payload
+ * kept as sparse (its buffer back to the pool once no reader reads it) or whole, its reservation
+ * settled, the frame written to the decoded cache (with one), its map kept; `b` released. A frame
+ * that fails on the way, or whose first file did not check out, is left as far as it was ready
+ * (a partial payload: its files are checked by their CRC-32 at their first read from it). */
+static void finish_growing(Session *s, const Located *l, uint64_t shard, uint64_t block, CachedBlock *b, Growing *g,
+                           int served)
+{
+    ByteCache *c = engine_cache(s);
+    ReaderCounters *counters = engine_counters(s);
+    uint64_t stored = l->starts[block + 1] - l->starts[block];
+    size_t nmap = 0, blob_len = 0;
+    FrameBlock *map = NULL;
+    char *blob = NULL;
+    CachedBlock *sparse = NULL;
+    char *data = g->d.dst;
+    size_t content = (size_t)g->d.content;
+    g->active = 0;
+    if (!served || decoder_run(&g->d, g->d.content) != 0) {  /* a file that did not check out: no more of it */
+        decoder_end(&g->d);
+        __atomic_add_fetch(&counters->frames_partial, 1, __ATOMIC_RELAXED);
+        cache_grown(c, b, 0);
+        let_go(s, b, g->cap);
+        return;
+    }
+    map = decoder_take_map(&g->d, &nmap);
+    decoder_end(&g->d);
+    __atomic_add_fetch(&counters->frames_whole, 1, __ATOMIC_RELAXED);
+    if (make_sparse(data, content, map, nmap, &blob, &blob_len)
+        && (sparse = cache_replace_grown(c, b, blob, content, blob_len)) == NULL)
+        free(blob);  /* no memory for its entry: kept whole instead */
+    if (sparse != NULL) {
+        __atomic_add_fetch(&counters->kept_made, (uint64_t)blob_len, __ATOMIC_RELAXED);
+        __atomic_add_fetch(&counters->kept_stored, stored, __ATOMIC_RELAXED);
+        if (g->to_disk)  /* `data` is still the old payload's, which this worker holds */
+            diskblocks_write(s, l->disk_key, block, data, content);
+        cache_release(c, b);
+        cache_unreserve(c, g->cap);
+        cache_release(c, sparse);
+    } else {
+        cache_grown(c, b, content);
+        __atomic_add_fetch(&counters->kept_made, (uint64_t)g->capacity, __ATOMIC_RELAXED);
+        __atomic_add_fetch(&counters->kept_stored, stored, __ATOMIC_RELAXED);
+        if (g->to_disk)
+            diskblocks_write(s, l->disk_key, block, data, content);
+        let_go(s, b, g->cap);
+    }
+    keep_map(s, shard, block, map, nmap);
+}
+
 /* A file read in pieces (`run`: its run, checked) kept whole for its next pieces, which the
  * payload, if it cannot stay in the cache, would otherwise be made again for (KIND_RUN). */
 static void keep_pieces(Session *s, uint64_t shard, uint64_t row, const Span *span, const char *run)
@@ -1221,6 +1349,7 @@ static int serve_run(Session *s, const Located *l, ReaderRequest *req, uint64_t 
     size_t reserved = 0, nmap = 0;
     FrameBlock *map = NULL;
     Pending pending = {NULL, 0, 0, 0, 0};
+    Growing grow;
     int ok = 0, tries, on_disk = 0;
     if (span->length == 0) {
         if (!run_checks(span, ""))  /* not NULL: zlib answers 0 for a NULL buffer */
@@ -1234,8 +1363,9 @@ static int serve_run(Session *s, const Located *l, ReaderRequest *req, uint64_t 
      * decoded cache; else a read of the whole file takes the run alone where it is stored as
      * is, and the first read of a file read in pieces (the kernel's read-ahead) takes it whole
      * and keeps it for the next pieces. */
+    grow.active = 0;
     b = cache_peek(engine_cache(s), shard, KIND_PAYLOAD, block);
-    if (b != NULL && b->length < end) {
+    if (b != NULL && __atomic_load_n(&b->length, __ATOMIC_ACQUIRE) < end) {  /* growing meanwhile, maybe */
         cache_release(engine_cache(s), b);
         b = NULL;
     }
@@ -1262,14 +1392,17 @@ static int serve_run(Session *s, const Located *l, ReaderRequest *req, uint64_t 
     /* A payload another worker made only as far as its own file may end before this run: then
      * this worker makes a longer one (at most twice more: a third would be another's lie). */
     for (tries = 0; b == NULL && tries < 3; tries++) {
-        b = acquire_payload(s, l, shard, block, end, &reserved, &map, &nmap, &pending, &on_disk);
+        b = acquire_payload(s, l, shard, block, end, &reserved, &map, &nmap, &pending, &on_disk, &grow);
         if (b == NULL && on_disk && serve_decoded(s, l, req, shard, row, block, span, size, off))
             return 1;
         if (b == NULL && on_disk)
             continue;  /* not as written after all (dropped): made here next */
         if (b == NULL)
             return 0;
-        if (b->length < end) {
+        if (grow.active && __atomic_load_n(&b->length, __ATOMIC_ACQUIRE) < end) {  /* never: made past `end` */
+            finish_growing(s, l, shard, block, b, &grow, 0);
+            b = NULL;
+        } else if (__atomic_load_n(&b->length, __ATOMIC_ACQUIRE) < end) {
             finish_pending(s, l, block, &pending, 1);
             let_go(s, b, reserved);
             b = NULL;
@@ -1305,8 +1438,13 @@ static int serve_run(Session *s, const Located *l, ReaderRequest *req, uint64_t 
     }
     if (owned)
         free(assembled);
-    /* After the reply: the write costs this reader nothing, and no other (no lock is held; the
-     * block's other readers read the payload meanwhile). Only a frame whose run checked out. */
+    /* After the reply: the rest of a growing frame, and the write, cost this reader nothing, and
+     * no other (no lock is held; the block's other readers read the payload meanwhile). Only a
+     * frame whose run checked out is written. */
+    if (grow.active) {
+        finish_growing(s, l, shard, block, b, &grow, ok);
+        return ok;
+    }
     if (reserved)
         cache_settle(engine_cache(s), b, reserved);
     finish_pending(s, l, block, &pending, ok);
