@@ -592,12 +592,13 @@ class _Held(logging.Filter):
 
 
 @contextlib.contextmanager
-def said_once() -> Iterator[_Held]:
+def said_once(say: Callable[[logging.LogRecord], Any] | None = None) -> Iterator[_Held]:
     """Hold the warnings logged during a call on a shard (give its answer to the yielded
     :meth:`_Held.answered`); at the end, say those its answer does not say already. A damaged
     tar is then one line, the command's (``export of shard X failed: <why>``), not also the
     pass's warning of the same words (said first, by the worker: two lines for one problem).
-    The warnings of a call that did not fail are all said, once it returns."""
+    The warnings of a call that did not fail are all said, once it returns: given to ``say``
+    (by default, logged here)."""
     held = _Held()
     logger = logging.getLogger("atlasfs")  # every module logs there: a filter on it sees all
     logger.addFilter(held)
@@ -607,7 +608,7 @@ def said_once() -> Iterator[_Held]:
         logger.removeFilter(held)
         for record in held.records:
             if record.getMessage() not in held.said:
-                logger.handle(record)
+                (say or logger.handle)(record)
 
 
 def run(source: Source, opener: Opener, setup: Setup, work: Work, shards: Iterable[int], jobs: int | Executor,

@@ -170,21 +170,25 @@ _ran: dict[str, Any] = {}
 
 
 def _call(key: str, setup: tuple[Callable[..., None], tuple[Any, ...]], func: Callable[[Any], Any], arg: Any,
-          progress: Any) -> tuple[str, Any, str]:
+          progress: Any) -> tuple[str, Any, str, list[tuple[int, str]]]:
     """One call in a Ray worker process: the pool's initializer first if it has not run
     here, then ``func(arg)``; an exception is the answer, never a task failure. The answer
-    names the node it ran on."""
+    names the node it ran on, and carries the warnings the call logged (level, message) that
+    it does not say itself: a worker's log goes to Ray's files, not the user's terminal."""
     jobs._sender = (lambda message: progress.put.remote(message)) if progress is not None else (lambda message: None)
     node = ray.get_runtime_context().get_node_id()
-    try:
-        if _ran.get("key") != key:
-            _ran.clear()
-            initializer, initargs = setup
-            initializer(*initargs)
-            _ran["key"] = key
-        return "ok", func(arg), node
-    except Exception as exc:  # noqa: BLE001 (the call's answer, as a Workers process sends it)
-        return "error", exc, node
+    warnings: list[tuple[int, str]] = []
+    with jobs.said_once(lambda record: warnings.append((record.levelno, record.getMessage()))) as held:
+        try:
+            if _ran.get("key") != key:
+                _ran.clear()
+                initializer, initargs = setup
+                initializer(*initargs)
+                _ran["key"] = key
+            answer: tuple[str, Any] = ("ok", held.answered(func(arg)))
+        except Exception as exc:  # noqa: BLE001 (the call's answer, as a Workers process sends it)
+            answer = ("error", held.answered(exc))
+    return (*answer, node, warnings)
 
 
 _remote_call = ray.remote(max_retries=MAX_RETRIES, retry_exceptions=False, num_cpus=1)(_call)
@@ -228,8 +232,10 @@ class RayPool(jobs.Pool):
         for ref in ready:
             tag = self._refs.pop(ref)
             try:
-                kind, value, node = ray.get(ref)
+                kind, value, node, warnings = ray.get(ref)
                 self.nodes[node] += 1
+                for level, message in warnings:  # said here, as a local worker's are
+                    log.log(level, "%s", message)
             except _LOST:
                 kind, value = "lost", None
             except ray.exceptions.RayError as exc:  # the task could not run (its arguments did not unpickle...)
