@@ -69,6 +69,7 @@ bench: install
 	$(BIN)/python bench/floor.py $(BENCH_ARGS)
 	$(BIN)/python bench/tarview.py $(BENCH_ARGS)
 	$(BIN)/python bench/shuffle.py $(BENCH_ARGS) $(SHUFFLE_ARGS)
+	$(BIN)/python bench/first_read.py $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache
