@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from atlasfs.sizes import format_size
+from atlasfs.storage.links import approved
 
 __all__ = [
     "Storage", "LocalStorage", "StorageOptions", "StorageUnavailableError", "StorageChangedError",
@@ -93,7 +94,7 @@ _KINDS = {stat.S_IFIFO: "a FIFO", stat.S_IFSOCK: "a socket", stat.S_IFCHR: "a ch
 #: O_NOCTTY: a terminal standing for a file must not become the controlling one. O_CLOEXEC:
 #: not inherited by the programs a mount runs. Links are followed (no O_NOFOLLOW): a dataset
 #: may be assembled from links (Hugging Face's cache is), and what a link leads to is checked
-#: like any file.
+#: like any file, after the links on the way (:mod:`atlasfs.storage.links`).
 OPEN_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | getattr(os, "O_CLOEXEC", 0)
 
 
@@ -112,19 +113,25 @@ def refuse_over(path: str, size: int, max_bytes: int, what: str) -> None:
 
 
 def open_regular(path: str) -> tuple[int, os.stat_result]:
-    """A descriptor of the local regular file ``path`` (links followed) and its ``fstat``,
-    never blocking: anything else raises :class:`UnfitFileError` naming it and what it is.
+    """A descriptor of the local regular file ``path`` (links followed, by the rule of
+    :mod:`.links`) and its ``fstat``, never blocking: anything else raises
+    :class:`UnfitFileError` naming it and what it is.
 
-    The file is looked at (``stat``) before it is opened, so that a FIFO, socket or device is
-    never opened at all (opening some devices does something: a tape rewinds, a watchdog
-    arms), and its descriptor checked again (``fstat``) after, so that a file swapped for
-    another kind in between is refused all the same. ``FileNotFoundError`` and other
-    ``OSError`` as ``os.open`` raises them."""
-    _refuse_unless_regular(path, os.stat(path).st_mode)
+    The file is looked at (``lstat`` of each step, :func:`.links.approved`) before it is
+    opened, so that a FIFO, socket or device is never opened at all (opening some devices does
+    something: a tape rewinds, a watchdog arms), nor a link followed that its owner could not
+    follow; its descriptor is checked again (``fstat``) after: a file swapped in between (for
+    another kind, or by a link to another file) is refused all the same.
+    ``FileNotFoundError`` and other ``OSError`` as ``os.open`` raises them."""
+    looked = approved(path)
+    _refuse_unless_regular(path, looked.st_mode)
     fd = os.open(path, OPEN_FLAGS)
     try:
         st = os.fstat(fd)
         _refuse_unless_regular(path, st.st_mode)
+        if (st.st_dev, st.st_ino) != (looked.st_dev, looked.st_ino):
+            raise UnfitFileError(path, "replaced while it was opened (a symbolic link on its way changed?); not read",
+                                 errno.ESTALE)
     except BaseException:
         os.close(fd)
         raise
@@ -290,7 +297,7 @@ class LocalStorage(Storage):
     be reading a shard that ``export`` is done with).
 
     Every file is opened by :func:`open_regular` (``open``, ``read``, ``pread``): never
-    blocking, links followed, and only a regular file read; a FIFO, socket, device or folder
+    blocking, links followed by the rule of :mod:`.links`, and only a regular file read; a FIFO, socket, device or folder
     standing for one raises :class:`UnfitFileError` (``X: not a regular file (a FIFO)``)."""
 
     remote = False
@@ -303,6 +310,9 @@ class LocalStorage(Storage):
         self._lock = threading.Lock()
 
     def listdir(self, path: str) -> list[tuple[str, bool]]:
+        """As :meth:`Storage.listdir`; a folder reached through a link its owner could not
+        follow (:mod:`.links`) is not listed (its names are another user's)."""
+        approved(path)
         with os.scandir(path) as entries:
             return [(entry.name, entry.is_dir()) for entry in entries]
 

@@ -115,6 +115,13 @@ def walk(storage: "Storage", folder: str,
     goes to ``onerror`` (its ``filename`` set) and is skipped. Local folders go through
     ``os.walk`` itself (a symbolic link to a folder is not followed: no loop)."""
     if not storage.remote:
+        from atlasfs.storage.links import approved
+        try:
+            approved(folder)  # a top folder reached through another user's link is not walked
+        except OSError as exc:
+            if onerror is not None:
+                onerror(exc)
+            return
         for here, dirs, files in os.walk(folder, onerror=onerror):
             dirs.sort()
             yield here, dirs, sorted(files)

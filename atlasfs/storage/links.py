@@ -1,0 +1,91 @@
+"""Which symbolic links atlasfs follows to a dataset's files: the rule against a confused deputy.
+
+A dataset's links are followed (datasets are assembled from links: Hugging Face's cache is).
+But a process of another user than the link's owner (root mounting a user's dataset with
+``allow_other``, from ``/etc/fstab`` or systemd) would otherwise serve what the link's owner
+could not read: a link to ``/root/secret`` or to another user's private file. So, as the
+kernel's ``fs.protected_symlinks`` does for sticky folders, a link met on the way to a file is
+followed only if the process runs as the link's owner (a user mounting their own dataset: no
+change), the link is root's (trusted), or the link's owner owns the file it leads to (they
+could read it anyway). Anything else is one :class:`~atlasfs.storage.UnfitFileError` naming the
+link, and fails only what needs that file.
+
+:func:`approved` resolves the path one component at a time (``lstat``, ``readlink``), as the
+kernel would, and returns the ``stat`` of what it leads to; the caller opens the path and
+checks that its descriptor is that same file (device and inode), so that a link swapped in
+between is refused, never followed.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+
+#: Links followed on one path at most, as the kernel's limit (ELOOP past it).
+MAX_LINKS = 40
+
+
+def approved(path: str) -> os.stat_result:
+    """The ``stat`` of what ``path`` leads to, if every symbolic link on the way (from ``/``)
+    may be followed by this process (the rule above); else
+    :class:`~atlasfs.storage.UnfitFileError` naming the link. ``OSError`` as ``os.stat``
+    raises it (``FileNotFoundError``, ``NotADirectoryError``, ``PermissionError``: its
+    ``filename`` is ``path``)."""
+    links, st = _resolve(path)
+    if links:
+        me = os.geteuid()
+        for link, owner in links:
+            if owner not in (0, me, st.st_uid):
+                _refuse(path, link, owner, st, me)
+    return st
+
+
+def _resolve(path: str) -> tuple[list[tuple[str, int]], os.stat_result]:
+    """``(links met (path, owner), stat of the end)``, resolving ``path`` as the kernel does."""
+    # not os.path.abspath: it would fold "link/.." before the link is read, as the kernel does not
+    full = path if path.startswith("/") else os.path.join(os.getcwd(), path)
+    pending = full.split("/")[::-1]  # a stack: the next component last
+    resolved = "/"
+    links: list[tuple[str, int]] = []
+    st = None
+    try:
+        while pending:
+            part = pending.pop()
+            if part in ("", "."):
+                continue
+            if part == "..":
+                resolved = os.path.dirname(resolved)
+                st = None
+                continue
+            here = os.path.join(resolved, part)
+            st = os.lstat(here)
+            if stat.S_ISLNK(st.st_mode):
+                if len(links) >= MAX_LINKS:
+                    raise OSError(errno.ELOOP, os.strerror(errno.ELOOP))
+                target = os.readlink(here)
+                links.append((here, st.st_uid))
+                if target.startswith("/"):
+                    resolved = "/"
+                pending.extend(target.split("/")[::-1])
+                st = None
+            else:
+                if pending and not stat.S_ISDIR(st.st_mode):
+                    raise OSError(errno.ENOTDIR, os.strerror(errno.ENOTDIR))
+                resolved = here
+        if st is None:  # ended on "/", "..", or a link's target ending in "/"
+            st = os.stat(resolved)
+    except OSError as exc:  # named by the path asked for, as os.stat(path) would
+        raise OSError(exc.errno, exc.strerror, path) from None
+    return links, st
+
+
+def _refuse(path: str, link: str, owner: int, st: os.stat_result, me: int) -> None:
+    from atlasfs.storage import UnfitFileError
+
+    kind = "a folder" if stat.S_ISDIR(st.st_mode) else "a file"
+    if link == os.path.abspath(path):
+        what = f"a symbolic link of uid {owner} to {kind} of uid {st.st_uid}"
+    else:
+        what = f"{kind} of uid {st.st_uid} reached through {link}, a symbolic link of uid {owner}"
+    raise UnfitFileError(path, f"{what}, not followed when atlasfs runs as uid {me}", errno.EACCES)
