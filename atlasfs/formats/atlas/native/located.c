@@ -843,6 +843,16 @@ static int decoder_run(Decoder *d, uint64_t want)
             more = d->stored - (d->wpos + d->wlen);
             if (more > WINDOW_BYTES - d->wlen)
                 more = WINDOW_BYTES - d->wlen;
+            if (want < d->content) {
+                /* Up to a file's end: little past what reaching it can take (a zstd block stores
+                 * at most its decompressed bytes and a 3-byte header, but for a few of RLE),
+                 * so that the read it answers reads no stored bytes it does not need. */
+                uint64_t ahead = (want - d->out) + (want - d->out) / 16 + 4096;
+                if (ahead < n - keep)
+                    ahead = n - keep;
+                if (more > ahead)
+                    more = ahead;
+            }
             if (read_full(l->fd, d->w + d->wlen, (size_t)more, d->start + d->wpos + d->wlen) != 0)
                 return -1;
             d->wlen += more;
