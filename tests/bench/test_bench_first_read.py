@@ -17,7 +17,7 @@ from fusemount import require_fuse
 
 SETS = ("real", "image", "random")
 COLUMNS = ("set", "first reads", "p50 (ms)", "up to, p50", "p50 target", "p50", "p99 (ms)", "whole, p99",
-           "p99 target", "p99", "excess, median", "whole, p50", "bytes")
+           "p99 target", "p99", "excess, median", "whole, p50", "later read, p50", "bytes")
 
 
 @pytest.mark.fuse
@@ -34,6 +34,9 @@ def test_first_read_bench_smoke(tmp_path: Path) -> None:
         assert len(reads) == result["blocks"] >= 6, (name, len(reads))
         assert len({(r["shard"], r["block"]) for r in reads}) == len(reads), name
         assert all(r["ok"] for r in reads) and result["passes"][0]["wrong"] == 0, name
+        later = result["passes"][0]["later_reads"]  # another file of every block but those whose other file was looked up first
+        assert len(later) >= len(reads) - len({r["shard"] for r in reads}) and all(r["ok"] and r["ms"] > 0 for r in later), name
+        assert {r["file"] for r in later}.isdisjoint(r["file"] for r in reads), name
         assert len({r["shard"] for r in reads}) >= 2, name
         for r in reads:
             assert r["ms"] > 0 and r["whole_ms"] > 0 and r["up_to_ms"] >= 0, r
