@@ -31,9 +31,7 @@ import json
 import re
 import sqlite3
 import struct
-import threading
 import uuid
-import weakref
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -85,9 +83,9 @@ def split_member(name: str) -> tuple[str, str] | None:
 
 @dataclass(frozen=True)
 class Members:
-    """The members energon counts in one tar, found once per layout (:func:`counted`):
-    ``member`` their indexes in the tar, ``sample`` each one's sample index, ``parts`` each
-    one's part name; ``keys`` each sample's key and ``firsts`` its first member's index."""
+    """The members energon counts in one tar (:func:`counted`): ``member`` their indexes in
+    the tar, ``sample`` each one's sample index, ``parts`` each one's part name; ``keys`` each
+    sample's key and ``firsts`` its first member's index."""
 
     member: np.ndarray
     sample: np.ndarray
@@ -96,25 +94,16 @@ class Members:
     firsts: np.ndarray
 
 
-_COUNTED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-_COUNTED_LOCK = threading.Lock()
-
-
 def counted(layout: Layout) -> Members:
-    """The :class:`Members` of ``layout``, found once for as long as the layout lives (the
-    ``.tar.idx``, ``index.sqlite``'s rows and the key that names it all read them)."""
-    with _COUNTED_LOCK:
-        found = _COUNTED.get(layout)
-    if found is not None:
-        return found
+    """The :class:`Members` of ``layout`` (made each time: the ``.tar.idx`` made from them is
+    kept by the view, and ``index.sqlite``'s rows are made once a dataset)."""
     member: list[int] = []
     sample: list[int] = []
     parts: list[str] = []
     keys: list[str] = []
     firsts: list[int] = []
-    names = layout_names(layout)
     last = None
-    for i, name in enumerate(names):
+    for i, name in enumerate(layout_names(layout)):
         split = split_member(name)
         if split is None:
             continue
@@ -126,11 +115,8 @@ def counted(layout: Layout) -> Members:
         member.append(i)
         sample.append(len(keys) - 1)
         parts.append(part)
-    found = Members(np.array(member, dtype=np.int64), np.array(sample, dtype=np.int64), parts, keys,
-                    np.array(firsts, dtype=np.int64))
-    with _COUNTED_LOCK:
-        _COUNTED[layout] = found
-    return found
+    return Members(np.array(member, dtype=np.int64), np.array(sample, dtype=np.int64), parts, keys,
+                   np.array(firsts, dtype=np.int64))
 
 
 def layout_names(layout: Layout) -> list[str]:
@@ -145,9 +131,10 @@ def members(layout: Layout) -> Iterator[tuple[int, int, str, str]]:
         yield i, index, found.keys[index], part
 
 
-def sample_starts(layout: Layout) -> np.ndarray:
-    """Offsets of each sample's first member, then where the end blocks begin: the ``.tar.idx``."""
-    firsts = counted(layout).firsts
+def sample_starts(layout: Layout, found: Members | None = None) -> np.ndarray:
+    """Offsets of each sample's first member, then where the end blocks begin: the ``.tar.idx``
+    (of ``found``, the layout's :func:`counted` members, if given)."""
+    firsts = (found if found is not None else counted(layout)).firsts
     out = np.empty(len(firsts) + 1, dtype="<u8")
     out[:-1] = layout.starts[firsts]
     out[-1] = layout.starts[-1]
@@ -329,7 +316,7 @@ class DuplicateKey(ValueError):
 def sample_rows(tar_id: int, layout: Layout) -> tuple[list[tuple], list[tuple]]:
     """The ``samples`` and ``sample_parts`` rows of the tar numbered ``tar_id``."""
     found = counted(layout)
-    starts = sample_starts(layout)
+    starts = sample_starts(layout, found)
     offsets = starts[:-1].tolist()
     samples = list(zip([tar_id] * len(found.keys), found.keys, range(len(found.keys)), offsets,
                        np.diff(starts).tolist()))
