@@ -75,10 +75,10 @@ def index_files(shard: str) -> list[str]:
 # -- the data
 
 
-def prepare(name: str, workdir: str, samples: int, media_python: str | None) -> dict[str, Any]:
-    """One ``samples``-sample shard of set ``name``: {"atlas", "tars", "shards"} (made or reused)."""
+def prepare(name: str, workdir: str, samples: int, media_python: str | None, shards: int = 1) -> dict[str, Any]:
+    """``shards`` shards of ``samples`` samples of set ``name``: {"atlas", "tars", "shards"} (made or reused)."""
     if name == "media":
-        args = argparse.Namespace(samples=samples, shard_size=samples, block_size=shuffle.BLOCK_SIZE,
+        args = argparse.Namespace(samples=samples * shards, shard_size=samples, block_size=shuffle.BLOCK_SIZE,
                                   strategy=shuffle.DEFAULT_STRATEGY, seed=39)
         data = shuffle.prepare(args, workdir, media_python or "", False)
         tars = os.path.join(data["root"], "tars")
@@ -87,8 +87,9 @@ def prepare(name: str, workdir: str, samples: int, media_python: str | None) -> 
             open(tars + ".done", "w").close()
         return {"atlas": data["atlas"], "tars": tars, "shards": data["shards"]}
     base = datagen.spec_for(name)
-    spec = datagen.DatasetSpec(base.name, base.description, samples, samples, base.block_size, base.seed)
-    prepared = datagen.prepare(spec, os.path.join(workdir, f"indexes-{samples}"), log)
+    spec = datagen.DatasetSpec(base.name, base.description, samples * shards, samples, base.block_size, base.seed)
+    prepared = datagen.prepare(spec, os.path.join(workdir, f"indexes-{samples}" + (f"x{shards}" if shards > 1 else "")),
+                               log)
     return {"atlas": prepared.atlas, "tars": prepared.tars, "shards": prepared.shards}
 
 
@@ -211,7 +212,7 @@ def run(args: argparse.Namespace, ws: harness.Workspace) -> dict[str, Any]:
     wrong: list[str] = []
     dropped = [True]
     for name in args.datasets:
-        data = prepare(name, ws.workdir, samples, media_python)
+        data = prepare(name, ws.workdir, samples, media_python, args.shards)
         files = index_files(data["shards"][0])
         crcs: dict[str, tuple[int, int]] = {}
         for source in SOURCES:
@@ -236,7 +237,7 @@ def run(args: argparse.Namespace, ws: harness.Workspace) -> dict[str, Any]:
                                          f"; first seen {seen[0]} bytes, CRC {seen[1]:08x}")
                             log(f"WRONG BYTES: {wrong[-1]}")
             system.clear_metadata()
-    return {"samples": samples, "runs": runs, "floors": floors, "wrong": wrong,
+    return {"samples": samples, "shards": args.shards, "runs": runs, "floors": floors, "wrong": wrong,
             "page_cache_dropped": dropped[0] and not args.no_drop_caches}
 
 
@@ -267,7 +268,9 @@ def _ms(stats: dict[str, float]) -> str:
 
 
 def body(result: dict[str, Any], figures: dict[str, dict[str, Any]], repeat: int) -> list[str]:
-    lines = [f"One {result['samples']:,}-sample shard of each set, mounted with `atlasfs mount --view tars` from "
+    lines = [("One" if result["shards"] == 1 else f"{result['shards']}") + f" {result['samples']:,}-sample shard"
+             + ("" if result["shards"] == 1 else "s (the indexes of the first; `.nv-meta`'s of them all)")
+             + " of each set, mounted with `atlasfs mount --view tars` from "
              "its Atlas dataset and from its WebDataset tars (`atlasfs export`). Each file is read in its own "
              "fresh mount, after " + ("dropping the page cache" if result["page_cache_dropped"]
                                      else "**not** dropping the page cache (not root, or --no-drop-caches)")
@@ -305,7 +308,9 @@ def body(result: dict[str, Any], figures: dict[str, dict[str, Any]], repeat: int
                             "READs sent"], rows)
     lines += ["", "The floor of a first mount (nothing stored), in a fresh process without FUSE, ms: decoding every "
               "block of the shard once (Atlas), building its file table with every size, laying out its tar, "
-              "then each index from that layout:", ""]
+              "then each index from that layout" + (":" if result["shards"] == 1 else
+                                                    " (`.nv-meta`'s first also build every other shard's table):"),
+              ""]
     rows = []
     for key, f in result["floors"].items():
         rest = [f"{f[p] * 1e3:,.1f}" for p in f if p not in ("decode", "table", "layout")]
@@ -323,6 +328,8 @@ def main(argv: list[str] | None = None) -> int:
     p = harness.parser(__doc__, repeat=3)
     p.add_argument("--samples", type=int, default=SAMPLES, help=f"samples of the shard (default {SAMPLES}; "
                                                                  f"--smoke {SMOKE_SAMPLES})")
+    p.add_argument("--shards", type=int, default=1, help="shards of the dataset (default 1): .nv-meta's files "
+                                                              "are made from every shard's tar")
     p.add_argument("--datasets", default=",".join(DATASETS), help=f"which sets (default {','.join(DATASETS)})")
     p.add_argument("--no-drop-caches", action="store_true", help="do not drop the page cache before each read")
     p.add_argument("--media-venv", default=shuffle.DEFAULT_MEDIA_VENV,
@@ -330,8 +337,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-install", action="store_true", help="do not install Pillow if it is missing")
     args = harness.parse(p, argv)
     args.datasets = [d.strip() for d in args.datasets.split(",") if d.strip()]
-    if args.samples < 1 or not set(args.datasets) <= set(DATASETS) or not args.datasets:
-        p.error(f"--samples must be >= 1 and --datasets a list of {', '.join(DATASETS)}")
+    if args.samples < 1 or args.shards < 1 or not set(args.datasets) <= set(DATASETS) or not args.datasets:
+        p.error(f"--samples and --shards must be >= 1 and --datasets a list of {', '.join(DATASETS)}")
     if not any(a == "--out" or a.startswith("--out=") for a in args.argv) and not args.smoke:
         args.out = os.path.join(harness.DEFAULT_OUT, "indexes")
     with harness.workspace("indexes", args) as ws:
