@@ -18,6 +18,7 @@ from typing import Any, Iterator
 import numpy as np
 
 from atlasfs.errors import AtlasFormatError
+from atlasfs.formats.lavender import bounds
 from atlasfs.storage import LOCAL, Storage, open_regular
 from atlasfs.storage.files import transient_failure
 
@@ -100,6 +101,7 @@ class ShardFile:
         self._offsets: np.ndarray | None = None  # csv row offsets, from the scan or a stored state
         self._parquet: Any = None
         self._group_starts: np.ndarray | None = None
+        self._batch_rows: dict[tuple[int, tuple[str, ...] | None], int] = {}  # row groups checked (bounds)
         self._lock = threading.Lock()
 
     def columns(self) -> list[str]:
@@ -148,19 +150,53 @@ class ShardFile:
 
     def first_cell(self, column: str) -> bytes | None:
         """The first non-empty cell of a binary parquet column (None: every cell is null or
-        empty), read a small batch at a time so a column of big images is not read whole."""
+        empty), read a small batch at a time so a column of big images is not read whole (each
+        row group's pages checked first: :mod:`.bounds`)."""
         try:
             with self._lock:
-                batches = self._parquet_file().iter_batches(batch_size=16, columns=[column])
-                for batch in batches:
-                    for value in batch.column(0).to_pylist():
-                        if value:
-                            return value
+                parquet = self._parquet_file()
+                for group in range(parquet.metadata.num_row_groups):
+                    rows = min(16, self._checked(group, [column]))
+                    for batch in parquet.iter_batches(batch_size=rows, row_groups=[group], columns=[column],
+                                                      use_threads=False):
+                        for value in batch.column(0).to_pylist():
+                            if value:
+                                return value
         except LavenderError:
             raise
         except Exception as exc:
             raise _failed(exc, f"{self.path}: column {column!r} cannot be read ({_reason(exc)})") from None
         return None
+
+    def _checked(self, group: int, columns: list[str] | None) -> int:
+        """Rows per batch for row group ``group`` of ``columns`` (None: all), once its page
+        headers show it within :data:`.bounds.MAX_ROW_GROUP_BYTES`; :class:`LavenderError`
+        naming the file and the row group else. Called with the lock held."""
+        key = (group, tuple(columns) if columns is not None else None)
+        rows = self._batch_rows.get(key)
+        if rows is None:
+            parquet = self._parquet_file()
+            names = columns if columns is not None else list(parquet.schema_arrow.names)
+            found = self.storage.stat(self.path)
+            with self.storage.open(self.path, ranged=True) as f:
+                def pread(offset: int, size: int) -> bytes:
+                    f.seek(offset)
+                    return f.read(size)
+                try:
+                    rows = bounds.batch_rows(parquet.metadata, group, names, pread, found[0] if found else 0)
+                except bounds.Refused as exc:
+                    raise LavenderError(f"{self.path}: {exc}") from None
+            self._batch_rows[key] = rows
+        return rows
+
+    def _read_group(self, group: int, columns: list[str] | None) -> Any:
+        """Row group ``group`` (``columns`` of it; None: all), decoded within
+        :data:`.bounds.MAX_ROW_GROUP_BYTES` (:class:`LavenderError` past it). Called with the lock held."""
+        rows = self._checked(group, columns)
+        try:
+            return bounds.bounded_read(self._parquet_file(), group, columns, rows)
+        except bounds.Refused as exc:
+            raise LavenderError(f"{self.path}: {exc}") from None
 
     def row_groups(self) -> list[int]:
         """Rows in each parquet row group (an empty list for csv)."""
@@ -181,11 +217,13 @@ class ShardFile:
                 result = self._scan_csv(uid)
                 self._offsets = result.offsets
                 return result
-            with self._lock:
-                table = self._parquet_file().read(columns=[uid])
+            values: list[Any] = []
+            with self._lock:  # a row group at a time, each within its bound
+                for group in range(self._parquet_file().metadata.num_row_groups):
+                    values.extend(self._read_group(group, [uid]).column(0).to_pylist())
             problems = []
             uids: list[str | None] = []
-            for row, value in enumerate(table.column(0).to_pylist()):
+            for row, value in enumerate(values):
                 if value is None:
                     problems.append(f"{self.path} row {row + 1}: no uid (null)")
                     uids.append(None)
@@ -317,7 +355,7 @@ class ShardFile:
     def _read_parquet(self, wanted: np.ndarray, cache: RowGroupCache) -> tuple[dict[int, Any], int]:
         import pyarrow as pa
         with self._lock:
-            parquet = self._parquet_file()
+            self._parquet_file()
         starts = self._group_starts
         assert starts is not None
         groups = np.searchsorted(starts, wanted, side="right") - 1
@@ -329,7 +367,7 @@ class ShardFile:
             table = cache.get((self.path, group))
             if table is None:
                 with self._lock:
-                    table = parquet.read_row_group(group)
+                    table = self._read_group(group, None)
                 cache.put((self.path, group), table)
             rows = wanted[groups == group]
             local = rows - starts[group]
@@ -346,6 +384,7 @@ class ShardFile:
         """Forget the open parquet file (reopened on the next read)."""
         with self._lock:
             self._parquet = None
+            self._batch_rows = {}
 
 
 def _local_parquet(pq: Any, path: str) -> Any:
