@@ -1,0 +1,72 @@
+"""Parquet decompression bombs for the tests, made by pyarrow itself: kilobytes on disk that
+decode to gigabytes, and footers that understate their sizes."""
+
+from __future__ import annotations
+
+import struct
+from pathlib import Path
+from typing import Sequence
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+
+def dictionary_bomb(path: Path, uids: Sequence[str], value_bytes: int = 1 << 20, column: str = "text",
+                    binary: bool = False) -> Path:
+    """A parquet file of ``uids`` and a column whose every cell is one ``value_bytes`` string
+    (a dictionary page of one value, indices a run): 5,400 rows of 1 MiB are ~15 KB on disk and
+    5.4 GB decoded. No Arrow schema is stored, so pyarrow decodes the column as plain strings."""
+    value = b"x" * value_bytes if binary else "x" * value_bytes
+    cells = pa.DictionaryArray.from_arrays(pa.array([0] * len(uids), pa.int32()), pa.array([value]))
+    pq.write_table(pa.table({"uid": list(uids), column: cells}), path, compression="zstd", store_schema=False)
+    return path
+
+
+def page_bomb(path: Path, uids: Sequence[str], value_bytes: int) -> Path:
+    """A parquet file whose last row holds one ``value_bytes`` string in one zstd page (no
+    dictionary): a page header stating ``value_bytes``, a few KB on disk."""
+    values = [""] * (len(uids) - 1) + ["x" * value_bytes]
+    pq.write_table(pa.table({"uid": list(uids), "text": values}), path, compression="zstd", use_dictionary=False,
+                   store_schema=False)
+    return path
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        low, n = n & 0x7F, n >> 7
+        if not n:
+            out.append(low)
+            return bytes(out)
+        out.append(low | 0x80)
+
+
+def understate_footer(path: Path) -> list[tuple[int, int]]:
+    """Rewrite ``path``'s footer in place so that every row group's ``total_byte_size`` and every
+    column chunk's ``total_uncompressed_size`` state the least value of the same encoded length
+    (e.g. 8192 for ~1 MB): the pages are unchanged. Returns ``(stated before, after)`` pairs."""
+    data = bytearray(path.read_bytes())
+    length = struct.unpack("<I", data[-8:-4])[0]
+    start = len(data) - 8 - length
+    metadata = pq.ParquetFile(path).metadata
+    sizes = set()
+    for g in range(metadata.num_row_groups):
+        group = metadata.row_group(g)
+        sizes.add(group.total_byte_size)
+        sizes.update(group.column(j).total_uncompressed_size for j in range(group.num_columns))
+    changed = []
+    for size in sorted(sizes, reverse=True):
+        if size < 1 << 14:
+            continue  # a varint of one or two bytes could be found elsewhere in the footer
+        encoded = _varint(size << 1)  # zigzag of a positive i64
+        least = 1
+        while len(_varint(least << 1)) < len(encoded):
+            least <<= 1
+        if least >= size:
+            continue
+        footer = bytes(data[start:])
+        assert footer.count(encoded) >= 1
+        data[start:] = footer.replace(encoded, _varint(least << 1))
+        changed.append((size, least))
+    path.write_bytes(bytes(data))
+    return changed

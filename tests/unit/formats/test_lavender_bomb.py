@@ -1,0 +1,119 @@
+"""Parquet decompression bombs under Lavender's reads (``atlasfs.formats.lavender.bounds``): a
+row group is refused, in one line naming the file and the row group, before it decodes past
+``MAX_ROW_GROUP_BYTES``, whatever its footer states; real files read as before."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from atlasfs.formats.lavender import bounds
+from atlasfs.formats.lavender.files import LavenderError, RowGroupCache, ShardFile
+from parquetbomb import dictionary_bomb, page_bomb, understate_footer
+
+UIDS = [f"u{i}" for i in range(5400)]
+BOUND = str(bounds.MAX_ROW_GROUP_BYTES)
+
+
+def shard_file(path: Path) -> ShardFile:
+    return ShardFile("texts", str(path), 0, "parquet")
+
+
+def test_a_dictionary_bomb_is_refused_as_it_decodes(tmp_path: Path) -> None:
+    """5,400 rows of one 1 MiB string: 15 KB on disk, its pages ~1 MB, 5.4 GB decoded."""
+    path = dictionary_bomb(tmp_path / "shard.00000.parquet", UIDS)
+    assert path.stat().st_size < 64 << 10
+    file = shard_file(path)
+    assert file.scan("uid").uids == UIDS  # the uid column alone is small: read
+    with pytest.raises(LavenderError) as caught:
+        file.read_rows(np.arange(10), RowGroupCache(64 << 20))
+    assert str(caught.value) == (f"{path}: row group 0 decodes to more than the row-group bound of {BOUND} bytes "
+                                 "(a decompression bomb?); not read")
+
+
+def test_a_bomb_in_the_uid_column_or_a_binary_column(tmp_path: Path) -> None:
+    uid_bomb = dictionary_bomb(tmp_path / "a.parquet", UIDS, column="id")
+    with pytest.raises(LavenderError, match="row group 0 decodes to more than"):
+        shard_file(uid_bomb).scan("id")
+    binary = dictionary_bomb(tmp_path / "b.parquet", UIDS, value_bytes=bounds.MAX_ROW_GROUP_BYTES + 1, binary=True)
+    with pytest.raises(LavenderError, match="pages decompress to more than"):  # its dictionary page alone
+        shard_file(binary).first_cell("text")
+
+
+def test_a_footer_that_understates_its_sizes_does_not_get_past(tmp_path: Path) -> None:
+    """pyarrow never compares the footer's sizes with the pages: the page headers are read."""
+    path = page_bomb(tmp_path / "p.parquet", UIDS[:4], bounds.MAX_ROW_GROUP_BYTES + (1 << 20))
+    changed = understate_footer(path)
+    assert changed and all(after < 1 << 28 for _, after in changed)
+    stated = pq.ParquetFile(path).metadata.row_group(0).column(1).total_uncompressed_size
+    assert stated <= bounds.MAX_ROW_GROUP_BYTES, "the footer still states more than the bound"
+    with pytest.raises(LavenderError) as caught:
+        shard_file(path).read_rows(np.arange(4), RowGroupCache(64 << 20))
+    assert str(caught.value) == (f"{path}: row group 0's pages decompress to more than the row-group bound of "
+                                 f"{BOUND} bytes; not read")
+    bomb = dictionary_bomb(tmp_path / "d.parquet", UIDS)
+    understate_footer(bomb)
+    with pytest.raises(LavenderError, match="row group 0 decodes to more than"):
+        shard_file(bomb).read_rows(np.arange(4), RowGroupCache(64 << 20))
+
+
+_PEAK = """
+import sys
+import numpy as np
+from atlasfs.formats.lavender.files import LavenderError, RowGroupCache, ShardFile
+file = ShardFile("texts", sys.argv[1], 0, "parquet")
+try:
+    file.read_rows(np.arange(5400), RowGroupCache(64 << 20))
+except LavenderError as exc:
+    print(exc)
+# VmHWM, not ru_maxrss: that one starts from the forking parent's (pytest's) and survives exec
+print(next(int(line.split()[1]) * 1024 for line in open("/proc/self/status") if line.startswith("VmHWM:")))
+"""
+
+
+def test_refusing_it_costs_a_bounded_memory(tmp_path: Path) -> None:
+    path = dictionary_bomb(tmp_path / "shard.00000.parquet", UIDS)
+    result = subprocess.run([sys.executable, "-c", _PEAK, str(path)], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    message, peak = result.stdout.splitlines()
+    assert "decodes to more than" in message
+    assert int(peak) < 500 << 20, f"peak {int(peak) >> 20} MiB"
+
+
+def test_page_headers_of_real_files(tmp_path: Path) -> None:
+    """Every page pyarrow writes (dictionary pages, data pages v1 and v2, statistics, several
+    pages per chunk, every codec) is found, and the sizes sum to the footer's (less headers)."""
+    rng = np.random.default_rng(0)
+    table = pa.table({"uid": [f"u{i}" for i in range(20000)], "n": np.arange(20000),
+                      "blob": [rng.bytes(int(k)) for k in rng.integers(0, 200, 20000)],
+                      "f": rng.random(20000), "flag": rng.random(20000) > 0.5})
+    for version in ("1.0", "2.0"):
+        for codec in ("none", "snappy", "zstd", "gzip"):
+            path = tmp_path / f"{version}-{codec}.parquet"
+            pq.write_table(table, path, compression=codec, data_page_version=version, data_page_size=8192,
+                           row_group_size=7000)
+            metadata = pq.ParquetFile(path).metadata
+            data = path.read_bytes()
+            for g in range(metadata.num_row_groups):
+                for j in range(metadata.num_columns):
+                    chunk = metadata.row_group(g).column(j)
+                    start = min(o for o in (chunk.dictionary_page_offset, chunk.data_page_offset) if o)
+                    sizes = bounds.page_sizes(lambda at, n: data[at:at + n], start,
+                                              start + chunk.total_compressed_size)
+                    assert sum(sizes) <= chunk.total_uncompressed_size < sum(sizes) + 200 * len(sizes)
+            file = shard_file(path)
+            assert file.scan("uid").uids == table.column("uid").to_pylist()
+            rows, _ = file.read_rows(np.array([0, 6999, 7000, 19999]), RowGroupCache(64 << 20))
+            assert rows[19999] == tuple(table.slice(19999, 1).to_pylist()[0].values())
+
+
+def test_a_forged_page_header_is_one_refusal(tmp_path: Path) -> None:
+    for forged in (b"", b"\x15", b"\x15\x02\x15\x04", b"\x19" + b"\xff" * 12, b"\x1c" * 40, b"\x15\x02\x15\x7f\x00"):
+        with pytest.raises(bounds.Refused):
+            bounds.page_sizes(lambda at, n: forged[at:at + n], 0, max(len(forged), 1))
