@@ -102,6 +102,7 @@ class ShardFile:
         self._parquet: Any = None
         self._group_starts: np.ndarray | None = None
         self._batch_rows: dict[tuple[int, tuple[str, ...] | None], int] = {}  # row groups checked (bounds)
+        self._refused: dict[int, str] = {}  # row group -> why it is past its bound (not decoded again)
         self._lock = threading.Lock()
 
     def columns(self) -> list[str]:
@@ -172,6 +173,8 @@ class ShardFile:
         """Rows per batch for row group ``group`` of ``columns`` (None: all), once its page
         headers show it within :data:`.bounds.MAX_ROW_GROUP_BYTES`; :class:`LavenderError`
         naming the file and the row group else. Called with the lock held."""
+        if group in self._refused:
+            raise LavenderError(self._refused[group])
         key = (group, tuple(columns) if columns is not None else None)
         rows = self._batch_rows.get(key)
         if rows is None:
@@ -185,7 +188,7 @@ class ShardFile:
                 try:
                     rows = bounds.batch_rows(parquet.metadata, group, names, pread, found[0] if found else 0)
                 except bounds.Refused as exc:
-                    raise LavenderError(f"{self.path}: {exc}") from None
+                    raise self._refuse(group, exc) from None
             self._batch_rows[key] = rows
         return rows
 
@@ -196,7 +199,13 @@ class ShardFile:
         try:
             return bounds.bounded_read(self._parquet_file(), group, columns, rows)
         except bounds.Refused as exc:
-            raise LavenderError(f"{self.path}: {exc}") from None
+            raise self._refuse(group, exc) from None
+
+    def _refuse(self, group: int, exc: Exception) -> LavenderError:
+        """The error for row group ``group``, remembered: every later read of it fails at once
+        (the blocks sharing a bomb's row group would each decode it up to the bound)."""
+        self._refused[group] = f"{self.path}: {exc}"
+        return LavenderError(self._refused[group])
 
     def row_groups(self) -> list[int]:
         """Rows in each parquet row group (an empty list for csv)."""
@@ -385,6 +394,7 @@ class ShardFile:
         with self._lock:
             self._parquet = None
             self._batch_rows = {}
+            self._refused = {}
 
 
 def _local_parquet(pq: Any, path: str) -> Any:
