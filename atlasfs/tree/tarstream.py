@@ -31,7 +31,13 @@ STREAMS = 4
 
 
 class Stream:
-    """One pass over a tar's pieces from its start, with a window of the pieces it made."""
+    """One pass over a tar's pieces from its start, with a window of the pieces it made.
+
+    One thread at a time makes pieces (the pass's maker): a request that finds its bytes
+    not made yet makes them itself if no one is making, else waits for them; a thread of its
+    own goes on :data:`LEAD` bytes past the furthest request. Making a piece holds no lock, so
+    a request whose bytes are made is answered at once, between two pieces (a lock held
+    while a piece is made would hold it up behind the whole lead: Python's locks are not fair)."""
 
     def __init__(self, pieces: Iterator[bytes]) -> None:
         self._pieces = pieces
@@ -42,9 +48,13 @@ class Stream:
         self._first = 0
         self._start = 0  # where the first kept piece starts
         self.end = 0  # where what the pass made so far ends
-        self.lock = threading.Lock()
+        self._cond = threading.Condition(threading.Lock())  # the lists, end, and the states below
+        self._target = 0  # how far the pass is to go: the furthest request's end + LEAD
+        self._making = False  # a thread is making pieces
         self.failed = False
-        self.leading = False  # a thread of lead() under way
+        self._done = False  # the last piece made
+        self._dropped = False
+        self._readers: list[int] = []  # where the requests under way start
 
     def serves(self, offset: int) -> bool:
         """Whether a request at ``offset`` is this pass's to serve."""
@@ -52,14 +62,43 @@ class Stream:
 
     def read(self, offset: int, stop: int) -> list[bytes] | None:
         """Bytes ``[offset, stop)`` of the tar in pieces, the pass going on as far as ``stop``; None if
-        the request is not this pass's (lock held by the caller). An error of the pass (a
-        block that fails) marks it failed and is raised no further: None."""
-        if not self.serves(offset):
-            return None
-        while self.end < stop:
-            if not self._next():
-                break
-        if self.failed:
+        the request is not this pass's. An error of the pass (a block that fails) marks it
+        failed and is raised no further: None."""
+        with self._cond:
+            if not self.serves(offset):
+                return None
+            self._target = max(self._target, stop + LEAD)
+            self._readers.append(offset)  # its pieces kept until it has them, however far the pass goes
+            # its bytes made, the pass short of the target and no one making: a lead goes on
+            lead = self.end >= stop and self.end < self._target and not self._making and not self._over()
+            if lead:
+                self._making = True
+        if lead:
+            self._lead()
+        try:
+            with self._cond:
+                while self.end < stop and not self._over():
+                    if not self._making:  # no one making: this thread makes them
+                        self._making = True
+                        break
+                    self._cond.wait(1.0)  # (woken by each piece: the time only guards against a bug)
+                else:
+                    return self._parts(offset, stop)
+            self._make(stop)
+            with self._cond:
+                return self._parts(offset, stop)
+        finally:
+            with self._cond:
+                self._readers.remove(offset)
+
+    def _over(self) -> bool:
+        """Whether the pass makes no more pieces: made its last, failed, or dropped (lock held)."""
+        return self.failed or self._done or self._dropped
+
+    def _parts(self, offset: int, stop: int) -> list[bytes] | None:
+        """The kept pieces over ``[offset, stop)`` (lock held), None unless all made and kept (the
+        pass failed or was dropped first, or went too far past them)."""
+        if offset < self._start or (self.end < stop and not self._done):
             return None
         at, kept = self._at, self._kept
         i = bisect.bisect_right(at, offset, self._first) - 1
@@ -69,29 +108,61 @@ class Stream:
             start, end = max(offset - at[i], 0), stop - at[i]
             parts.append(piece if start == 0 and end >= len(piece) else piece[start:end])
             i += 1
-        self._trim()
         return parts
 
-    def _next(self) -> bool:
-        """Make the pass's next piece (lock held): False at the tar's end or if the pass failed
-        (an error of the tree: the random read says what fails, for the ranges over it)."""
+    def _make(self, limit: int | None) -> None:
+        """Make pieces as far as ``limit`` (None: as far as the target, which requests raise
+        meanwhile), this thread being the maker; then hand the making to a lead thread if the
+        target is further, else let it go. An error of the tree marks the pass failed (the
+        random read says what fails, for the ranges over it)."""
+        lead = False
         try:
-            piece = next(self._pieces, None)
-        except Exception:  # noqa: BLE001
-            self.failed = True
-            return False
-        if piece is None:
-            return False
-        if piece:
-            self._at.append(self.end)
-            self._kept.append(piece)
-            self.end += len(piece)
-        return True
+            while True:
+                with self._cond:
+                    if self._over():
+                        return
+                    if self.end >= (self._target if limit is None else limit):
+                        lead = limit is not None and self.end < self._target
+                        return
+                try:
+                    piece = next(self._pieces, None)
+                except Exception:  # noqa: BLE001
+                    piece = False
+                with self._cond:
+                    if piece is False:
+                        self.failed = True
+                    elif piece is None:
+                        self._done = True
+                    elif piece:
+                        self._at.append(self.end)
+                        self._kept.append(piece)
+                        self.end += len(piece)
+                        self._trim()
+                    self._cond.notify_all()
+        finally:
+            if lead:  # made while the reader takes what was served (kernel, copy, reader): the
+                self._lead()  # next request finds its bytes made
+            else:
+                with self._cond:
+                    self._making = False
+                    self._cond.notify_all()
+
+    def _lead(self) -> None:
+        """Hand the making (this thread is the maker) to a thread of its own, which goes on as
+        far as the target; if no thread can be started, let the making go (a request makes)."""
+        try:
+            threading.Thread(target=self._make, args=(None,), name="atlasfs-tar-lead", daemon=True).start()
+        except RuntimeError:
+            with self._cond:
+                self._making = False
+                self._cond.notify_all()
 
     def _trim(self) -> None:
-        """Let go of the pieces that end more than WINDOW before what the pass made."""
+        """Let go of the pieces that end more than WINDOW before what the pass made and before
+        every request under way (lock held)."""
         at, kept, first = self._at, self._kept, self._first
-        while first < len(kept) and at[first] + len(kept[first]) < self.end - WINDOW:
+        keep = min(self.end - WINDOW, *self._readers) if self._readers else self.end - WINDOW
+        while first < len(kept) and at[first] + len(kept[first]) < keep:
             kept[first] = b""
             first += 1
         if first > 1024 and first * 2 > len(kept):
@@ -100,18 +171,11 @@ class Stream:
         self._first = first
         self._start = at[first] if first < len(kept) else self.end
 
-    def lead(self, target: int) -> None:
-        """Go on with the pass as far as ``target``, a piece at a time (requests go between):
-        made on a thread of its own while the reader takes what was served (kernel, copy,
-        reader), so that the next request finds its bytes made."""
-        try:
-            while not self.failed:
-                with self.lock:
-                    if self.end >= target or not self._next():
-                        break
-                    self._trim()
-        finally:
-            self.leading = False
+    def drop(self) -> None:
+        """Stop the pass (dropped from its :class:`Streams`): its maker stops after the piece under way."""
+        with self._cond:
+            self._dropped = True
+            self._cond.notify_all()
 
 
 class Streams:
@@ -127,6 +191,7 @@ class Streams:
         """Bytes ``[offset, stop)`` of tar ``key`` in pieces from a pass that serves them, a new pass
         begun for a request at offset 0 (``pieces`` makes its pieces); None if no pass serves
         them (read them another way)."""
+        dropped = []
         with self._lock:
             found = [s for s in self._streams.get(key, ()) if s.serves(offset)]
             if found:
@@ -138,23 +203,20 @@ class Streams:
                 self._count += 1
                 while self._count > STREAMS:
                     oldest_key, oldest = next(iter(self._streams.items()))
-                    oldest.pop(0)
+                    dropped.append(oldest.pop(0))
                     self._count -= 1
                     if not oldest:
                         del self._streams[oldest_key]
             else:
                 return None
-        stream = found[0]
-        with stream.lock:
-            parts = stream.read(offset, stop)
-            start_lead = parts is not None and LEAD > 0 and stream.end < stop + LEAD and not stream.leading
-            if start_lead:
-                stream.leading = True
-        if start_lead:
-            threading.Thread(target=stream.lead, args=(stop + LEAD,), name="atlasfs-tar-lead", daemon=True).start()
-        return parts
+        for stream in dropped:
+            stream.drop()
+        return found[0].read(offset, stop)
 
     def forget(self, key: object) -> None:
         """Drop the passes of tar ``key`` (its layout was let go of)."""
         with self._lock:
-            self._count -= len(self._streams.pop(key, ()))
+            dropped = self._streams.pop(key, [])
+            self._count -= len(dropped)
+        for stream in dropped:
+            stream.drop()

@@ -5,6 +5,7 @@ others (and any once the pass failed) left to the random-access read."""
 from __future__ import annotations
 
 import random
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -92,6 +93,72 @@ def test_passes_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
     assert _read(streams, "c", 10, 20, _pieces) == DATA[10:20]
     streams.forget("c")
     assert _read(streams, "c", 10, 20, _pieces) is None
+
+
+def test_a_request_whose_bytes_are_made_is_answered_while_the_pass_makes_more(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(tarstream, "LEAD", 7000)
+    streams = tarstream.Streams()
+    at_gate, gate = threading.Event(), threading.Event()
+
+    def pieces() -> Iterator[bytes]:
+        for i, piece in enumerate(_pieces()):
+            if i == 5:  # bytes 3500-4200: a piece slow to make (a block to decode)
+                at_gate.set()
+                gate.wait(10)
+            yield piece
+
+    try:
+        assert _read(streams, "t", 0, 1000, pieces) == DATA[:1000]
+        assert at_gate.wait(10)  # the lead thread is making the slow piece
+        started = time.monotonic()
+        assert _read(streams, "t", 1000, 3500, pieces) == DATA[1000:3500]
+        assert time.monotonic() - started < 5  # not held up behind the piece under way
+    finally:
+        gate.set()
+    assert _read(streams, "t", 3500, 9000, pieces) == DATA[3500:9000]
+
+
+def test_requests_from_many_threads_at_once_get_the_pass_s_bytes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """As the kernel's read-ahead sends them: issued in order, answered by threads in any order."""
+    monkeypatch.setattr(tarstream, "WINDOW", 100_000)  # a quarter of the tar: pieces let go of as it goes
+    monkeypatch.setattr(tarstream, "LEAD", 3000)
+    data = bytes(random.Random(5).randbytes(400_000))
+
+    def pieces() -> Iterator[bytes]:
+        rng = random.Random(6)
+        at = 0
+        while at < len(data):
+            n = rng.choice([1, 300, 512, 5000, 17_000])
+            if rng.random() < 0.05:
+                time.sleep(0.001)
+            yield data[at:at + n]
+            at += n
+
+    for _ in range(3):
+        streams = tarstream.Streams()
+        requests = iter(range(0, len(data), 4096))
+        lock = threading.Lock()
+        got: dict[int, bytes | None] = {}
+
+        def reader() -> None:
+            while True:
+                with lock:
+                    offset = next(requests, None)
+                if offset is None:
+                    return
+                got[offset] = _read(streams, "t", offset, min(offset + 4096, len(data)), pieces)
+
+        threads = [threading.Thread(target=reader) for _ in range(8)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+        assert not any(thread.is_alive() for thread in threads)
+        assert sorted(got) == list(range(0, len(data), 4096))
+        # each answer the tar's bytes; None (left to the random read) only for a request whose
+        # thread was held up while the others went a whole window further
+        assert all(part is None or part == data[offset:offset + 4096] for offset, part in got.items())
+        assert sum(part is None for part in got.values()) <= len(got) // 10
 
 
 def _dataset(path: Path) -> Path:
