@@ -28,6 +28,8 @@ AHEAD = 4 << 20
 LEAD = 2 << 20
 #: Passes kept at once, the least recently used dropped (at most WINDOW + a request each).
 STREAMS = 4
+#: Seconds a lead thread that went as far as asked waits for the next request before it ends.
+IDLE = 1.0
 
 
 class Stream:
@@ -51,6 +53,8 @@ class Stream:
         self._cond = threading.Condition(threading.Lock())  # the lists, end, and the states below
         self._target = 0  # how far the pass is to go: the furthest request's end + LEAD
         self._making = False  # a thread is making pieces
+        self._idle = False  # the maker is a lead thread waiting for a request to ask further
+        self._waiting: list[int] = []  # where the requests waiting for pieces end
         self.failed = False
         self._done = False  # the last piece made
         self._dropped = False
@@ -67,7 +71,10 @@ class Stream:
         with self._cond:
             if not self.serves(offset):
                 return None
-            self._target = max(self._target, stop + LEAD)
+            if stop + LEAD > self._target:
+                self._target = stop + LEAD
+                if self._idle:  # the lead goes on
+                    self._cond.notify_all()
             self._readers.append(offset)  # its pieces kept until it has them, however far the pass goes
             # its bytes made, the pass short of the target and no one making: a lead goes on
             lead = self.end >= stop and self.end < self._target and not self._making and not self._over()
@@ -81,7 +88,11 @@ class Stream:
                     if not self._making:  # no one making: this thread makes them
                         self._making = True
                         break
-                    self._cond.wait(1.0)  # (woken by each piece: the time only guards against a bug)
+                    self._waiting.append(stop)
+                    try:
+                        self._cond.wait(1.0)  # (woken once its pieces are made: the time only guards against a bug)
+                    finally:
+                        self._waiting.remove(stop)
                 else:
                     return self._parts(offset, stop)
             self._make(stop)
@@ -111,18 +122,25 @@ class Stream:
         return parts
 
     def _make(self, limit: int | None) -> None:
-        """Make pieces as far as ``limit`` (None: as far as the target, which requests raise
-        meanwhile), this thread being the maker; then hand the making to a lead thread if the
-        target is further, else let it go. An error of the tree marks the pass failed (the
-        random read says what fails, for the ranges over it)."""
+        """Make pieces as far as ``limit``, this thread being the maker, then hand the making to a
+        lead thread if the target is further, else let it go; None: this is the lead thread, which
+        goes on as far as the target (raised by requests meanwhile) and waits up to
+        :data:`IDLE` seconds for a request to raise it before it ends. An error of the tree marks
+        the pass failed (the random read says what fails, for the ranges over it)."""
         lead = False
         try:
             while True:
                 with self._cond:
+                    if limit is None:
+                        while not self._over() and self.end >= self._target:
+                            self._idle = True
+                            if not self._cond.wait(IDLE) and self.end >= self._target:
+                                return
+                        self._idle = False
                     if self._over():
                         return
-                    if self.end >= (self._target if limit is None else limit):
-                        lead = limit is not None and self.end < self._target
+                    if limit is not None and self.end >= limit:
+                        lead = self.end < self._target
                         return
                 try:
                     piece = next(self._pieces, None)
@@ -138,13 +156,14 @@ class Stream:
                         self._kept.append(piece)
                         self.end += len(piece)
                         self._trim()
-                    self._cond.notify_all()
+                    if self._waiting and (self._over() or min(self._waiting) <= self.end):
+                        self._cond.notify_all()
         finally:
             if lead:  # made while the reader takes what was served (kernel, copy, reader): the
                 self._lead()  # next request finds its bytes made
             else:
                 with self._cond:
-                    self._making = False
+                    self._making = self._idle = False
                     self._cond.notify_all()
 
     def _lead(self) -> None:
