@@ -11,10 +11,14 @@ page that decompresses to more), and bounds:
 
 - the pages' decompressed bytes, and the rows times their narrowest width, before anything is
   decoded (:func:`batch_rows`);
-- what the rows decode to, as they are decoded: a batch of rows at a time, each value at most
-  the largest page (a dictionary page holds every value a dictionary repeats; a delta-encoded
-  value is built within its page), batches small enough that one stays within an eighth of
-  the bound, the sum within the bound (:func:`bounded_read`).
+- what the rows decode to, before their values are made: byte-array columns (strings, binary)
+  are read as Arrow dictionaries, so a value a dictionary page repeats is decoded once, and
+  the rows' bytes (each index's value length) are summed before the column is decoded into
+  them (:func:`bounded_read`). A page of ``DELTA_BYTE_ARRAY`` (each value a prefix of the one
+  before and a suffix: a value can be rebuilt from a few bytes; pyarrow cannot read it as a
+  dictionary) is the one way left to expand while decoding: a row group holding one is decoded
+  as plain arrays a few rows at a time (each value at most its page, the batch within an
+  eighth of the bound), counted as it comes.
 
 Either past :data:`MAX_ROW_GROUP_BYTES` is one :class:`~.files.LavenderError` naming the file and
 the row group, and nothing more is read of it.
@@ -32,8 +36,11 @@ from typing import Any, Callable
 #: A real shard's groups are far smaller (pyarrow's writer: 1 MiB pages, row groups of the rows
 #: written together); a group past it is refused: write it with smaller ``row_group_size``.
 MAX_ROW_GROUP_BYTES = 128 << 20
-#: Rows decoded in one batch at most (fewer when pages are large: see :func:`batch_rows`).
+#: Rows decoded in one batch at most where a ``DELTA_BYTE_ARRAY`` page could expand (fewer
+#: when its pages are large: see :func:`batch_rows`).
 BATCH_ROWS = 1024
+#: Parquet's ``Encoding.DELTA_BYTE_ARRAY``.
+DELTA_BYTE_ARRAY = 7
 #: Most bytes one page header may take (pyarrow's own default bound).
 MAX_PAGE_HEADER_BYTES = 16 << 20
 #: Narrowest decoded width of a value, by parquet physical type (a byte array: its offset).
@@ -53,10 +60,20 @@ def leaves(metadata: Any, columns: list[str]) -> list[int]:
             if schema.column(j).path.split(".")[0] in wanted or schema.column(j).path in wanted]
 
 
+def byte_array_columns(schema: Any) -> list[str]:
+    """The top-level columns of an Arrow ``schema`` read as dictionaries (strings and binary)."""
+    import pyarrow as pa
+
+    kinds = (pa.types.is_binary, pa.types.is_string, pa.types.is_large_binary, pa.types.is_large_string)
+    return [f.name for f in schema if any(kind(f.type) for kind in kinds)]
+
+
 def batch_rows(metadata: Any, group: int, columns: list[str], pread: Callable[[int, int], bytes],
                file_size: int) -> int:
     """Rows per batch for :func:`bounded_read` of ``columns`` of row group ``group``, once its
-    page headers are read and within bounds; :class:`Refused` else."""
+    page headers are read and within bounds (:class:`Refused` else): 0 for the whole group
+    read with byte arrays as dictionaries; a number of rows (a byte-array column has a
+    ``DELTA_BYTE_ARRAY`` page) for plain arrays read that many rows at a time."""
     rg = metadata.row_group(group)
     rows = rg.num_rows
     chosen = leaves(metadata, columns)
@@ -67,7 +84,7 @@ def batch_rows(metadata: Any, group: int, columns: list[str], pread: Callable[[i
     if rows * width > MAX_ROW_GROUP_BYTES:
         raise Refused(f"row group {group} states {rows} rows, at least {rows * width} bytes decoded, more than "
                       f"the row-group bound of {MAX_ROW_GROUP_BYTES} bytes; not read")
-    total = largest = 0
+    total = largest = 0  # largest: a DELTA_BYTE_ARRAY page of a byte array
     for j in chosen:
         chunk = rg.column(j)
         start = chunk.data_page_offset
@@ -76,33 +93,47 @@ def batch_rows(metadata: Any, group: int, columns: list[str], pread: Callable[[i
         end = start + chunk.total_compressed_size
         if start < 0 or end > file_size or end < start:
             raise Refused(f"row group {group} column {chunk.path_in_schema!r} lies past the file's end; not read")
-        for uncompressed in page_sizes(pread, start, end):
+        byte_array = metadata.schema.column(j).physical_type == "BYTE_ARRAY"
+        for uncompressed, encoding in page_sizes(pread, start, end):
             total += uncompressed
-            largest = max(largest, uncompressed)
+            if byte_array and encoding == DELTA_BYTE_ARRAY:
+                largest = max(largest, uncompressed)
             if total > MAX_ROW_GROUP_BYTES:
                 raise Refused(f"row group {group}'s pages decompress to more than the row-group bound of "
                               f"{MAX_ROW_GROUP_BYTES} bytes; not read")
-    return max(1, min(BATCH_ROWS, MAX_ROW_GROUP_BYTES // (8 * max(largest, 1))))
+    if not largest:
+        return 0
+    return max(1, min(BATCH_ROWS, MAX_ROW_GROUP_BYTES // (8 * largest)))
 
 
-def bounded_read(parquet: Any, group: int, columns: list[str] | None, rows: int) -> Any:
-    """Row group ``group`` of ``parquet`` (a ``pq.ParquetFile``), ``columns`` of it, as a table
-    decoded ``rows`` rows at a time, counting the bytes: :class:`Refused` as soon as they pass
-    :data:`MAX_ROW_GROUP_BYTES` (a dictionary of one long string repeated)."""
+def bounded_read(parquet: Any, group: int, columns: list[str] | None, rows: int, schema: Any) -> Any:
+    """Row group ``group`` of ``parquet`` (a ``pq.ParquetFile``: reading byte arrays as
+    dictionaries for ``rows`` 0, as plain arrays else), ``columns`` of it (None: all), read
+    whole (``rows`` 0) or ``rows`` rows at a time, counting what it decodes to:
+    :class:`Refused` as soon as that passes :data:`MAX_ROW_GROUP_BYTES` (a dictionary of one long
+    string repeated); else the table, of the file's own Arrow ``schema``."""
     import pyarrow as pa
 
     batches = []
     held = 0
-    for batch in parquet.iter_batches(batch_size=rows, row_groups=[group], columns=columns, use_threads=False):
+    size = rows or max(parquet.metadata.row_group(group).num_rows, 1)
+    for batch in parquet.iter_batches(batch_size=size, row_groups=[group], columns=columns, use_threads=False):
         held += sum(_decoded_bytes(column) for column in batch.columns)
         if held > MAX_ROW_GROUP_BYTES:
             raise Refused(f"row group {group} decodes to more than the row-group bound of {MAX_ROW_GROUP_BYTES} "
                           "bytes (a decompression bomb?); not read")
         batches.append(batch)
-    schema = parquet.schema_arrow
-    if columns is not None:
-        schema = pa.schema([schema.field(name) for name in columns])
-    return pa.Table.from_batches(batches, schema=batches[0].schema if batches else schema)
+    read = pa.Table.from_batches(batches, schema=batches[0].schema if batches else parquet.schema_arrow.select(
+        columns if columns is not None else parquet.schema_arrow.names))
+    out = []
+    for name, column in zip(read.column_names, read.columns):
+        wanted = schema.field(name).type
+        if pa.types.is_dictionary(column.type) and not pa.types.is_dictionary(wanted):  # within the bound: decoded
+            column = pa.chunked_array([chunk.dictionary_decode() for chunk in column.chunks], column.type.value_type)
+            if column.type != wanted:
+                column = column.cast(wanted)
+        out.append(column)
+    return pa.table(out, names=read.column_names)
 
 
 def _decoded_bytes(array: Any) -> int:
@@ -123,10 +154,11 @@ def _decoded_bytes(array: Any) -> int:
     return int(array.indices.nbytes) + int(repeated)
 
 
-def page_sizes(pread: Callable[[int, int], bytes], start: int, end: int) -> list[int]:
-    """The decompressed size each page header from ``start`` to ``end`` states (pages follow
-    each other: a header, then its compressed bytes); :class:`Refused` for a header that cannot
-    be read or that lies past ``end``."""
+def page_sizes(pread: Callable[[int, int], bytes], start: int, end: int) -> list[tuple[int, int]]:
+    """``(decompressed size, encoding)`` each page header from ``start`` to ``end`` states (pages
+    follow each other: a header, then its compressed bytes; the encoding of a data page's
+    values, -1 for other pages); :class:`Refused` for a header that cannot be read or that
+    lies past ``end``."""
     sizes = []
     pos = start
     window_at, window = start, b""
@@ -136,7 +168,7 @@ def page_sizes(pread: Callable[[int, int], bytes], start: int, end: int) -> list
             if not window_at <= pos or pos - window_at + 64 > len(window):
                 window_at, window = pos, pread(pos, min(want, end - pos))
             try:
-                length, uncompressed, compressed = _page_header(window, pos - window_at)
+                length, uncompressed, compressed, encoding = _page_header(window, pos - window_at)
                 break
             except _Short:
                 if len(window) >= end - pos or want >= MAX_PAGE_HEADER_BYTES:
@@ -145,7 +177,7 @@ def page_sizes(pread: Callable[[int, int], bytes], start: int, end: int) -> list
                 window = b""  # read again, wider
         if uncompressed < 0 or compressed < 0 or pos + length + compressed > end:
             raise Refused(f"a page header at byte {pos} states sizes past its column chunk; not read")
-        sizes.append(uncompressed)
+        sizes.append((uncompressed, encoding))
         pos += length + compressed
     return sizes
 
@@ -154,14 +186,17 @@ class _Short(Exception):
     """The header goes on past the bytes at hand."""
 
 
-def _page_header(data: bytes, at: int) -> tuple[int, int, int]:
-    """``(header length, uncompressed_page_size, compressed_page_size)`` of the Thrift compact
-    ``PageHeader`` at ``data[at:]`` (fields 2 and 3; the rest skipped)."""
+def _page_header(data: bytes, at: int) -> tuple[int, int, int, int]:
+    """``(header length, uncompressed_page_size, compressed_page_size, encoding)`` of the Thrift
+    compact ``PageHeader`` at ``data[at:]`` (fields 2 and 3; the encoding from field 5, a
+    ``DataPageHeader``'s field 2, or 8, a ``DataPageHeaderV2``'s field 4; the rest skipped)."""
     reader = _Compact(data, at)
-    found = reader.struct(want=(2, 3))
-    if 2 not in found or 3 not in found:
+    found = reader.struct(want=(2, 3), nested={5: (2,), 8: (4,)})
+    if not isinstance(found.get(2), int) or not isinstance(found.get(3), int):
         raise Refused("a page header without its sizes; not read")
-    return reader.pos - at, found[2], found[3]
+    data_page = found.get(5) or found.get(8)
+    encoding = data_page.get(2, data_page.get(4, -1)) if isinstance(data_page, dict) else -1
+    return reader.pos - at, found[2], found[3], encoding
 
 
 class _Compact:
@@ -196,10 +231,13 @@ class _Compact:
             raise _Short
         self.pos += n
 
-    def struct(self, want: tuple[int, ...] = (), depth: int = 0) -> dict[int, int]:
+    def struct(self, want: tuple[int, ...] = (), depth: int = 0,
+               nested: dict[int, tuple[int, ...]] | None = None) -> dict[int, Any]:
+        """The integer fields ``want`` of the struct here, and the structs ``nested`` names (field
+        -> the integer fields wanted of it) as dicts; everything else skipped."""
         if depth > 32:
             raise Refused("a page header nested too deep; not read")
-        found: dict[int, int] = {}
+        found: dict[int, Any] = {}
         field = 0
         while True:
             head = self.byte()
@@ -209,6 +247,8 @@ class _Compact:
             field = field + delta if delta else self.zigzag()
             if field in want and kind in (4, 5, 6):
                 found[field] = self.zigzag()
+            elif nested and field in nested and kind == 12:
+                found[field] = self.struct(want=nested[field], depth=depth + 1)
             else:
                 self.skip(kind, depth)
 
@@ -228,6 +268,8 @@ class _Compact:
             size, element = head >> 4, head & 0x0F
             if size == 15:
                 size = self.varint()
+            if size > len(self.data) - self.pos:  # each element takes a byte at least
+                raise _Short
             for _ in range(size):
                 self.skip(3 if element in (1, 2) else element, depth + 1)  # list bools are a byte each
         elif kind == 11:

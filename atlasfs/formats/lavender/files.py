@@ -99,10 +99,12 @@ class ShardFile:
     def __post_init__(self) -> None:
         self._columns: list[str] | None = None
         self._offsets: np.ndarray | None = None  # csv row offsets, from the scan or a stored state
-        self._parquet: Any = None
+        self._parquet: Any = None  # byte arrays read as dictionaries (bounds)
+        self._plain: Any = None  # the same file read as it is (a DELTA_BYTE_ARRAY page cannot be a dictionary)
+        self._schema: Any = None  # the file's Arrow schema (the reader's has byte arrays as dictionaries)
         self._group_starts: np.ndarray | None = None
         self._batch_rows: dict[tuple[int, tuple[str, ...] | None], int] = {}  # row groups checked (bounds)
-        self._refused: dict[int, str] = {}  # row group -> why it is past its bound (not decoded again)
+        self._refused: dict[tuple[int, tuple[str, ...] | None], str] = {}  # read past its bound: why
         self._lock = threading.Lock()
 
     def columns(self) -> list[str]:
@@ -114,7 +116,8 @@ class ShardFile:
                         header = (raw.decode("utf-8-sig") for _, raw in _csv_lines(f, self.path))
                         self._columns = next(csv.reader(header), [])
                 else:
-                    self._columns = list(self._parquet_file().schema_arrow.names)
+                    self._parquet_file()
+                    self._columns = list(self._schema.names)
             except (OSError, UnicodeDecodeError, csv.Error, ValueError) as exc:
                 raise _failed(exc, f"{self.path}: cannot be read ({_reason(exc)})") from None
         return self._columns
@@ -123,21 +126,29 @@ class ShardFile:
         if self._parquet is None:
             import pyarrow.parquet as pq
             try:
-                # a file in a store is read by ranges (its footer, then the row groups asked for)
-                if self.storage.remote:
-                    found = self.storage.stat(self.path)
-                    size = found[0] if found else 0
-                    _check_footer(size, self.storage.pread(self.path, max(size - 8, 0), 8))
-                    parquet = pq.ParquetFile(self.storage.open(self.path))
-                else:
-                    parquet = _local_parquet(pq, self.path)
+                plain = parquet = self._open_parquet(pq, {})
+                schema = parquet.schema_arrow
+                strings = bounds.byte_array_columns(schema)
+                if strings:  # read as dictionaries: a value repeated is decoded once (bounds.bounded_read)
+                    parquet = self._open_parquet(pq, {"read_dictionary": strings, "metadata": parquet.metadata})
             except Exception as exc:  # pyarrow raises its own ArrowInvalid/OSError kinds
                 raise _failed(exc, f"{self.path}: cannot be read ({_reason(exc)})") from None
+            self._schema = schema
+            self._plain = plain
             metadata = parquet.metadata
             sizes = [metadata.row_group(g).num_rows for g in range(metadata.num_row_groups)]
             self._group_starts = np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)])
             self._parquet = parquet
         return self._parquet
+
+    def _open_parquet(self, pq: Any, options: dict[str, Any]) -> Any:
+        """``pq.ParquetFile`` of the file, with ``options``; its footer's stated length checked first."""
+        if self.storage.remote:  # a file in a store is read by ranges (its footer, then the row groups asked for)
+            found = self.storage.stat(self.path)
+            size = found[0] if found else 0
+            _check_footer(size, self.storage.pread(self.path, max(size - 8, 0), 8))
+            return pq.ParquetFile(self.storage.open(self.path), **options)
+        return _local_parquet(pq, self.path, options)
 
     def binary_columns(self) -> list[str]:
         """The parquet columns of binary cells (none for csv: its cells are strings)."""
@@ -145,8 +156,8 @@ class ShardFile:
             return []
         import pyarrow as pa
         with self._lock:
-            schema = self._parquet_file().schema_arrow
-        return [f.name for f in schema
+            self._parquet_file()
+        return [f.name for f in self._schema
                 if pa.types.is_binary(f.type) or pa.types.is_large_binary(f.type) or pa.types.is_fixed_size_binary(f.type)]
 
     def first_cell(self, column: str) -> bytes | None:
@@ -157,9 +168,10 @@ class ShardFile:
             with self._lock:
                 parquet = self._parquet_file()
                 for group in range(parquet.metadata.num_row_groups):
-                    rows = min(16, self._checked(group, [column]))
-                    for batch in parquet.iter_batches(batch_size=rows, row_groups=[group], columns=[column],
-                                                      use_threads=False):
+                    rows = self._checked(group, [column])
+                    reader = parquet if rows == 0 else self._plain
+                    for batch in reader.iter_batches(batch_size=min(16, rows or 16), row_groups=[group],
+                                                     columns=[column], use_threads=False):
                         for value in batch.column(0).to_pylist():
                             if value:
                                 return value
@@ -170,16 +182,17 @@ class ShardFile:
         return None
 
     def _checked(self, group: int, columns: list[str] | None) -> int:
-        """Rows per batch for row group ``group`` of ``columns`` (None: all), once its page
-        headers show it within :data:`.bounds.MAX_ROW_GROUP_BYTES`; :class:`LavenderError`
-        naming the file and the row group else. Called with the lock held."""
-        if group in self._refused:
-            raise LavenderError(self._refused[group])
+        """How row group ``group`` of ``columns`` (None: all) is read (:func:`.bounds.batch_rows`:
+        0, whole, as dictionaries; else that many rows at a time, plain), once its page headers
+        show it within :data:`.bounds.MAX_ROW_GROUP_BYTES`; :class:`LavenderError` naming the file
+        and the row group else. Called with the lock held."""
         key = (group, tuple(columns) if columns is not None else None)
+        if key in self._refused:
+            raise LavenderError(self._refused[key])
         rows = self._batch_rows.get(key)
         if rows is None:
             parquet = self._parquet_file()
-            names = columns if columns is not None else list(parquet.schema_arrow.names)
+            names = columns if columns is not None else list(self._schema.names)
             found = self.storage.stat(self.path)
             with self.storage.open(self.path, ranged=True) as f:
                 def pread(offset: int, size: int) -> bytes:
@@ -188,7 +201,7 @@ class ShardFile:
                 try:
                     rows = bounds.batch_rows(parquet.metadata, group, names, pread, found[0] if found else 0)
                 except bounds.Refused as exc:
-                    raise self._refuse(group, exc) from None
+                    raise self._refuse(key, exc) from None
             self._batch_rows[key] = rows
         return rows
 
@@ -197,15 +210,16 @@ class ShardFile:
         :data:`.bounds.MAX_ROW_GROUP_BYTES` (:class:`LavenderError` past it). Called with the lock held."""
         rows = self._checked(group, columns)
         try:
-            return bounds.bounded_read(self._parquet_file(), group, columns, rows)
+            parquet = self._parquet_file() if rows == 0 else self._plain
+            return bounds.bounded_read(parquet, group, columns, rows, self._schema)
         except bounds.Refused as exc:
-            raise self._refuse(group, exc) from None
+            raise self._refuse((group, tuple(columns) if columns is not None else None), exc) from None
 
-    def _refuse(self, group: int, exc: Exception) -> LavenderError:
-        """The error for row group ``group``, remembered: every later read of it fails at once
-        (the blocks sharing a bomb's row group would each decode it up to the bound)."""
-        self._refused[group] = f"{self.path}: {exc}"
-        return LavenderError(self._refused[group])
+    def _refuse(self, key: tuple[int, tuple[str, ...] | None], exc: Exception) -> LavenderError:
+        """The error for row group ``key[0]`` (columns ``key[1]``), remembered: every later read of
+        it fails at once (the blocks sharing a bomb's row group would each decode it to the bound)."""
+        self._refused[key] = f"{self.path}: {exc}"
+        return LavenderError(self._refused[key])
 
     def row_groups(self) -> list[int]:
         """Rows in each parquet row group (an empty list for csv)."""
@@ -392,21 +406,21 @@ class ShardFile:
     def close(self) -> None:
         """Forget the open parquet file (reopened on the next read)."""
         with self._lock:
-            self._parquet = None
+            self._parquet = self._plain = None
             self._batch_rows = {}
             self._refused = {}
 
 
-def _local_parquet(pq: Any, path: str) -> Any:
+def _local_parquet(pq: Any, path: str, options: dict[str, Any]) -> Any:
     """``pq.ParquetFile`` of the local file ``path``, read by pyarrow's own file (no Python in
-    its reads), opened only once ``path`` is known to be a regular file: pyarrow's open would
-    wait forever on a FIFO. It opens the descriptor checked (``/proc/self/fd/N``, the same
+    its reads; ``options``: its keyword arguments), opened only once ``path`` is known to be a
+    regular file: pyarrow's open would wait forever on a FIFO. It opens the descriptor checked (``/proc/self/fd/N``, the same
     file, whatever ``path`` names meanwhile); without ``/proc``, ``path`` itself, just checked."""
     fd, st = open_regular(path)
     try:
         _check_footer(st.st_size, os.pread(fd, 8, max(st.st_size - 8, 0)))
         alias = f"/proc/self/fd/{fd}"
-        return pq.ParquetFile(alias if os.path.exists(alias) else path)
+        return pq.ParquetFile(alias if os.path.exists(alias) else path, **options)
     finally:
         os.close(fd)
 
