@@ -39,8 +39,13 @@ MAX_ROW_GROUP_BYTES = 128 << 20
 #: Rows decoded in one batch at most where a ``DELTA_BYTE_ARRAY`` page could expand (fewer
 #: when its pages are large: see :func:`batch_rows`).
 BATCH_ROWS = 1024
-#: Parquet's ``Encoding.DELTA_BYTE_ARRAY``.
+#: Fewest rows a batch of plain arrays is worth (fewer: read as dictionaries instead).
+MIN_BATCH_ROWS = 16
+#: Parquet's ``Encoding.DELTA_BYTE_ARRAY``, its dictionary encodings (``PLAIN_DICTIONARY``,
+#: ``RLE_DICTIONARY``) and ``PageType.DICTIONARY_PAGE``.
 DELTA_BYTE_ARRAY = 7
+DICTIONARY_ENCODINGS = (2, 8)
+DICTIONARY_PAGE = 2
 #: Most bytes one page header may take (pyarrow's own default bound).
 MAX_PAGE_HEADER_BYTES = 16 << 20
 #: Narrowest decoded width of a value, by parquet physical type (a byte array: its offset).
@@ -69,11 +74,22 @@ def byte_array_columns(schema: Any) -> list[str]:
 
 
 def batch_rows(metadata: Any, group: int, columns: list[str], pread: Callable[[int, int], bytes],
-               file_size: int) -> int:
-    """Rows per batch for :func:`bounded_read` of ``columns`` of row group ``group``, once its
-    page headers are read and within bounds (:class:`Refused` else): 0 for the whole group
-    read with byte arrays as dictionaries; a number of rows (a byte-array column has a
-    ``DELTA_BYTE_ARRAY`` page) for plain arrays read that many rows at a time."""
+               file_size: int) -> tuple[int, bool]:
+    """How :func:`bounded_read` reads ``columns`` of row group ``group``, once its page headers
+    are read and within bounds (:class:`Refused` else): ``(rows per batch, 0 for all at once;
+    byte arrays as dictionaries)``.
+
+    - Plain and whole, when the pages bound what the rows decode to: each dictionary-encoded
+      page's values counted as the dictionary page's size each, every other page as its size
+      (a plain value lies in its page), within the bound. The usual case, and the cheapest
+      (pyarrow would hash a plain page's values to make a dictionary of them).
+    - Else plain, a batch of rows at a time, counted, when a batch stays within an eighth of
+      the bound with each value as large as the largest dictionary page (a dictionary of a few
+      images, then plain pages: what pyarrow writes for large images), or when a byte array
+      has a ``DELTA_BYTE_ARRAY`` page (whatever the batch: pyarrow cannot read those pages as
+      dictionaries).
+    - Else whole, as dictionaries: a value a dictionary repeats is decoded once, and the rows'
+      bytes are summed before they are made (a dictionary page of many large images)."""
     rg = metadata.row_group(group)
     rows = rg.num_rows
     chosen = leaves(metadata, columns)
@@ -84,7 +100,8 @@ def batch_rows(metadata: Any, group: int, columns: list[str], pread: Callable[[i
     if rows * width > MAX_ROW_GROUP_BYTES:
         raise Refused(f"row group {group} states {rows} rows, at least {rows * width} bytes decoded, more than "
                       f"the row-group bound of {MAX_ROW_GROUP_BYTES} bytes; not read")
-    total = largest = 0  # largest: a DELTA_BYTE_ARRAY page of a byte array
+    total = delta = largest = 0  # largest DELTA_BYTE_ARRAY page of a byte array; largest such page or dictionary
+    expanded = rows * width  # what the rows decode to at most, as plain arrays
     for j in chosen:
         chunk = rg.column(j)
         start = chunk.data_page_offset
@@ -94,21 +111,34 @@ def batch_rows(metadata: Any, group: int, columns: list[str], pread: Callable[[i
         if start < 0 or end > file_size or end < start:
             raise Refused(f"row group {group} column {chunk.path_in_schema!r} lies past the file's end; not read")
         byte_array = metadata.schema.column(j).physical_type == "BYTE_ARRAY"
-        for uncompressed, encoding in page_sizes(pread, start, end):
+        dictionary = 0
+        for uncompressed, encoding, values, kind in page_sizes(pread, start, end):
             total += uncompressed
+            if kind == DICTIONARY_PAGE:
+                dictionary = max(dictionary, uncompressed)
+                if byte_array:
+                    largest = max(largest, uncompressed)
+            elif byte_array and encoding in DICTIONARY_ENCODINGS:
+                expanded += max(values, 0) * dictionary
+            else:
+                expanded += uncompressed
             if byte_array and encoding == DELTA_BYTE_ARRAY:
+                delta = max(delta, uncompressed)
                 largest = max(largest, uncompressed)
             if total > MAX_ROW_GROUP_BYTES:
                 raise Refused(f"row group {group}'s pages decompress to more than the row-group bound of "
                               f"{MAX_ROW_GROUP_BYTES} bytes; not read")
-    if not largest:
-        return 0
-    return max(1, min(BATCH_ROWS, MAX_ROW_GROUP_BYTES // (8 * largest)))
+    if expanded <= MAX_ROW_GROUP_BYTES and not delta:
+        return 0, False
+    batch = MAX_ROW_GROUP_BYTES // (8 * max(largest, 1))
+    if delta or batch >= MIN_BATCH_ROWS:
+        return max(1, min(BATCH_ROWS, batch)), False
+    return 0, True
 
 
 def bounded_read(parquet: Any, group: int, columns: list[str] | None, rows: int, schema: Any) -> Any:
-    """Row group ``group`` of ``parquet`` (a ``pq.ParquetFile``: reading byte arrays as
-    dictionaries for ``rows`` 0, as plain arrays else), ``columns`` of it (None: all), read
+    """Row group ``group`` of ``parquet`` (a ``pq.ParquetFile``, reading byte arrays as
+    dictionaries or not, as :func:`batch_rows` said), ``columns`` of it (None: all), read
     whole (``rows`` 0) or ``rows`` rows at a time, counting what it decodes to:
     :class:`Refused` as soon as that passes :data:`MAX_ROW_GROUP_BYTES` (a dictionary of one long
     string repeated); else the table, of the file's own Arrow ``schema``."""
@@ -154,11 +184,11 @@ def _decoded_bytes(array: Any) -> int:
     return int(array.indices.nbytes) + int(repeated)
 
 
-def page_sizes(pread: Callable[[int, int], bytes], start: int, end: int) -> list[tuple[int, int]]:
-    """``(decompressed size, encoding)`` each page header from ``start`` to ``end`` states (pages
-    follow each other: a header, then its compressed bytes; the encoding of a data page's
-    values, -1 for other pages); :class:`Refused` for a header that cannot be read or that
-    lies past ``end``."""
+def page_sizes(pread: Callable[[int, int], bytes], start: int, end: int) -> list[tuple[int, int, int, int]]:
+    """``(decompressed size, encoding, values, page type)`` each page header from ``start`` to
+    ``end`` states (pages follow each other: a header, then its compressed bytes; a data page's
+    encoding and number of values, -1 for other pages); :class:`Refused` for a header that
+    cannot be read or that lies past ``end``."""
     sizes = []
     pos = start
     window_at, window = start, b""
@@ -168,7 +198,7 @@ def page_sizes(pread: Callable[[int, int], bytes], start: int, end: int) -> list
             if not window_at <= pos or pos - window_at + 64 > len(window):
                 window_at, window = pos, pread(pos, min(want, end - pos))
             try:
-                length, uncompressed, compressed, encoding = _page_header(window, pos - window_at)
+                length, uncompressed, compressed, encoding, values, kind = _page_header(window, pos - window_at)
                 break
             except _Short:
                 if len(window) >= end - pos or want >= MAX_PAGE_HEADER_BYTES:
@@ -177,7 +207,7 @@ def page_sizes(pread: Callable[[int, int], bytes], start: int, end: int) -> list
                 window = b""  # read again, wider
         if uncompressed < 0 or compressed < 0 or pos + length + compressed > end:
             raise Refused(f"a page header at byte {pos} states sizes past its column chunk; not read")
-        sizes.append((uncompressed, encoding))
+        sizes.append((uncompressed, encoding, values, kind))
         pos += length + compressed
     return sizes
 
@@ -186,17 +216,22 @@ class _Short(Exception):
     """The header goes on past the bytes at hand."""
 
 
-def _page_header(data: bytes, at: int) -> tuple[int, int, int, int]:
-    """``(header length, uncompressed_page_size, compressed_page_size, encoding)`` of the Thrift
-    compact ``PageHeader`` at ``data[at:]`` (fields 2 and 3; the encoding from field 5, a
-    ``DataPageHeader``'s field 2, or 8, a ``DataPageHeaderV2``'s field 4; the rest skipped)."""
+def _page_header(data: bytes, at: int) -> tuple[int, int, int, int, int, int]:
+    """``(header length, uncompressed_page_size, compressed_page_size, encoding, num_values,
+    type)`` of the Thrift compact ``PageHeader`` at ``data[at:]`` (fields 1, 2 and 3; the
+    encoding and values from field 5, a ``DataPageHeader`` (fields 2 and 1), or 8, a
+    ``DataPageHeaderV2`` (fields 4 and 1); -1 where absent; the rest skipped)."""
     reader = _Compact(data, at)
-    found = reader.struct(want=(2, 3), nested={5: (2,), 8: (4,)})
+    found = reader.struct(want=(1, 2, 3), nested={5: (1, 2), 8: (1, 4)})
     if not isinstance(found.get(2), int) or not isinstance(found.get(3), int):
         raise Refused("a page header without its sizes; not read")
-    data_page = found.get(5) or found.get(8)
-    encoding = data_page.get(2, data_page.get(4, -1)) if isinstance(data_page, dict) else -1
-    return reader.pos - at, found[2], found[3], encoding
+    encoding = values = -1
+    if isinstance(found.get(5), dict):
+        encoding, values = found[5].get(2, -1), found[5].get(1, -1)
+    elif isinstance(found.get(8), dict):
+        encoding, values = found[8].get(4, -1), found[8].get(1, -1)
+    kind = found.get(1, -1)
+    return reader.pos - at, found[2], found[3], encoding, values, kind if isinstance(kind, int) else -1
 
 
 class _Compact:

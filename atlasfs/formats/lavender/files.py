@@ -103,7 +103,7 @@ class ShardFile:
         self._plain: Any = None  # the same file read as it is (a DELTA_BYTE_ARRAY page cannot be a dictionary)
         self._schema: Any = None  # the file's Arrow schema (the reader's has byte arrays as dictionaries)
         self._group_starts: np.ndarray | None = None
-        self._batch_rows: dict[tuple[int, tuple[str, ...] | None], int] = {}  # row groups checked (bounds)
+        self._batch_rows: dict[tuple[int, tuple[str, ...] | None], tuple[int, bool]] = {}  # checked (bounds)
         self._refused: dict[tuple[int, tuple[str, ...] | None], str] = {}  # read past its bound: why
         self._lock = threading.Lock()
 
@@ -168,8 +168,8 @@ class ShardFile:
             with self._lock:
                 parquet = self._parquet_file()
                 for group in range(parquet.metadata.num_row_groups):
-                    rows = self._checked(group, [column])
-                    reader = parquet if rows == 0 else self._plain
+                    rows, dictionaries = self._checked(group, [column])
+                    reader = parquet if dictionaries else self._plain
                     for batch in reader.iter_batches(batch_size=min(16, rows or 16), row_groups=[group],
                                                      columns=[column], use_threads=False):
                         for value in batch.column(0).to_pylist():
@@ -181,10 +181,9 @@ class ShardFile:
             raise _failed(exc, f"{self.path}: column {column!r} cannot be read ({_reason(exc)})") from None
         return None
 
-    def _checked(self, group: int, columns: list[str] | None) -> int:
+    def _checked(self, group: int, columns: list[str] | None) -> tuple[int, bool]:
         """How row group ``group`` of ``columns`` (None: all) is read (:func:`.bounds.batch_rows`:
-        0, whole, as dictionaries; else that many rows at a time, plain), once its page headers
-        show it within :data:`.bounds.MAX_ROW_GROUP_BYTES`; :class:`LavenderError` naming the file
+        rows a batch, 0 for all; byte arrays as dictionaries), once its page headers show it within :data:`.bounds.MAX_ROW_GROUP_BYTES`; :class:`LavenderError` naming the file
         and the row group else. Called with the lock held."""
         key = (group, tuple(columns) if columns is not None else None)
         if key in self._refused:
@@ -208,9 +207,9 @@ class ShardFile:
     def _read_group(self, group: int, columns: list[str] | None) -> Any:
         """Row group ``group`` (``columns`` of it; None: all), decoded within
         :data:`.bounds.MAX_ROW_GROUP_BYTES` (:class:`LavenderError` past it). Called with the lock held."""
-        rows = self._checked(group, columns)
+        rows, dictionaries = self._checked(group, columns)
         try:
-            parquet = self._parquet_file() if rows == 0 else self._plain
+            parquet = self._parquet_file() if dictionaries else self._plain
             return bounds.bounded_read(parquet, group, columns, rows, self._schema)
         except bounds.Refused as exc:
             raise self._refuse((group, tuple(columns) if columns is not None else None), exc) from None

@@ -106,7 +106,7 @@ def test_page_headers_of_real_files(tmp_path: Path) -> None:
                     start = min(o for o in (chunk.dictionary_page_offset, chunk.data_page_offset) if o)
                     pages = bounds.page_sizes(lambda at, n: data[at:at + n], start,
                                               start + chunk.total_compressed_size)
-                    sizes = [size for size, _ in pages]
+                    sizes = [page[0] for page in pages]
                     assert sum(sizes) <= chunk.total_uncompressed_size < sum(sizes) + 200 * len(sizes)
             file = shard_file(path)
             assert file.scan("uid").uids == table.column("uid").to_pylist()
@@ -140,3 +140,42 @@ def test_delta_byte_array_pages(tmp_path: Path) -> None:
     assert file.scan("uid").uids == UIDS[:100]
     rows, _ = file.read_rows(np.array([0, 99]), RowGroupCache(64 << 20))
     assert rows == {0: ("u0", "text 0"), 99: ("u99", "text 99")}
+
+
+def _how(path: Path) -> tuple[int, bool]:
+    data = path.read_bytes()
+    metadata = pq.ParquetFile(path).metadata
+    return bounds.batch_rows(metadata, 0, ["uid", "text"], lambda at, n: data[at:at + n], len(data))
+
+
+def test_each_way_of_reading_a_row_group(tmp_path: Path) -> None:
+    """Whole and plain where the pages bound the rows; plain in batches where a batch of values
+    as large as the dictionary page stays small (2.7 GB of 512 KiB strings counted as they
+    come); as dictionaries where it would not (a dictionary page of 1 MiB; of 10 MB: 1,000
+    values of 10 KB, repeated over 100,000 rows: 1 GB)."""
+    plain = tmp_path / "plain.parquet"
+    pq.write_table(pa.table({"uid": UIDS, "text": [f"t{i}" for i in range(5400)]}), plain, use_dictionary=False)
+    assert _how(plain) == (0, False)
+    small = tmp_path / "small.parquet"  # a dictionary of small strings: each counted as its whole page
+    pq.write_table(pa.table({"uid": UIDS, "text": [f"t{i}" for i in range(5400)]}), small)
+    rows, dictionaries = _how(small)
+    assert 16 <= rows <= 1024 and dictionaries is False
+    half = dictionary_bomb(tmp_path / "half.parquet", UIDS, value_bytes=512 << 10)  # batches of 31 (page + header)
+    assert _how(half) == (31, False)
+    with pytest.raises(LavenderError, match="row group 0 decodes to more than"):
+        shard_file(half).read_rows(np.arange(3), RowGroupCache(64 << 20))
+    assert _how(dictionary_bomb(tmp_path / "bomb.parquet", UIDS)) == (0, True)  # a dictionary page of 1 MiB
+    many = tmp_path / "many.parquet"
+    values = pa.array([f"{i:05d}" + "x" * 10000 for i in range(1000)])
+    cells = pa.DictionaryArray.from_arrays(pa.array(np.arange(100000) % 1000, pa.int32()), values)
+    pq.write_table(pa.table({"uid": [f"u{i}" for i in range(100000)], "text": cells}), many, compression="zstd",
+                   store_schema=False, row_group_size=100000)
+    assert _how(many) == (0, True)
+    with pytest.raises(LavenderError, match="row group 0 decodes to more than"):
+        shard_file(many).read_rows(np.arange(3), RowGroupCache(64 << 20))
+    legit = tmp_path / "legit.parquet"  # the same dictionary under a few rows: read, as it is
+    cells = pa.DictionaryArray.from_arrays(pa.array(np.arange(2000) % 1000, pa.int32()), values)
+    pq.write_table(pa.table({"uid": [f"u{i}" for i in range(2000)], "text": cells}), legit, store_schema=False)
+    assert _how(legit) == (0, True)
+    rows, _ = shard_file(legit).read_rows(np.array([0, 1999]), RowGroupCache(64 << 20))
+    assert rows[1999] == ("u1999", values[999].as_py())
