@@ -70,3 +70,29 @@ def understate_footer(path: Path) -> list[tuple[int, int]]:
         changed.append((size, least))
     path.write_bytes(bytes(data))
     return changed
+
+
+def understate_first_page(path: Path, column: int, stated: int) -> int:
+    """Rewrite, in place, the size the first data page of ``column`` (in row group 0) states it
+    decompresses to as ``stated`` (of the same encoded length as the true one); returns the
+    true one. The page's bytes are unchanged."""
+    data = bytearray(path.read_bytes())
+    chunk = pq.ParquetFile(path).metadata.row_group(0).column(column)
+    start = chunk.data_page_offset
+    header = bytes(data[start:start + 64])
+    assert header[0] == 0x15  # field 1 (type), an i32
+    at = 2  # the type's one-byte varint, then field 2 (uncompressed_page_size)
+    assert header[at] == 0x15
+    end = at + 1
+    while header[end] & 0x80:
+        end += 1
+    true = _unvarint(header[at + 1:end + 1]) >> 1
+    new = _varint(stated << 1)
+    assert len(new) == end - at, "the stated size must have the true one's encoded length"
+    data[start + at + 1:start + end + 1] = new
+    path.write_bytes(bytes(data))
+    return true
+
+
+def _unvarint(data: bytes) -> int:
+    return sum((b & 0x7F) << (7 * i) for i, b in enumerate(data))

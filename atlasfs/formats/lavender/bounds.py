@@ -11,14 +11,15 @@ page that decompresses to more), and bounds:
 
 - the pages' decompressed bytes, and the rows times their narrowest width, before anything is
   decoded (:func:`batch_rows`);
-- what the rows decode to, before their values are made: byte-array columns (strings, binary)
-  are read as Arrow dictionaries, so a value a dictionary page repeats is decoded once, and
-  the rows' bytes (each index's value length) are summed before the column is decoded into
-  them (:func:`bounded_read`). A page of ``DELTA_BYTE_ARRAY`` (each value a prefix of the one
-  before and a suffix: a value can be rebuilt from a few bytes; pyarrow cannot read it as a
-  dictionary) is the one way left to expand while decoding: a row group holding one is decoded
-  as plain arrays a few rows at a time (each value at most its page, the batch within an
-  eighth of the bound), counted as it comes.
+- what the rows decode to, in one of three ways (:func:`batch_rows` chooses, :func:`bounded_read`
+  reads): plain and whole where the pages bound it (a plain value lies in its page; a
+  dictionary-encoded page's values are counted at the dictionary page's size each); else plain,
+  a batch of rows at a time, counted as it comes, where a batch of values as large as the
+  largest dictionary page stays within an eighth of the bound, and always where a byte array
+  has a ``DELTA_BYTE_ARRAY`` page (each value a prefix of the one before and a suffix: rebuilt
+  from a few bytes, and pyarrow cannot read it as a dictionary); else with strings and binary
+  read as Arrow dictionaries, so that a value a dictionary repeats is decoded once, and the
+  rows' bytes (each index's value length) summed before the column is decoded into them.
 
 Either past :data:`MAX_ROW_GROUP_BYTES` is one :class:`~.files.LavenderError` naming the file and
 the row group, and nothing more is read of it.

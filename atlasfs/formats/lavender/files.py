@@ -183,8 +183,9 @@ class ShardFile:
 
     def _checked(self, group: int, columns: list[str] | None) -> tuple[int, bool]:
         """How row group ``group`` of ``columns`` (None: all) is read (:func:`.bounds.batch_rows`:
-        rows a batch, 0 for all; byte arrays as dictionaries), once its page headers show it within :data:`.bounds.MAX_ROW_GROUP_BYTES`; :class:`LavenderError` naming the file
-        and the row group else. Called with the lock held."""
+        rows a batch, 0 for all; byte arrays as dictionaries), once its page headers show it
+        within :data:`.bounds.MAX_ROW_GROUP_BYTES`; :class:`LavenderError` naming the file and
+        the row group else. Called with the lock held."""
         key = (group, tuple(columns) if columns is not None else None)
         if key in self._refused:
             raise LavenderError(self._refused[key])
@@ -411,10 +412,11 @@ class ShardFile:
 
 
 def _local_parquet(pq: Any, path: str, options: dict[str, Any]) -> Any:
-    """``pq.ParquetFile`` of the local file ``path``, read by pyarrow's own file (no Python in
-    its reads; ``options``: its keyword arguments), opened only once ``path`` is known to be a
-    regular file: pyarrow's open would wait forever on a FIFO. It opens the descriptor checked (``/proc/self/fd/N``, the same
-    file, whatever ``path`` names meanwhile); without ``/proc``, ``path`` itself, just checked."""
+    """``pq.ParquetFile`` of the local file ``path`` (``options``: its keyword arguments), read
+    by pyarrow's own file (no Python in its reads), opened only once ``path`` is known to be a
+    regular file: pyarrow's open would wait forever on a FIFO. It opens the descriptor checked
+    (``/proc/self/fd/N``, the same file, whatever ``path`` names meanwhile); without ``/proc``,
+    ``path`` itself, just checked."""
     fd, st = open_regular(path)
     try:
         _check_footer(st.st_size, os.pread(fd, 8, max(st.st_size - 8, 0)))

@@ -15,7 +15,7 @@ import pytest
 
 from atlasfs.formats.lavender import bounds
 from atlasfs.formats.lavender.files import LavenderError, RowGroupCache, ShardFile
-from parquetbomb import dictionary_bomb, page_bomb, understate_footer
+from parquetbomb import dictionary_bomb, page_bomb, understate_first_page, understate_footer
 
 UIDS = [f"u{i}" for i in range(5400)]
 BOUND = str(bounds.MAX_ROW_GROUP_BYTES)
@@ -57,6 +57,10 @@ def test_a_footer_that_understates_its_sizes_does_not_get_past(tmp_path: Path) -
         shard_file(path).read_rows(np.arange(4), RowGroupCache(64 << 20))
     assert str(caught.value) == (f"{path}: row group 0's pages decompress to more than the row-group bound of "
                                  f"{BOUND} bytes; not read")
+    # a page header that understates: pyarrow fails the page, it never decompresses past the header
+    assert understate_first_page(path, 1, bounds.MAX_ROW_GROUP_BYTES) > bounds.MAX_ROW_GROUP_BYTES
+    with pytest.raises(LavenderError, match="cannot be read .*Destination buffer is too small"):
+        shard_file(path).scan("text")  # that column alone: its page states no more than the bound
     bomb = dictionary_bomb(tmp_path / "d.parquet", UIDS)
     understate_footer(bomb)
     with pytest.raises(LavenderError, match="row group 0 decodes to more than"):
