@@ -95,6 +95,9 @@ def build(store: TableStore | None, key: str, write: Callable[[str], None]) -> t
                         folder, exc.strerror or exc)
         else:
             final = os.path.join(folder, file_name(key))
+            # once, before the rename (sqlite's own were turned off): a crash never leaves a torn
+            # file under the name, which is found again by its header and schema alone
+            os.fsync(fd)
             os.replace(path, final)
             if shared:
                 _forget_others(folder, final)
