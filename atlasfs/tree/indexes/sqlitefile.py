@@ -16,6 +16,7 @@ temporary file. It is served through the one descriptor checked (``pread``).
 from __future__ import annotations
 
 import logging
+import contextlib
 import os
 import sqlite3
 import stat
@@ -97,7 +98,8 @@ def build(store: TableStore | None, key: str, write: Callable[[str], None]) -> t
             final = os.path.join(folder, file_name(key))
             # once, before the rename (sqlite's own were turned off): a crash never leaves a torn
             # file under the name, which is found again by its header and schema alone
-            os.fsync(fd)
+            with contextlib.suppress(OSError):  # a folder that cannot sync (some FUSE ones) still stores it
+                os.fsync(fd)
             os.replace(path, final)
             if shared:
                 _forget_others(folder, final)
