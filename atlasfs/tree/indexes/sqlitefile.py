@@ -15,8 +15,8 @@ temporary file. It is served through the one descriptor checked (``pread``).
 
 from __future__ import annotations
 
-import logging
 import contextlib
+import logging
 import os
 import sqlite3
 import stat
