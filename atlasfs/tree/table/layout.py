@@ -41,6 +41,11 @@ KEPT = 0xFFFE
 INLINE_MAX = 255
 #: Most bytes of a block's kept files, decompressed (C bounds its decompression by it too).
 KEPT_BLOCK_MAX = 16 << 20
+#: Bumped whenever the rules of which files get which locators change, so that stored tables
+#: are rebuilt and gain them (part of a stored table's key: Python's only, C never reads keys).
+#: 1: blocks with no frame checksum (strategy 0) of any size get inline and kept files (their
+#: fingerprint is read once a block and remembered), not only those up to 256 KiB.
+LOCATOR_RULES = 1
 
 # -- node ids (inode numbers): a shard folder's and its table rows', computed, never stored
 

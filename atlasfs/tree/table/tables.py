@@ -34,7 +34,7 @@ from atlasfs.storage import StorageUnavailableError
 from atlasfs.tree.blocks import Blocks, max_suffix_bytes
 from atlasfs.tree.table.builder import TableBuilder
 from atlasfs.tree.table.filetable import FileTable, Limits, Rows
-from atlasfs.tree.table.layout import FILE, UNKNOWN_SIZE, UNREADABLE
+from atlasfs.tree.table.layout import FILE, LOCATOR_RULES, UNKNOWN_SIZE, UNREADABLE
 from atlasfs.tree.table.store import TableStore
 
 log = logging.getLogger("atlasfs")
@@ -286,9 +286,10 @@ class Tables:
                     self._hold(s, mapped)
 
     def table_key(self, s: int) -> dict[str, Any]:
-        """What a shard's table depends on: the naming rules, the source's kind, and what
-        the shard's table depends on (its files, its first index, its options)."""
-        return {"layout": LAYOUT_VERSION, "source": self.kind, **self.shards[s].table_key()}
+        """What a shard's table depends on: the naming rules, the locator rules, the source's
+        kind, and what the shard's table depends on (its files, its first index, its options)."""
+        return {"layout": LAYOUT_VERSION, "locators": LOCATOR_RULES, "source": self.kind,
+                **self.shards[s].table_key()}
 
     def _load_or_build(self, s: int) -> FileTable:
         shard = self.shards[s]

@@ -7,6 +7,7 @@ import os
 import pickle
 import shutil
 import tempfile
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -425,13 +426,32 @@ def test_small_files_are_inline_and_tied_to_their_block(tmp_path: Path, strategy
     assert inline
 
 
-def test_big_blocks_without_a_frame_checksum_get_no_inline_files() -> None:
-    stored = os.urandom(300 << 10)
-    assert block_fingerprint(stored, CompressionStrategy.NO_COMPRESSION) is None
-    assert block_fingerprint(stored[:1000], CompressionStrategy.NO_COMPRESSION) is not None
-    payload = pickle.dumps([{"cls": 3}], protocol=4)
+def test_big_blocks_without_a_frame_checksum_get_inline_files_tied_by_their_stored_crc() -> None:
+    payload = pickle.dumps([{"jpg": os.urandom(300 << 10), "cls": 3, "json": {"id": 3, "url": "http://x/3"}}],
+                           protocol=4)
     fields = _fields(pickle.loads(payload))
-    assert file_locators(payload, fields, None) == [[None]]
+    fingerprint = block_fingerprint(payload, CompressionStrategy.NO_COMPRESSION)
+    assert fingerprint == zlib.crc32(payload)  # its stored bytes are its pickle: any size
+    codec = BlockCodec(CompressionStrategy.NO_COMPRESSION, None)
+    inline = [(suffix, locator) for files, found in zip(fields, file_locators(payload, fields, fingerprint))
+              for (suffix, _), locator in zip(files, found) if locator is not None and locator.inline]
+    assert [suffix for suffix, _ in inline] == ["cls", "json"]
+    changed = bytearray(payload)
+    changed[len(changed) // 2] ^= 1  # one bit of the JPEG's bytes, far from the small files
+    for suffix, locator in inline:
+        assert read_span(payload, locator, codec, "ds") == locator.prefix
+        assert read_span(BlockReader(lambda offset, size: payload[offset:offset + size], len(payload)),
+                         locator, codec, "ds") == locator.prefix
+        with pytest.raises(SpanMismatch, match="ds: the block is not the one"):
+            read_span(bytes(changed), locator, codec, "ds")
+        with pytest.raises(SpanMismatch):  # past what a block may store: not read at all
+            read_span(payload, locator, BlockCodec(codec.strategy, None, max_block_bytes=len(payload) - 1), "ds")
+        # A fingerprint given by the caller (remembered) is the one compared.
+        assert read_span(bytes(changed), locator, codec, "ds", fingerprint=lambda: fingerprint) == locator.prefix
+        with pytest.raises(SpanMismatch):
+            read_span(payload, locator, codec, "ds", fingerprint=lambda: None)
+    spans_only = file_locators(payload, fields, None)[0]  # without a fingerprint: the JPEG's span alone
+    assert [locator is not None and not locator.inline for locator in spans_only] == [False, True, False]
 
 
 # ---------------------------------------------------------------- columns

@@ -16,8 +16,9 @@
  *   frame's map and its compressed zstd blocks' bytes), and a run is assembled from preads of
  *   its raw pieces and copies of the kept ones, and checked at every read;
  * - an inline file (small, kept in the table): the block's fingerprint (its frame's content
- *   checksum, the last 4 stored bytes; else the CRC-32 of a small block's stored bytes) must
- *   tie it to the block it came from;
+ *   checksum, the last 4 stored bytes; else the CRC-32 of the block's stored bytes, read whole
+ *   once and remembered while data.bin stays the same file) must tie it to the block it came
+ *   from;
  * - a kept file (kept in the table too, compressed with its block's other kept files: one zstd
  *   frame a block): the frame is decompressed once, kept in the byte cache (KIND_KEPT), and
  *   the file, sliced from it, must be tied to its block as an inline file is.
@@ -39,13 +40,19 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/uio.h>
+#include <time.h>
 #include <unistd.h>
 #include <zlib.h>
 #include <zstd.h>
 
-/* Blocks this small with no frame checksum are fingerprinted by the CRC-32 of their stored
- * bytes (spans/find.py FINGERPRINT_READ_MAX). */
-#define FINGERPRINT_READ_MAX (256 << 10)
+/* Blocks with no frame checksum (strategy 0) are fingerprinted by the CRC-32 of their stored
+ * bytes (spans/find.py block_fingerprint), read in pieces of this many bytes once a block and
+ * remembered, by spans/fingerprints.py's rules: with a token of data.bin's identity (device,
+ * inode, size, mtime, ctime: a write, or setting the mtime back, changes the ctime), used
+ * only while that holds, and never when data.bin changed less than RACY_NS before the read
+ * (a change within the same tick of the file system's coarse clock keeps its ctime). */
+#define FINGERPRINT_PIECE (1 << 20)
+#define RACY_NS 2000000000LL
 
 struct Located {
     Column offset, length, check, prefix, inline_bytes, kept;  /* buffers, or ranges of the table's file */
@@ -61,6 +68,9 @@ struct Located {
     uint8_t *unlocated;  /* one byte a block: a located read of it failed here */
     uint64_t disk_key;   /* its blocks' files in the decoded cache (diskblocks.c); 0: none */
     Session *session;    /* whose located_stored counts data_size, once attached */
+    /* nblocks (8 bytes a block, as starts), made at the first fingerprint remembered: block b's
+     * is identity << 32 | CRC-32 of its stored bytes; 0: none */
+    uint64_t *fingerprints;
 };
 
 /* One row's locator, resolved and checked against the buffers. */
@@ -103,6 +113,7 @@ void located_free(Located *l)
     free(l->index_path);
     free(l->starts);
     free(l->unlocated);
+    free(l->fingerprints);
     free(l);
 }
 
@@ -377,30 +388,93 @@ static void reply_parts(ReaderRequest *req, const char *first, size_t first_len,
     engine_reply(req, iov, n);
 }
 
+/* A nonzero token of what l->fd is now (spans/fingerprints.py file_identity): 0 if what is
+ * read from it now must not be remembered. */
+static uint32_t fd_identity(const Located *l)
+{
+    struct stat st;
+    struct timespec now;
+    int64_t key[5], ctime_ns, mtime_ns;
+    if (clock_gettime(CLOCK_REALTIME, &now) != 0 || fstat(l->fd, &st) != 0)
+        return 0;
+    ctime_ns = (int64_t)st.st_ctim.tv_sec * 1000000000 + st.st_ctim.tv_nsec;
+    mtime_ns = (int64_t)st.st_mtim.tv_sec * 1000000000 + st.st_mtim.tv_nsec;
+    if ((int64_t)now.tv_sec * 1000000000 + now.tv_nsec - (ctime_ns > mtime_ns ? ctime_ns : mtime_ns) < RACY_NS)
+        return 0;
+    key[0] = (int64_t)st.st_dev;
+    key[1] = (int64_t)st.st_ino;
+    key[2] = (int64_t)st.st_size;
+    key[3] = mtime_ns;
+    key[4] = ctime_ns;
+    return crc(0, (const char *)key, sizeof key) | 1;
+}
+
+/* The CRC-32 of block `block`'s stored bytes (its fingerprint when its frame has no checksum):
+ * remembered, or read in pieces (never more than a block may store) and remembered. 0 and
+ * `out` set, or -1. */
+static int stored_fingerprint(Located *l, uint64_t block, uint32_t *out)
+{
+    uint64_t start = l->starts[block], stored = l->starts[block + 1] - start, done;
+    uint64_t bound = l->compressed ? ZSTD_compressBound((size_t)l->max_block_bytes) : l->max_block_bytes;
+    uint64_t *slots = __atomic_load_n(&l->fingerprints, __ATOMIC_ACQUIRE);
+    uint32_t identity = fd_identity(l), sum = 0;
+    char *piece;
+    if (identity != 0 && slots != NULL) {
+        uint64_t entry = __atomic_load_n(&slots[block], __ATOMIC_RELAXED);
+        if (entry >> 32 == identity) {
+            *out = (uint32_t)entry;
+            return 0;
+        }
+    }
+    if (stored > bound || (piece = malloc(stored < FINGERPRINT_PIECE ? (size_t)stored + 1 : FINGERPRINT_PIECE)) == NULL)
+        return -1;
+    for (done = 0; done < stored;) {
+        size_t part = stored - done < FINGERPRINT_PIECE ? (size_t)(stored - done) : FINGERPRINT_PIECE;
+        if (read_full(l->fd, piece, part, start + done) != 0) {
+            free(piece);
+            return -1;
+        }
+        sum = crc(sum, piece, part);
+        done += part;
+    }
+    free(piece);
+    if (identity != 0) {
+        if (slots == NULL) {  /* the first: made here, or by the thread that made it first */
+            uint64_t *made = calloc((size_t)l->nblocks, sizeof *made);
+            if (made != NULL && !__atomic_compare_exchange_n(&l->fingerprints, &slots, made, 0, __ATOMIC_ACQ_REL,
+                                                             __ATOMIC_ACQUIRE))
+                free(made);  /* slots is now the other thread's */
+            else
+                slots = made;
+        }
+        if (slots != NULL)
+            __atomic_store_n(&slots[block], (uint64_t)identity << 32 | sum, __ATOMIC_RELAXED);
+    }
+    *out = sum;
+    return 0;
+}
+
 /* Whether `file` (length bytes, an inline or kept file) is tied to block `block` by the
  * block's fingerprint: the locator's check is the CRC-32 of the file seeded with it. */
-static int tied_to_block(const Located *l, uint64_t block, const Span *span, const char *file)
+static int tied_to_block(Located *l, uint64_t block, const Span *span, const char *file)
 {
     uint64_t start = l->starts[block], stored = l->starts[block + 1] - start;
+    uint32_t fingerprint;
     int ok = 0;
     if (l->compressed && stored >= 4) {
         unsigned char tail[4];
         if (read_full(l->fd, (char *)tail, 4, start + stored - 4) == 0) {
-            uint32_t fingerprint = tail[0] | tail[1] << 8 | tail[2] << 16 | (uint32_t)tail[3] << 24;
+            fingerprint = tail[0] | tail[1] << 8 | tail[2] << 16 | (uint32_t)tail[3] << 24;
             ok = crc(fingerprint, file, (size_t)span->length) == span->check;
         }
     }
-    if (!ok && stored <= FINGERPRINT_READ_MAX) {
-        char *raw = malloc(stored ? (size_t)stored : 1);
-        if (raw != NULL && read_full(l->fd, raw, (size_t)stored, start) == 0)
-            ok = crc(crc(0, raw, (size_t)stored), file, (size_t)span->length) == span->check;
-        free(raw);
-    }
+    if (!ok && stored_fingerprint(l, block, &fingerprint) == 0)
+        ok = crc(fingerprint, file, (size_t)span->length) == span->check;
     return ok;
 }
 
 /* An inline file, once its block's fingerprint ties it to the block: 1, or 0. */
-static int serve_inline(const Located *l, ReaderRequest *req, uint64_t block, const Span *span, size_t size, off_t off)
+static int serve_inline(Located *l, ReaderRequest *req, uint64_t block, const Span *span, size_t size, off_t off)
 {
     if (!tied_to_block(l, block, span, span->inline_bytes))
         return 0;
@@ -462,7 +536,7 @@ static CachedBlock *acquire_made(Session *s, const Located *l, uint64_t shard, i
 
 /* A kept file, sliced from its block's kept files (decompressed once, kept in the byte cache),
  * once its block's fingerprint ties it to the block: 1, or 0. */
-static int serve_kept(Session *s, const Located *l, ReaderRequest *req, uint64_t shard, uint64_t block,
+static int serve_kept(Session *s, Located *l, ReaderRequest *req, uint64_t shard, uint64_t block,
                       const Span *span, size_t size, off_t off)
 {
     CachedBlock *b;

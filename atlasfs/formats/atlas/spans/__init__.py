@@ -21,7 +21,9 @@ dicts), and the files of no run up to :data:`WHOLE_MAX` (a ``json`` of a larger 
 (:func:`block_fingerprint`); the table keeps the larger ones compressed a block at a time. :func:`read_span` then
 serves a file from the block's stored bytes alone: strategy 0 needs just a
 ``pread`` of the run; a zstd frame is decompressed only as far as the end of
-the run; an inline file needs the block's fingerprint (4 bytes of its frame);
+the run; an inline file needs the block's fingerprint (4 bytes of its frame, or for a
+block with no frame checksum the CRC-32 of its stored bytes, read once a block and
+remembered while ``data.bin`` stays the same file: :class:`StoredFingerprints`);
 nothing is unpickled, so no pickle code runs. The mount's reads go through
 :class:`LocatedReads` (the shard's side), which reads runs over raw zstd blocks alone but
 decompresses any other compressed block whole at its first read and keeps it for the next:
@@ -37,7 +39,8 @@ shard (:class:`~atlasfs.formats.atlas.dataset.Shard`) calls them.
 
 The package's rooms: ``find.py`` (where a block's files lie in its decompressed pickle, and
 the small files kept inline), ``read.py`` (reading a located file back from the block as
-stored, with its checks), ``payloads.py`` (the process-wide caches of decompressed blocks)
+stored, with its checks), ``fingerprints.py`` (the blocks' stored CRC-32s a reader
+remembers), ``payloads.py`` (the process-wide caches of decompressed blocks)
 and ``located.py`` (:class:`LocatedReads`, the shard's side). The checksum of every check
 is ``find._crc32``, in that one place.
 """
@@ -45,7 +48,6 @@ is ``find._crc32``, in that one place.
 from __future__ import annotations
 
 from atlasfs.formats.atlas.spans.find import (
-                   FINGERPRINT_READ_MAX,
                    INLINE_MAX,
                    PROTOCOLS,
                    SCAN_BUDGET,
@@ -59,6 +61,7 @@ from atlasfs.formats.atlas.spans.find import (
                    run_check,
                    stored_crc,
 )
+from atlasfs.formats.atlas.spans.fingerprints import StoredFingerprints, file_identity
 from atlasfs.formats.atlas.spans.located import BlockStore, LocatedReads
 from atlasfs.formats.atlas.spans.payloads import JUST_DECODED, PAYLOAD_KEEP_BYTES, PAYLOADS, PayloadCache
 from atlasfs.formats.atlas.spans.read import (
@@ -73,6 +76,6 @@ from atlasfs.formats.source import SpanMismatch
 
 __all__ = ["Span", "SpanMismatch", "BlockReader", "BlockStore", "LocatedReads", "run_in", "find_spans",
            "file_locators", "block_fingerprint", "read_span", "check_run", "run_check",
-           "FINGERPRINT_READ_MAX", "INLINE_MAX", "JUST_DECODED", "PAYLOADS", "PAYLOAD_KEEP_BYTES", "PROTOCOLS",
+           "INLINE_MAX", "JUST_DECODED", "PAYLOADS", "PAYLOAD_KEEP_BYTES", "PROTOCOLS",
            "SCAN_BUDGET", "STORED_RUN_HEADERS", "WHOLE_MAX", "PayloadCache", "inline_check", "new_decompressor",
-           "pickle_protocol", "stored_crc"]
+           "pickle_protocol", "stored_crc", "StoredFingerprints", "file_identity"]

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import functools
 import zlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -50,10 +50,9 @@ INLINE_MAX = 128
 #: compressed a block at a time (:data:`atlasfs.tree.table.layout.KEPT`), so that a random
 #: read of one needs neither the block nor Python.
 WHOLE_MAX = 16 << 10
-#: Blocks whose frame has no content checksum (strategy 0, frames of writers that
-#: omit it) are fingerprinted by the CRC-32 of their stored bytes, read whole on
-#: every inline read: only up to this size (larger ones get no inline locators).
-FINGERPRINT_READ_MAX = 256 << 10
+#: Pieces in which a block's stored bytes are read for :func:`stored_crc_of` (memory, not
+#: the block's size, bounds what a fingerprint costs).
+FINGERPRINT_PIECE = 1 << 20
 
 _RAW, _TEXT, _NPY = 0, 1, 2
 _crc32 = zlib.crc32
@@ -74,6 +73,30 @@ def stored_crc(stored: bytes) -> int:
     """The CRC-32 of a block's stored bytes: the fingerprint of a block whose frame has no
     content checksum (:func:`block_fingerprint`)."""
     return _crc32(stored)
+
+
+def stored_crc_of(pread: Callable[[int, int], bytes], length: int) -> int | None:
+    """:func:`stored_crc` of a block of ``length`` stored bytes read through ``pread(size,
+    offset)`` a piece at a time, or None if fewer bytes than that could be read."""
+    crc = 0
+    for offset in range(0, length, FINGERPRINT_PIECE):
+        size = min(FINGERPRINT_PIECE, length - offset)
+        piece = pread(size, offset)
+        if len(piece) != size:
+            return None
+        crc = _crc32(piece, crc)
+    return crc
+
+
+def stored_bound(max_block_bytes: int, compressed: bool) -> int:
+    """Most stored bytes a block fingerprinted by :func:`stored_crc` may have: a block of no
+    compression is its pickle, within ``max_block_bytes``; a zstd frame of at most that
+    much content is within zstd's compress bound of it (``ZSTD_COMPRESSBOUND``). Readers
+    refuse larger ones before reading them (an index that lies costs no long read)."""
+    if not compressed:
+        return max_block_bytes
+    small = ((128 << 10) - max_block_bytes) >> 11 if max_block_bytes < 128 << 10 else 0
+    return max_block_bytes + (max_block_bytes >> 8) + small
 
 
 # ---------------------------------------------------------------- finding spans
@@ -309,12 +332,14 @@ def file_locators(payload: bytes, fields: Sequence[Sequence[tuple[str, Any]]],
 def block_fingerprint(stored: bytes, strategy: CompressionStrategy) -> int | None:
     """What ties a block's inline files to it, from the block as stored: a frame's own
     content checksum (XXH64 of the decompressed block, its low 32 bits: the frame's last
-    4 bytes) when it has one, else the CRC-32 of the stored bytes if there are at most
-    :data:`FINGERPRINT_READ_MAX` of them, else None (no inline files in that block)."""
+    4 bytes) when it has one, else the CRC-32 of the stored bytes (strategy 0, frames of
+    writers that omit the checksum), whatever the block's size: a reader computes it once
+    a block and remembers it while ``data.bin`` stays the same file (:mod:`.located`, and
+    ``located.c`` in C). None for a compressed block that is not a zstd frame."""
     if strategy != CompressionStrategy.NO_COMPRESSION:
         try:
             if zstandard.get_frame_parameters(stored[:18]).has_checksum and len(stored) >= 4:
                 return int.from_bytes(stored[-4:], "little")
         except zstandard.ZstdError:
             return None
-    return _crc32(stored) if len(stored) <= FINGERPRINT_READ_MAX else None
+    return _crc32(stored)

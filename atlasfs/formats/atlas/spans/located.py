@@ -13,9 +13,10 @@ import numpy as np
 import zstandard
 
 from atlasfs.formats.atlas.meta import CompressionStrategy
-from atlasfs.formats.atlas.spans.find import FINGERPRINT_READ_MAX, block_fingerprint, file_locators, stored_crc
+from atlasfs.formats.atlas.spans.find import block_fingerprint, file_locators, stored_crc
+from atlasfs.formats.atlas.spans.fingerprints import StoredFingerprints, file_identity
 from atlasfs.formats.atlas.spans.payloads import JUST_DECODED, PAYLOADS
-from atlasfs.formats.atlas.spans.read import BlockReader, read_span, run_in
+from atlasfs.formats.atlas.spans.read import BlockReader, read_span, run_in, stored_fingerprint
 from atlasfs.formats.source import Locator, NativeSpans, SpanMismatch
 
 
@@ -94,11 +95,9 @@ class LocatedReads:
             raw = shard.read_raw(block)
             payload = codec.decompress(raw, where)
         if zstandard.get_frame_parameters(head).has_checksum and length >= 4:
-            fingerprint: int | None = int.from_bytes(shard.read_range(block, length - 4, 4), "little")
-        elif length <= FINGERPRINT_READ_MAX:
+            fingerprint = int.from_bytes(shard.read_range(block, length - 4, 4), "little")
+        else:  # no checksum: the CRC-32 of the stored bytes, whatever the block's size
             fingerprint = stored_crc(raw if raw is not None else shard.read_raw(block))
-        else:
-            fingerprint = None
         return file_locators(payload, fields, fingerprint)
 
     def native_spans(self) -> NativeSpans | None:
@@ -120,6 +119,16 @@ class LocatedReads:
                            np.ascontiguousarray(shard.index, dtype=np.uint64),
                            codec.strategy != CompressionStrategy.NO_COMPRESSION, dictionary, codec.max_block_bytes)
 
+    def _stored_fingerprint(self, block: int, reader: BlockReader) -> int | None:
+        """The CRC-32 of ``block``'s stored bytes, read whole once and remembered while data.bin
+        stays the same file (:class:`StoredFingerprints`: 8 bytes a block of the shard)."""
+        shard = cast(Any, self)
+        fingerprints = getattr(self, "_fingerprints", None)
+        if fingerprints is None:  # made once a shard; two threads making it at once lose an entry
+            fingerprints = self._fingerprints = StoredFingerprints(shard.num_blocks)
+        return fingerprints.get(block, file_identity(shard.data_path, shard.storage),
+                                functools.partial(stored_fingerprint, reader, shard.codec))
+
     def read_span(self, block: int, locator: Locator, size: int, scratch: Any = None) -> bytes | None:
         """A pread of the run (strategy 0, or raw zstd blocks), the frame decompressed up to
         the run's end with a pooled context, or for an inline file the block's fingerprint:
@@ -137,7 +146,10 @@ class LocatedReads:
         start, end = int(shard.index[block]), int(shard.index[block + 1])
         reader = BlockReader(functools.partial(shard.read_range, block), end - start)
         codec = shard.codec
-        if locator.inline or locator.length == 0 or codec.strategy == CompressionStrategy.NO_COMPRESSION:
+        if locator.inline:
+            return read_span(reader, locator, codec, where, fingerprint=functools.partial(
+                self._stored_fingerprint, block, reader))
+        if locator.length == 0 or codec.strategy == CompressionStrategy.NO_COMPRESSION:
             return read_span(reader, locator, codec, where)
         # A run inside a compressed block: read_span takes the run alone if the zstd blocks
         # over it are stored raw; else the block is decompressed whole, once, and kept (the

@@ -7,6 +7,7 @@ run's end; an inline file against its block's fingerprint), :func:`check_run` an
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -14,7 +15,7 @@ import zstandard
 
 from atlasfs.errors import AtlasFormatError
 from atlasfs.formats.atlas.meta import CompressionStrategy
-from atlasfs.formats.atlas.spans.find import FINGERPRINT_READ_MAX, Span, inline_check, run_check, stored_crc
+from atlasfs.formats.atlas.spans.find import Span, inline_check, run_check, stored_bound, stored_crc, stored_crc_of
 from atlasfs.formats.source import SpanMismatch
 
 #: How many stored bytes the zstd stream reader asks a :class:`BlockReader` for
@@ -91,24 +92,43 @@ def new_decompressor(codec: Any) -> zstandard.ZstdDecompressor:
     return dctx
 
 
-def _read_inline(source: bytes | BlockReader, span: Span, codec: Any, where: str) -> bytes:
+def _read_inline(source: bytes | BlockReader, span: Span, codec: Any, where: str,
+                 fingerprint: Callable[[], int | None] | None) -> bytes:
     """An inline file, once its block's fingerprint is found to be the one it was kept with.
     A compressed block's is tried first as its frame checksum (one 4-byte read, no header:
     a block that changed into one without a checksum would have to end in the very 4 bytes,
-    a chance of 2^-32), then, for a small block, as the CRC-32 of all of it."""
+    a chance of 2^-32), then as the CRC-32 of its stored bytes: ``fingerprint()`` (a caller's,
+    who remembers it), else read here whole, a piece at a time, if the block is within
+    :func:`~.find.stored_bound` (None: it is not, or could not be read)."""
     length = len(source)
-    if codec.strategy != CompressionStrategy.NO_COMPRESSION and length >= 4:
+    compressed = codec.strategy != CompressionStrategy.NO_COMPRESSION
+    if compressed and length >= 4:
         if inline_check(span.prefix, int.from_bytes(_stored(source, length - 4, 4), "little")) == span.check:
             return span.prefix
-    if length <= FINGERPRINT_READ_MAX and inline_check(span.prefix, stored_crc(_stored(source, 0, length))) == span.check:
+    if fingerprint is None:
+        fingerprint = functools.partial(stored_fingerprint, source, codec)
+    crc = fingerprint()
+    if crc is not None and inline_check(span.prefix, crc) == span.check:
         return span.prefix
     raise SpanMismatch(f"{where}: the block is not the one whose small files the file table keeps "
                        "(it changed since, or the table is wrong)")
 
 
+def stored_fingerprint(source: bytes | BlockReader, codec: Any) -> int | None:
+    """The CRC-32 of a block's stored bytes (``source``), read a piece at a time; None if
+    there are more than :func:`~.find.stored_bound` allows, or fewer could be read."""
+    length = len(source)
+    if length > stored_bound(codec.max_block_bytes, codec.strategy != CompressionStrategy.NO_COMPRESSION):
+        return None
+    if isinstance(source, BlockReader):
+        return stored_crc_of(source.pread, length)
+    return stored_crc(source)
+
+
 def read_span(source: bytes | BlockReader, span: Span, codec: Any, where: str,
               dctx: zstandard.ZstdDecompressor | None = None, keep: Callable[[bytes], None] | None = None,
-              whole: Callable[[], bytes] | None = None) -> bytes:
+              whole: Callable[[], bytes] | None = None,
+              fingerprint: Callable[[], int | None] | None = None) -> bytes:
     """The bytes of the file ``span`` locates, from its block as stored.
 
     ``source`` is the block's stored bytes, or a :class:`BlockReader` over
@@ -120,12 +140,14 @@ def read_span(source: bytes | BlockReader, span: Span, codec: Any, where: str,
     most), never past ``codec.max_block_bytes``; ``keep``, if given, is handed the
     decompressed block up to the run's end (for later runs within it); ``whole``, if
     given, is called instead of that partial decompression and returns the block
-    decompressed whole (which the caller keeps: :meth:`LocatedReads.read_span`). Raises
+    decompressed whole (which the caller keeps: :meth:`LocatedReads.read_span`);
+    ``fingerprint``, if given, returns the CRC-32 of the block's stored bytes for an inline
+    file (remembered by the caller: :class:`~.fingerprints.StoredFingerprints`). Raises
     :class:`SpanMismatch` if the bytes there are not the span's (:func:`check_run`),
     :class:`AtlasFormatError` if the frame is unusable.
     """
     if span.inline:
-        return _read_inline(source, span, codec, where)
+        return _read_inline(source, span, codec, where, fingerprint)
     if span.length == 0:
         return check_run(span, b"", where)
     if span.end > codec.max_block_bytes:
