@@ -49,10 +49,9 @@
  * bytes (spans/find.py block_fingerprint), read in pieces of this many bytes once a block and
  * remembered, by spans/fingerprints.py's rules: with a token of data.bin's identity (device,
  * inode, size, mtime, ctime: a write, or setting the mtime back, changes the ctime), used
- * only while that holds, and never when data.bin changed less than RACY_NS before the read
- * (a change within the same tick of the file system's coarse clock keeps its ctime). */
+ * only while that holds, and never when data.bin changed less than RACY_S seconds before the
+ * read (a change within the same tick of the file system's coarse clock keeps its ctime). */
 #define FINGERPRINT_PIECE (1 << 20)
-#define RACY_NS 2000000000LL
 
 struct Located {
     Column offset, length, check, prefix, inline_bytes, kept;  /* buffers, or ranges of the table's file */
@@ -388,24 +387,32 @@ static void reply_parts(ReaderRequest *req, const char *first, size_t first_len,
     engine_reply(req, iov, n);
 }
 
+/* Whether time `t` is at least RACY_S seconds before `now` (compared, never subtracted: a
+ * file's times are anyone's to set, to the extremes of time_t). */
+#define RACY_S 2
+static int settled(const struct timespec *t, const struct timespec *now)
+{
+    time_t limit = now->tv_sec - RACY_S;  /* a clock's now: no overflow */
+    return t->tv_sec < limit || (t->tv_sec == limit && t->tv_nsec <= now->tv_nsec);
+}
+
 /* A nonzero token of what l->fd is now (spans/fingerprints.py file_identity): 0 if what is
  * read from it now must not be remembered. */
 static uint32_t fd_identity(const Located *l)
 {
     struct stat st;
     struct timespec now;
-    int64_t key[5], ctime_ns, mtime_ns;
-    if (clock_gettime(CLOCK_REALTIME, &now) != 0 || fstat(l->fd, &st) != 0)
-        return 0;
-    ctime_ns = (int64_t)st.st_ctim.tv_sec * 1000000000 + st.st_ctim.tv_nsec;
-    mtime_ns = (int64_t)st.st_mtim.tv_sec * 1000000000 + st.st_mtim.tv_nsec;
-    if ((int64_t)now.tv_sec * 1000000000 + now.tv_nsec - (ctime_ns > mtime_ns ? ctime_ns : mtime_ns) < RACY_NS)
+    int64_t key[7];
+    if (clock_gettime(CLOCK_REALTIME, &now) != 0 || now.tv_sec < RACY_S || fstat(l->fd, &st) != 0
+        || !settled(&st.st_ctim, &now) || !settled(&st.st_mtim, &now))
         return 0;
     key[0] = (int64_t)st.st_dev;
     key[1] = (int64_t)st.st_ino;
     key[2] = (int64_t)st.st_size;
-    key[3] = mtime_ns;
-    key[4] = ctime_ns;
+    key[3] = (int64_t)st.st_mtim.tv_sec;
+    key[4] = (int64_t)st.st_mtim.tv_nsec;
+    key[5] = (int64_t)st.st_ctim.tv_sec;
+    key[6] = (int64_t)st.st_ctim.tv_nsec;
     return crc(0, (const char *)key, sizeof key) | 1;
 }
 
