@@ -15,7 +15,7 @@ if [ ${#tests[@]} -eq 0 ]; then
     tests=(tests/mount/test_native.py tests/mount/test_mount.py tests/mount/test_hardening_mount.py tests/mount/test_safety.py
            tests/mount/test_faults.py tests/mount/test_tarview.py tests/mount/test_located_reads.py tests/mount/test_located_kinds.py
            tests/mount/test_native_fifos.py tests/mount/test_native_memory.py tests/mount/test_decoded_cache.py
-           tests/mount/test_order_mount.py)
+           tests/mount/test_order_mount.py tests/mount/test_located_big_blocks_mount.py tests/mount/test_located_frames.py)
 fi
 repo=$(cd "$(dirname "$0")/.." && pwd)
 work=$(mktemp -d /tmp/atlasfs-sanitized-XXXXXX)
