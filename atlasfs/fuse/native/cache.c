@@ -504,25 +504,23 @@ CachedBlock *cache_replace_grown(ByteCache *c, CachedBlock *b, char *data, size_
     CachedBlock *n = calloc(1, sizeof *n);
     if (n == NULL)
         return NULL;
+    n->shard = b->shard;
+    n->block = b->block;
+    n->kind = b->kind;
+    n->data = data;
+    n->length = length;
+    n->capacity = capacity;
+    n->sparse = 1;
+    n->bytes = capacity + sizeof *n;
+    n->state = READY;
+    n->readers = 1;  /* the filler's, until it lets go of it: not evicted before its waiters take it */
     pthread_mutex_lock(&c->lock);
     b->growing = 0;
-    {
-        n->shard = b->shard;
-        n->block = b->block;
-        n->kind = b->kind;
-        n->data = data;
-        n->length = length;
-        n->capacity = capacity;
-        n->sparse = 1;
-        n->bytes = capacity + sizeof *n;
-        n->state = READY;
-        n->readers = 1;  /* the filler's, until it lets go of it: not evicted before its waiters take it */
-        n->served = __atomic_load_n(&b->served, __ATOMIC_RELAXED);
-        if (!b->orphan)
-            orphan(c, b);  /* out of the cache first: find() gives the new one */
-        insert(c, n);
-        c->bytes += n->bytes;
-    }
+    n->served = __atomic_load_n(&b->served, __ATOMIC_RELAXED);
+    if (!b->orphan)
+        orphan(c, b);  /* out of the cache first: find() gives the new one */
+    insert(c, n);
+    c->bytes += n->bytes;
     pthread_cond_broadcast(&c->filled);
     shrink(c);
     pthread_mutex_unlock(&c->lock);

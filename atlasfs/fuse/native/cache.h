@@ -82,8 +82,9 @@ void cache_complete(ByteCache *c, CachedBlock *b, char *data, size_t length);
  * `length`, but for a sparse payload, whose `length` is how far it maps). */
 void cache_complete_sized(ByteCache *c, CachedBlock *b, char *data, size_t length, size_t capacity);
 /* The ready entry of at least `min_length` bytes held for reading, waiting for one being
- * filled, or growing short of `min_length` (*waited then 1); else a new entry being filled by this worker (*mine 1), an older
- * shorter one replaced (freed by its last reader). NULL: no memory. */
+ * filled, or growing short of `min_length` (*waited then 1); else a new entry being filled by
+ * this worker (*mine 1), an older shorter one replaced (freed by its last reader). NULL: no
+ * memory. */
 CachedBlock *cache_acquire_min(ByteCache *c, uint64_t shard, int kind, uint64_t block, size_t min_length,
                                int *mine, int *waited);
 /* `data` (`length` bytes, malloc'd) kept as the ready entry (shard, kind, block) if there is
