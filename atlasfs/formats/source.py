@@ -88,7 +88,9 @@ class NativeSpans(NamedTuple):
     CRC-32 is the check; an inline file is tied to its block by the frame's content checksum
     (or the CRC-32 of a small block). Block ``b`` is ``starts[b]:starts[b + 1]`` of
     ``data_path``; ``signatures`` are (size, mtime_ns) of ``data_path`` and ``index_path`` when
-    the shard was opened, which every read checks."""
+    the shard was opened, which every read checks; ``data_identity`` is (device, inode) of the
+    file ``data_path`` led to by the link rule (atlasfs.storage.links), which the reader's own
+    open must find again."""
 
     data_path: str
     index_path: str
@@ -97,6 +99,7 @@ class NativeSpans(NamedTuple):
     compressed: bool
     dictionary: bytes | None
     max_block_bytes: int
+    data_identity: tuple[int, int]
 
 
 def file_signature(path: str, storage: Storage = LOCAL) -> list[Any] | None:

@@ -145,6 +145,6 @@ def _locate(session: Any, s: int, spans: Any, columns: dict[str, Any] | None) ->
         session.locate(shard=s, **columns, data_path=os.fsencode(spans.data_path),
                        index_path=os.fsencode(spans.index_path), signatures=spans.signatures, starts=spans.starts,
                        compressed=spans.compressed, dictionary=spans.dictionary,
-                       max_block_bytes=spans.max_block_bytes)
+                       max_block_bytes=spans.max_block_bytes, data_identity=spans.data_identity)
     except (ValueError, TypeError, BufferError, OSError, IndexError) as exc:  # Python reads them
         log.debug("shard %d: located reads stay in Python: %s", s, exc)

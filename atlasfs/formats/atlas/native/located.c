@@ -136,29 +136,32 @@ static int column(const ShardTable *t, PyObject *obj, Column *c, int64_t expecte
 
 /* locate(shard, offset, length, check, prefix, prefix_ends, prefixes, inline, kept, kept_ends,
  *        data_path, index_path, signatures=(data_size, data_mtime_ns, index_size, index_mtime_ns),
- *        starts, compressed, dictionary (or None), max_block_bytes): called with keywords (twenty
- *        values, most of them buffers, which no type check would tell apart in the wrong order). */
+ *        starts, compressed, dictionary (or None), max_block_bytes, data_identity=(st_dev, st_ino)):
+ *        called with keywords (twenty-one values, most of them buffers, which no type check would
+ *        tell apart in the wrong order). */
 PyObject *located_attach(Session *self, PyObject *args, PyObject *kwds)
 {
     static char *kwlist[] = {
         "shard", "offset", "length", "check", "prefix", "prefix_ends", "prefixes", "inline", "kept", "kept_ends",
-        "data_path", "index_path", "signatures", "starts", "compressed", "dictionary", "max_block_bytes", NULL,
+        "data_path", "index_path", "signatures", "starts", "compressed", "dictionary", "max_block_bytes",
+        "data_identity", NULL,
     };
     Py_ssize_t shard, nstarts, i;
     PyObject *offset, *length, *check, *prefix, *prefix_ends, *prefixes, *inline_bytes, *kept, *kept_ends, *starts;
     PyObject *dictionary;
     const char *data_path, *index_path;
     long long sig[4];
-    unsigned long long max_block_bytes;
+    unsigned long long max_block_bytes, identity[2];
     int compressed;
     Py_buffer view;
     Located *l;
     ShardTable *t;
     uint64_t generation;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "nOOOOOOOOOyy(LLLL)OpOK:locate", kwlist, &shard, &offset, &length,
-                                     &check, &prefix, &prefix_ends, &prefixes, &inline_bytes, &kept, &kept_ends,
-                                     &data_path, &index_path, &sig[0], &sig[1], &sig[2], &sig[3], &starts,
-                                     &compressed, &dictionary, &max_block_bytes))
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "nOOOOOOOOOyy(LLLL)OpOK(KK):locate", kwlist, &shard, &offset,
+                                     &length, &check, &prefix, &prefix_ends, &prefixes, &inline_bytes, &kept,
+                                     &kept_ends, &data_path, &index_path, &sig[0], &sig[1], &sig[2], &sig[3],
+                                     &starts, &compressed, &dictionary, &max_block_bytes, &identity[0],
+                                     &identity[1]))
         return NULL;
     if ((t = engine_table(self, shard, "locate")) == NULL)
         return NULL;
@@ -234,10 +237,16 @@ PyObject *located_attach(Session *self, PyObject *args, PyObject *kwds)
         goto fail;
     {
         /* Never a blocking open (a FIFO in its place), never anything but the regular file of
-         * the size and mtime the control plane checked when it opened the dataset. */
+         * the size and mtime the control plane checked when it opened the dataset, and the very
+         * file its link rule approved (a link on the path swapped since leads elsewhere). */
         struct stat st;
         if ((l->fd = open_regular(data_path, 0, &st)) < 0)
             goto fail;
+        if ((unsigned long long)st.st_dev != identity[0] || (unsigned long long)st.st_ino != identity[1]) {
+            PyErr_Format(PyExc_ValueError, "locate: %s is not the file approved when the dataset was opened",
+                         data_path);
+            goto fail;
+        }
         if ((int64_t)st.st_size != l->data_size
             || (int64_t)st.st_mtim.tv_sec * 1000000000 + st.st_mtim.tv_nsec != l->data_mtime_ns) {
             PyErr_Format(PyExc_ValueError, "locate: %s changed since the dataset was opened", data_path);

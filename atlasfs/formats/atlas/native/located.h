@@ -9,7 +9,7 @@
 
 /* Session.locate(shard=, offset=, length=, check=, prefix=, prefix_ends=, prefixes=, inline=,
  * kept=, kept_ends=, data_path=, index_path=, signatures=, starts=, compressed=, dictionary=,
- * max_block_bytes=): the attached table's locators and where its blocks lie. GIL held. */
+ * max_block_bytes=, data_identity=): the attached table's locators and where its blocks lie. GIL held. */
 PyObject *located_attach(Session *self, PyObject *args, PyObject *kwds);
 void located_free(Located *l);
 /* A read of row `row` (`fsize` bytes, in block `block` of shard position `shard`) answered

@@ -6,6 +6,7 @@ and caches (:mod:`.payloads`) of this package."""
 from __future__ import annotations
 
 import functools
+import os
 from collections.abc import Callable
 from typing import Any, Protocol, cast, runtime_checkable
 
@@ -18,6 +19,7 @@ from atlasfs.formats.atlas.spans.fingerprints import StoredFingerprints, file_id
 from atlasfs.formats.atlas.spans.payloads import JUST_DECODED, PAYLOADS
 from atlasfs.formats.atlas.spans.read import BlockReader, read_span, run_in, stored_fingerprint
 from atlasfs.formats.source import Locator, NativeSpans, SpanMismatch
+from atlasfs.storage import open_regular
 
 
 @runtime_checkable
@@ -113,11 +115,16 @@ class LocatedReads:
         codec = shard.codec
         try:
             dictionary = codec.dictionary.data() if codec.dictionary is not None else None
+            # the file the link rule approves (storage.links): the engine opens data.bin by its
+            # path and reads only if it opened this same file (a link swapped since is refused)
+            fd, st = open_regular(shard.data_path)
+            os.close(fd)
         except Exception:  # noqa: BLE001 (read_span meets the same error and says it)
             return None
         return NativeSpans(shard.data_path, shard.index_path, (data[0], data[1], index[0], index[1]),
                            np.ascontiguousarray(shard.index, dtype=np.uint64),
-                           codec.strategy != CompressionStrategy.NO_COMPRESSION, dictionary, codec.max_block_bytes)
+                           codec.strategy != CompressionStrategy.NO_COMPRESSION, dictionary, codec.max_block_bytes,
+                           (st.st_dev, st.st_ino))
 
     def _stored_fingerprint(self, block: int, reader: BlockReader) -> int | None:
         """The CRC-32 of ``block``'s stored bytes, read whole once and remembered while data.bin
