@@ -168,17 +168,22 @@ def test_output_whose_reader_left_ends_quietly(tmp_path: Path, args: list[str]) 
     assert process.wait(timeout=60) == 141 and stderr == "", (process.returncode, stderr)
 
 
+def _small_tar(tar: Path, keys: list[str]) -> Path:
+    """A WebDataset tar of a ``txt`` and a ``cls`` member for each key."""
+    with tarfile.open(tar, "w", format=tarfile.USTAR_FORMAT) as archive:
+        for key in keys:
+            for ext in ("txt", "cls"):
+                data = f"sample {key}".encode()
+                member = tarfile.TarInfo(f"{key}.{ext}")
+                member.size = len(data)
+                archive.addfile(member, io.BytesIO(data))
+    return tar
+
+
 def test_verify_of_a_cut_off_tar_says_its_problem_once(tmp_path: Path) -> None:
     """The tar's walk and its last block's decode both found the cut: printed twice, counted 2."""
     (tmp_path / "wds").mkdir()
-    tar = tmp_path / "wds" / "a.tar"
-    with tarfile.open(tar, "w", format=tarfile.USTAR_FORMAT) as archive:
-        for i in range(6):
-            for ext in ("txt", "cls"):
-                data = f"sample {i}".encode()
-                member = tarfile.TarInfo(f"s{i}.{ext}")
-                member.size = len(data)
-                archive.addfile(member, io.BytesIO(data))
+    tar = _small_tar(tmp_path / "wds" / "a.tar", [f"s{i}" for i in range(6)])
     tar.write_bytes(tar.read_bytes()[:512 * 17 + 100])
     result = atlasfs("verify", str(tmp_path / "wds"))
     assert result.returncode == 1 and result.stderr == "", result.stderr
@@ -193,13 +198,7 @@ def test_pack_of_a_damaged_tar_says_its_problem_once(tmp_path: Path, jobs: str) 
     """With -j 1 the tar walk's warning came first, then pack's line saying the same again."""
     (tmp_path / "wds").mkdir()
     for n in range(2):
-        with tarfile.open(tmp_path / "wds" / f"{n}.tar", "w", format=tarfile.USTAR_FORMAT) as archive:
-            for i in range(5):
-                for ext in ("txt", "cls"):
-                    data = f"sample {n} {i}".encode()
-                    member = tarfile.TarInfo(f"k{n}{i}.{ext}")
-                    member.size = len(data)
-                    archive.addfile(member, io.BytesIO(data))
+        _small_tar(tmp_path / "wds" / f"{n}.tar", [f"k{n}{i}" for i in range(5)])
     damaged = bytearray((tmp_path / "wds" / "1.tar").read_bytes())
     damaged[1024 + 148:1024 + 156] = b"99999999"  # the second header's checksum
     (tmp_path / "wds" / "1.tar").write_bytes(bytes(damaged))
