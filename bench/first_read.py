@@ -45,7 +45,6 @@ import os
 import random
 import shutil
 import statistics
-import subprocess
 import sys
 import time
 import zlib
@@ -131,17 +130,7 @@ def random_set(args: argparse.Namespace, workdir: str) -> DataSet:
         log(f"random: writing {3 * shard_size} examples of 100 KB random bytes (strategy 1, blocks of 16)")
         with AtlasWriter(atlas, shard_size=shard_size, block_size=16, compression_strategy=1) as writer:
             writer.add_examples(examples())
-        tars = os.path.join(root, "tars")
-        result = subprocess.run([sys.executable, "-m", "atlasfs", "export", atlas, tars], capture_output=True,
-                                text=True, check=False)
-        if result.returncode != 0:
-            raise RuntimeError(f"atlasfs export {atlas} failed: {result.stderr.strip()[-500:]}")
-        shards = sorted(f[:-4] for f in os.listdir(tars) if f.endswith(".tar"))
-        for shard in shards:
-            os.makedirs(os.path.join(files, shard))
-            subprocess.run(["tar", "xf", os.path.join(tars, f"{shard}.tar"), "-C", os.path.join(files, shard)],
-                           check=True)
-        shutil.rmtree(tars)
+        shards = harness.export_files(atlas, files)
         harness.keep(stamp, key, shards=shards)
         done = harness.kept(stamp, key)
         assert done is not None

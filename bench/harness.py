@@ -166,6 +166,23 @@ def keep(stamp_path: str, key: dict[str, Any], **facts: Any) -> None:
         json.dump({"key": key, **facts}, f)
 
 
+def export_files(atlas: str, files: str) -> list[str]:
+    """The files of the Atlas dataset ``atlas`` as ``atlasfs export`` writes them, extracted
+    into ``files/<shard>/`` (the tars made beside ``files`` and removed); the shard names."""
+    tars = os.path.join(os.path.dirname(os.path.abspath(files)), "tars")
+    result = subprocess.run([sys.executable, "-m", "atlasfs", "export", atlas, tars], capture_output=True,
+                            text=True, check=False)
+    if result.returncode != 0:
+        raise RuntimeError(f"atlasfs export {atlas} failed: {result.stderr.strip()[-500:]}")
+    shards = sorted(f[:-4] for f in os.listdir(tars) if f.endswith(".tar"))
+    for shard in shards:
+        os.makedirs(os.path.join(files, shard))
+        subprocess.run(["tar", "xf", os.path.join(tars, f"{shard}.tar"), "-C", os.path.join(files, shard)],
+                       check=True)
+    shutil.rmtree(tars)
+    return shards
+
+
 def fstype(path: str) -> str:
     """The type of the file system holding ``path`` (``tmpfs``, ``ext4``...)."""
     result = subprocess.run(["stat", "-f", "-c", "%T", path], capture_output=True, check=False, text=True)

@@ -156,14 +156,7 @@ def prepare(args: argparse.Namespace, workdir: str, media_python: str, squashfs:
                          compression_strategy=args.strategy) as writer:
             writer.add_examples(examples())
         make_seconds = time.perf_counter() - start
-        tars = os.path.join(root, "tars")
-        _atlasfs("export", atlas, tars)
-        shards = sorted(f[:-4] for f in os.listdir(tars) if f.endswith(".tar"))
-        for shard in shards:
-            os.makedirs(os.path.join(files, shard))
-            subprocess.run(["tar", "xf", os.path.join(tars, f"{shard}.tar"), "-C", os.path.join(files, shard)],
-                           check=True)
-        shutil.rmtree(tars)
+        shards = harness.export_files(atlas, files)
         jpgs = sorted(p for p in datagen.file_list(files) if p.endswith(".jpg"))
         if len(jpgs) != args.samples:
             raise RuntimeError(f"the export has {len(jpgs)} .jpg files, not {args.samples}")
