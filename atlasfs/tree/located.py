@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections import OrderedDict
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -144,6 +145,41 @@ class LocatedReads:
             self.pass_reads += 1
         return data
 
+    def block_in_pass(self, table: FileTable | None, s: int, block: int, entries: Sequence[Entry]) -> list[bytes] | None:
+        """:meth:`in_pass` for files of one block read together (``entries``: files of block
+        ``block`` of shard ``s``): their bytes, read with one pread of the block's stored bytes
+        where the source can (:meth:`~atlasfs.formats.atlas.spans.located.LocatedReads.read_spans`,
+        which checks that data.bin did not change once for all of them, after their reads),
+        else one read each. None: the block path for all of them (a compressed block, a file
+        without a locator, a check that failed: logged once for the block)."""
+        if not self.enabled or table is None or table.locators is None:
+            return None
+        as_is = self.stored_as_is(s, table)
+        if not (0 <= block < len(as_is) and as_is.item(block)):
+            return None
+        if (s, block) in self.blocks.cache or (s, block) in self._unlocated or (s, block) in self.blocks.failed:
+            return None
+        locators = []
+        for entry in entries:
+            locator = _locator(table, entry, s, block)
+            if locator is None:
+                return None
+            locators.append(locator)
+        read_spans = getattr(self.blocks.shards[s], "read_spans", None)
+        if read_spans is None:  # a source that reads a file at a time
+            files = []
+            for entry, locator in zip(entries, locators):
+                data = self._read_span(s, block, locator, entry.size)
+                if data is None:
+                    return None
+                files.append(data)
+        else:
+            files = self._spans(s, block, lambda: read_spans(block, locators), [e.size for e in entries])
+            if files is None:
+                return None
+        self.pass_reads += len(files)
+        return files
+
     def stored_as_is(self, s: int, table: FileTable) -> np.ndarray:
         """Per block of shard ``s``, whether it holds its files' runs as they are: some runs,
         and no fewer bytes stored than they add up to (a block whose runs are compressed
@@ -177,13 +213,23 @@ class LocatedReads:
         would rather decode the block, or the check failed (logged once for the block, whose
         files are read through it from then on)."""
         shard = self.blocks.shards[s]
+        files = self._spans(s, block, lambda: [shard.read_span(
+            block, locator, size, _Scratch(self.blocks.cache, (s, block, "scratch")))], [size])
+        return None if files is None else files[0]
+
+    def _spans(self, s: int, block: int, read: Callable[[], list[bytes | None]], sizes: list[int]) -> list[bytes] | None:
+        """The files ``read()`` gives of block ``block`` of shard ``s`` (checked by the source; of
+        ``sizes``), or None: the source would rather decode the block, or a check failed (logged
+        once for the block, whose files are read through it from then on)."""
+        shard = self.blocks.shards[s]
         try:
-            data = shard.read_span(block, locator, size, _Scratch(self.blocks.cache, (s, block, "scratch")))
-            if data is None:  # the source would rather have the block decoded
+            files = read()
+            if any(data is None for data in files):  # the source would rather have the block decoded
                 return None
-            if len(data) != size:
-                raise SpanMismatch(f"{shard.block_where(block)}: a located read gave {len(data)} bytes "
-                                   f"for a file of {size}")
+            for data, size in zip(files, sizes, strict=True):
+                if len(data) != size:  # type: ignore[arg-type]
+                    raise SpanMismatch(f"{shard.block_where(block)}: a located read gave {len(data)} bytes "  # type: ignore[arg-type]
+                                       f"for a file of {size}")
         except Exception as exc:  # the block path decides: it serves, or fails with EIO and says why
             if isinstance(exc, StorageUnavailableError):  # transient, not remembered; the block path would
                 log_unavailable(exc)                       # wait for the same store again: EIO now
@@ -194,8 +240,8 @@ class LocatedReads:
                 log.warning("%s; its files are read through the block from now on",
                             exc if isinstance(exc, AtlasFormatError) else f"{shard.block_where(block)}: {exc!r}")
             return None
-        self.reads += 1
-        return data
+        self.reads += len(files)
+        return files  # type: ignore[return-value]
 
     def _keep(self, ino: int, data: bytes) -> None:
         with self._lock:

@@ -54,6 +54,8 @@ LAYOUT_BYTES = 16 << 20
 SMALL_PIECE = 16 << 10
 #: ... into pieces of about this many bytes (for the tar view's passes, tree/tarstream.py).
 GATHER_BYTES = 64 << 10
+#: Most bytes of files a pass reads together, of one block (:func:`_pass_reader`).
+PASS_BATCH_BYTES = 2 << 20
 #: Inode numbers of the view's own files start here (the base tree's stay below).
 VIEW_INO_BASE = 1 << 62
 #: Inode numbers of the loaders' indexes (atlasfs/tree/indexes/) start here.
@@ -241,12 +243,11 @@ class TarLayout:
         held: list[bytes] = []  # small pieces not yet joined, ``kept`` bytes
         kept = 0
         count = 0
-        for i, (name, entry, data) in enumerate(tree.member_files(self._members_of)):
+        members = tree.member_files(self._members_of)
+        for i, (name, entry, data) in enumerate(members if located is None else located(members)):
             size = entry.size
             if i >= len(sizes) or size != sizes[i] or name != name_of(i):
                 raise OSError(errno.EIO, f"{where}/{name}: changed since its tar was laid out")
-            if data is None and located is not None and size:
-                data = located(entry)
             if data is not None:
                 files = (data,)
             elif not size:
@@ -305,32 +306,57 @@ class TarLayout:
         write_tar(self.tree, self._members_of, out, chunk=chunk, expect=self)
 
 
-def _pass_reader(tree: Tree) -> Callable[[Entry], bytes | None] | None:
-    """For a pass over a :class:`~atlasfs.tree.blocktree.BlockTree`'s shard: a file's bytes
-    through its locator where its block stores the runs as they are
-    (:meth:`~atlasfs.tree.located.LocatedReads.in_pass`), None for the block path; None for
-    other trees. Served that way a tar of incompressible files (JPEGs) costs a pread a file
-    instead of three copies of each block in freshly mapped memory (docs/performance.md, "The
-    tar view")."""
+#: A member of a pass: its name, entry and bytes (None: read them with the tree's ``read``).
+Member = tuple[str, Entry, "bytes | None"]
+
+
+def _pass_reader(tree: Tree) -> Callable[[Iterator[Member]], Iterator[Member]] | None:
+    """For a pass over a :class:`~atlasfs.tree.blocktree.BlockTree`'s shard: the members with
+    the bytes of the files of blocks that store their runs as they are filled in, read a
+    block at a time (:meth:`~atlasfs.tree.located.LocatedReads.block_in_pass`: one pread of
+    the block for its files, data.bin's identity checked once for them, after it), the others
+    as they came (the block path); None for other trees. Served that way a tar of
+    incompressible files (JPEGs) costs a pread a block instead of three copies of each block in
+    freshly mapped memory (docs/performance.md, "The tar view")."""
     if not isinstance(tree, BlockTree):
         return None
     tables, located = tree.tables.tables, tree.located
     known: dict[int, list[bool]] = {}  # per shard, located.known_as_is as a list, once made
 
-    def read(entry: Entry) -> bytes | None:
-        ref = entry.ref
-        if ref is None:
-            return None
-        as_is = known.get(ref.shard)
-        if as_is is None:
-            made = located.known_as_is(ref.shard)
-            if made is not None:
-                as_is = known[ref.shard] = made.tolist()
-        # a compressed block's files let go of at once (tiny sets: 1 us a file)
-        if as_is is not None and not (ref.block < len(as_is) and as_is[ref.block]):
-            return None
-        return located.in_pass(tables.get(ref.shard), entry, ref)
-    return read
+    def batched(s: int, block: int, batch: list[Member]) -> list[Member]:
+        files = located.block_in_pass(tables.get(s), s, block, [entry for _, entry, _ in batch])
+        if files is None:  # the block path for each
+            return batch
+        return [(name, entry, data) for (name, entry, _), data in zip(batch, files)]
+
+    def members(given: Iterator[Member]) -> Iterator[Member]:
+        batch: list[Member] = []  # consecutive files of one block, ``held`` bytes
+        held, key = 0, (-1, -1)
+        for member in given:
+            entry = member[1]
+            ref = entry.ref
+            take = member[2] is None and entry.size and ref is not None
+            if take:
+                as_is = known.get(ref.shard)
+                if as_is is None:
+                    made = located.known_as_is(ref.shard)
+                    if made is not None:
+                        as_is = known[ref.shard] = made.tolist()
+                # a compressed block's files let go of at once (tiny sets: 1 us a file)
+                if as_is is not None and not (ref.block < len(as_is) and as_is[ref.block]):
+                    take = False
+            if batch and (not take or (ref.shard, ref.block) != key or held + entry.size > PASS_BATCH_BYTES):
+                yield from batched(*key, batch)
+                batch, held = [], 0
+            if not take:
+                yield member
+                continue
+            batch.append(member)
+            held += entry.size
+            key = (ref.shard, ref.block)
+        if batch:
+            yield from batched(*key, batch)
+    return members
 
 
 @dataclass(frozen=True)

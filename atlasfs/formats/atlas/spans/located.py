@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import functools
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol, cast, runtime_checkable
 
 import numpy as np
@@ -17,9 +17,13 @@ from atlasfs.formats.atlas.meta import CompressionStrategy
 from atlasfs.formats.atlas.spans.find import block_fingerprint, file_locators, stored_crc
 from atlasfs.formats.atlas.spans.fingerprints import StoredFingerprints, file_identity
 from atlasfs.formats.atlas.spans.payloads import JUST_DECODED, PAYLOADS
-from atlasfs.formats.atlas.spans.read import BlockReader, read_span, run_in, stored_fingerprint
+from atlasfs.formats.atlas.spans.read import BlockReader, read_span, run_in, stored_block, stored_fingerprint
 from atlasfs.formats.source import Locator, NativeSpans, SpanMismatch
 from atlasfs.storage import open_regular
+
+#: Most stored bytes of a block that :meth:`LocatedReads.read_spans` reads with one ``pread`` for
+#: all the files asked of it (a larger block is read a file at a time, as :meth:`read_span` reads).
+PASS_READ_BYTES = 2 << 20
 
 
 @runtime_checkable
@@ -180,3 +184,54 @@ class LocatedReads:
             return payload
 
         return read_span(reader, locator, codec, where, whole=decompress_whole)
+
+    def read_spans(self, block: int, spans: Sequence[Locator]) -> list[bytes]:
+        """:meth:`read_span` of each of ``spans`` (of one ``block``, each checked against its
+        locator as there) for a pass over the shard in order (the tar view's): the block's
+        stored bytes read with one ``pread`` for all of them (within :data:`PASS_READ_BYTES`,
+        else a read a file) and data.bin's identity checked once, after the reads, which that
+        check covers: a data.bin changed before or while they read fails them all, so no file
+        of a batch comes from a data.bin that changed since it was opened (plus one check
+        before, which a mapped index.npy needs). Nothing is kept for later reads."""
+        shard = cast(BlockStore, self)
+        where = shard.block_where(block)
+        if not 0 <= block < shard.num_blocks:
+            raise SpanMismatch(f"{where}: no such block")
+        shard.check_unchanged()  # first: a mapped index.npy truncated since open would raise SIGBUS
+        start, end = int(shard.index[block]), int(shard.index[block + 1])
+        length, codec = end - start, shard.codec
+        read_at = functools.partial(shard.read_range, block)
+        if length <= PASS_READ_BYTES:  # the files' runs are most of it (stored as they are)
+            source, pieces = stored_block(read_at, length, where)
+
+            def raw() -> bytes:
+                return b"".join(pieces)
+        else:
+            source = BlockReader(read_at, length)
+
+            def raw() -> bytes:
+                return shard.read_raw(block)
+        fingerprint = _once(functools.partial(self._stored_fingerprint, block, source))
+        payload = _once(lambda: codec.decompress(raw(), where))  # a run not stored raw after all: once a batch
+        strategy0 = codec.strategy == CompressionStrategy.NO_COMPRESSION
+        files = []
+        for locator in spans:
+            if locator.inline:
+                files.append(read_span(source, locator, codec, where, fingerprint=fingerprint))
+            elif locator.length == 0 or strategy0:
+                files.append(read_span(source, locator, codec, where))
+            else:
+                files.append(read_span(source, locator, codec, where, whole=payload))
+        shard.check_unchanged()  # after the reads: none of them is of a changed data.bin
+        return files
+
+
+def _once(compute: Callable[[], Any]) -> Callable[[], Any]:
+    """``compute`` called at most once, its result given again (a batch's fingerprint, payload)."""
+    made: list[Any] = []
+
+    def once() -> Any:
+        if not made:
+            made.append(compute())
+        return made[0]
+    return once
