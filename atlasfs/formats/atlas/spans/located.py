@@ -17,7 +17,7 @@ from atlasfs.formats.atlas.meta import CompressionStrategy
 from atlasfs.formats.atlas.spans.find import block_fingerprint, file_locators, stored_crc
 from atlasfs.formats.atlas.spans.fingerprints import StoredFingerprints, file_identity
 from atlasfs.formats.atlas.spans.payloads import JUST_DECODED, PAYLOADS
-from atlasfs.formats.atlas.spans.read import BlockReader, read_span, run_in, stored_block, stored_fingerprint
+from atlasfs.formats.atlas.spans.read import BlockReader, StoredBlock, read_span, run_in, stored_fingerprint
 from atlasfs.formats.source import Locator, NativeSpans, SpanMismatch
 from atlasfs.storage import open_regular
 
@@ -202,10 +202,10 @@ class LocatedReads:
         length, codec = end - start, shard.codec
         read_at = functools.partial(shard.read_range, block)
         if length <= PASS_READ_BYTES:  # the files' runs are most of it (stored as they are)
-            source, pieces = stored_block(read_at, length, where)
+            source = stored = StoredBlock(read_at, length, where)
 
             def raw() -> bytes:
-                return b"".join(pieces)
+                return b"".join(stored.pieces)
         else:
             source = BlockReader(read_at, length)
 

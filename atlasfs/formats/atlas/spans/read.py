@@ -60,28 +60,43 @@ class BlockReader:
 STORED_PIECE = 120 << 10
 
 
-def stored_block(read_at: Callable[[int, int], bytes], length: int, where: str) -> tuple[BlockReader, list[bytes]]:
-    """A block's ``length`` stored bytes read whole now through ``read_at(offset, size)``,
-    :data:`STORED_PIECE` bytes at a time: a :class:`BlockReader` whose reads are views of
-    them where a read lies in one piece (a file's bytes are then copied once, into its own),
-    and the pieces. Raises :class:`SpanMismatch` if fewer bytes could be read."""
-    pieces = [read_at(at, min(STORED_PIECE, length - at)) for at in range(0, length, STORED_PIECE)]
-    if sum(map(len, pieces)) != length:
-        raise SpanMismatch(f"{where}: fewer than its {length} stored bytes could be read")
-    views = [memoryview(piece) for piece in pieces]
+class StoredBlock(BlockReader):
+    """A block's ``length`` stored bytes read whole at once through ``read_at(offset, size)``,
+    :data:`STORED_PIECE` bytes at a time; its reads are views of those pieces where a read lies
+    in one (a file's bytes are then copied once, into its own: :meth:`parts`). Raises
+    :class:`SpanMismatch` (naming ``where``) if fewer bytes could be read."""
 
-    def view(offset: int, size: int) -> bytes | memoryview:
-        first, at = divmod(offset, STORED_PIECE)
-        if at + size <= STORED_PIECE:
-            return views[first][at:at + size]
-        parts, left = [], size
-        while left:
-            part = views[first][at:at + left]
-            parts.append(part)
-            left -= len(part)
-            first, at = first + 1, 0
-        return b"".join(parts)
-    return BlockReader(view, length), pieces  # type: ignore[arg-type]
+    def __init__(self, read_at: Callable[[int, int], bytes], length: int, where: str) -> None:
+        self.pieces = [read_at(at, min(STORED_PIECE, length - at)) for at in range(0, length, STORED_PIECE)]
+        if sum(map(len, self.pieces)) != length:
+            raise SpanMismatch(f"{where}: fewer than its {length} stored bytes could be read")
+        self._views = views = [memoryview(piece) for piece in self.pieces]
+        # (no reference back to self: a cycle would keep the pieces until the collector runs, and a
+        # pass's next blocks would take fresh memory, a page fault every 4 KiB)
+        super().__init__(functools.partial(_view, views), length)
+
+    def parts(self, offset: int, size: int) -> list[memoryview]:
+        """Bytes ``[offset, offset + size)`` of the block (within it) as views of its pieces."""
+        return _parts(self._views, offset, size)
+
+    def rewound(self) -> BlockReader:
+        return BlockReader(self.read_at, self.length)
+
+
+def _parts(views: list[memoryview], offset: int, size: int) -> list[memoryview]:
+    first, at = divmod(offset, STORED_PIECE)
+    parts = []
+    while size > 0 and first < len(views):
+        part = views[first][at:at + size]
+        parts.append(part)
+        size -= len(part)
+        first, at = first + 1, 0
+    return parts
+
+
+def _view(views: list[memoryview], offset: int, size: int) -> bytes | memoryview:
+    parts = _parts(views, offset, size)
+    return parts[0] if len(parts) == 1 else b"".join(parts)
 
 
 def _stored(source: bytes | BlockReader, offset: int, size: int) -> bytes:
@@ -252,7 +267,9 @@ def _stored_run(source: bytes | BlockReader, head: bytes, span: Span) -> bytes |
             return None
         lo, hi = max(start, decoded), min(end, decoded + size)
         if lo < hi:
-            if kind == _RAW_BLOCK:
+            if isinstance(source, StoredBlock) and kind == _RAW_BLOCK:  # views: the run copied once, below
+                parts += source.parts(pos + 3 + lo - decoded, hi - lo)
+            elif kind == _RAW_BLOCK:
                 parts.append(_stored(source, pos + 3 + lo - decoded, hi - lo))
             else:
                 parts.append(bytes(_stored(source, pos + 3, 1)) * (hi - lo))
