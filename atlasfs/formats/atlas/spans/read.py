@@ -71,6 +71,8 @@ class StoredBlock(BlockReader):
         if sum(map(len, self.pieces)) != length:
             raise SpanMismatch(f"{where}: fewer than its {length} stored bytes could be read")
         self._views = views = [memoryview(piece) for piece in self.pieces]
+        #: The zstd block headers :func:`_stored_run` read in it: offset -> value.
+        self.headers: dict[int, int] = {}
         # (no reference back to self: a cycle would keep the pieces until the collector runs, and a
         # pass's next blocks would take fresh memory, a page fault every 4 KiB)
         super().__init__(functools.partial(_view, views), length)
@@ -257,11 +259,16 @@ def _stored_run(source: bytes | BlockReader, head: bytes, span: Span) -> bytes |
     start, end = span.offset, span.end
     decoded = 0  # decompressed bytes before the block at ``pos``
     parts = []
+    known = source.headers if isinstance(source, StoredBlock) else None  # a pass's: each read once a block
     for _ in range(STORED_RUN_HEADERS):
-        header = _stored(source, pos, 3)
-        if len(header) < 3:
-            return None
-        value = int.from_bytes(header, "little")
+        value = known.get(pos) if known is not None else None
+        if value is None:
+            header = _stored(source, pos, 3)
+            if len(header) < 3:
+                return None
+            value = int.from_bytes(header, "little")
+            if known is not None:
+                known[pos] = value
         kind, size, last = value >> 1 & 3, value >> 3, value & 1
         if kind not in (_RAW_BLOCK, _RLE_BLOCK):  # compressed: its decompressed size is not told
             return None
