@@ -70,10 +70,11 @@ def split_member(name: str) -> tuple[str, str] | None:
     """(key, part name) of a member as energon splits it, or None if energon skips it."""
     slash = name.rfind("/")
     dot = name.find(".", slash + 1)
-    if dot > slash + 1 and not name.startswith("__"):
+    if dot > slash + 1 and not name.startswith("__") and "\n" not in name:
         # the regex's answer when the last part has a key before its first dot (its greedy
-        # ``.*/`` takes the last slash) and no ``__meta__`` name begins the path: the regexes
-        # for the rest (a last part beginning with a dot may take a key across a slash)
+        # ``.*/`` takes the last slash), no ``__meta__`` name begins the path and no newline
+        # (which the regexes' ``.`` does not match) is in it: the regexes for the rest (a last
+        # part beginning with a dot may take a key across a slash)
         return name[:dot], name[dot + 1:]
     if _SKIP_META_RE.match(name):
         return None
