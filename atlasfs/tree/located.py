@@ -10,10 +10,10 @@ going through the shard in order, asks the source for the bytes there
 else, or a check that fails (logged once per block), takes the block path. Either way
 the bytes are those the block path gives.
 
-A pass over a shard in order (the tar view's, :meth:`LocatedReads.in_pass`) reads its files
-through their locators too where the block stores their runs as they are (incompressible
-files: a pread each beats reading, decompressing and unpickling the block); elsewhere it
-keeps the block path and its read-ahead.
+A pass over a shard in order (the tar view's, :meth:`LocatedReads.block_in_pass`) reads its
+files through their locators too where the block stores their runs as they are (incompressible
+files: the block's stored bytes read once for its files and sliced beats reading, decompressing
+and unpickling it), a block's files together; elsewhere it keeps the block path and its read-ahead.
 """
 
 from __future__ import annotations
@@ -72,7 +72,7 @@ class LocatedReads:
         self._kept: OrderedDict[int, bytes] = OrderedDict()
         self._kept_bytes = 0
         self._lock = threading.Lock()
-        # Per shard, which blocks hold their files' runs as they are (in_pass): shard -> bools.
+        # Per shard, which blocks hold their files' runs as they are (block_in_pass): shard -> bools.
         self._as_is: dict[int, np.ndarray] = {}
         #: Whether random reads of files whose blocks are not cached go through their
         #: locators (tests of the block path turn it off).
@@ -81,7 +81,7 @@ class LocatedReads:
         #: tests and benchmarks; threads may race on them: approximate).
         self.reads = 0
         self.fallbacks = 0
-        #: Of :attr:`reads`, those of a pass over a shard in order (:meth:`in_pass`).
+        #: Of :attr:`reads`, those of a pass over a shard in order (:meth:`block_in_pass`).
         self.pass_reads = 0
 
     def read(self, table: FileTable | None, entry: Entry, ref: FileRef, offset: int, size: int) -> bytes | None:
@@ -121,37 +121,18 @@ class LocatedReads:
             self._keep(entry.ino, data)
         return data
 
-    def in_pass(self, table: FileTable | None, entry: Entry, ref: FileRef) -> bytes | None:
-        """The whole file for a pass over its shard in order (the tar view's, tree/tarstream.py)
-        through its locator, when its block is not cached and holds its files' runs as they are
-        (:meth:`stored_as_is`): a pread of the file's bytes, or a small file from the table,
-        instead of the block read, decompressed and unpickled (three copies of it, in memory
-        the allocator maps afresh for each block). None: the block path (a compressed block,
-        no locator, a check that failed). Unlike :meth:`read`, it starts no read-ahead of
-        blocks: the pass reads none."""
-        s, block = ref.shard, ref.block
-        if not self.enabled or table is None or table.locators is None:
-            return None
-        as_is = self.stored_as_is(s, table)  # first: a compressed block's files are let go of at once
-        if not (0 <= block < len(as_is) and as_is.item(block)):
-            return None
-        if (s, block) in self.blocks.cache or (s, block) in self._unlocated or (s, block) in self.blocks.failed:
-            return None
-        locator = _locator(table, entry, s, block)
-        if locator is None:
-            return None
-        data = self._read_span(s, block, locator, entry.size)
-        if data is not None:
-            self.pass_reads += 1
-        return data
-
-    def block_in_pass(self, table: FileTable | None, s: int, block: int, entries: Sequence[Entry]) -> list[bytes] | None:
-        """:meth:`in_pass` for files of one block read together (``entries``: files of block
-        ``block`` of shard ``s``): their bytes, read with one pread of the block's stored bytes
-        where the source can (:meth:`~atlasfs.formats.atlas.spans.located.LocatedReads.read_spans`,
+    def block_in_pass(self, table: FileTable | None, s: int, block: int,
+                      entries: Sequence[Entry]) -> list[bytes | None] | None:
+        """The files ``entries`` (consecutive files of block ``block`` of shard ``s``) for a pass
+        over the shard in order (the tar view's, tree/tarstream.py) through their locators, when
+        the block is not cached and holds its files' runs as they are (:meth:`stored_as_is`):
+        instead of the block read, decompressed and unpickled (three copies of it, in memory the
+        allocator maps afresh for each block), its stored bytes read once for all of them where
+        the source can (:meth:`~atlasfs.formats.atlas.spans.located.LocatedReads.read_spans`,
         which checks that data.bin did not change once for all of them, after their reads),
-        else one read each. None: the block path for all of them (a compressed block, a file
-        without a locator, a check that failed: logged once for the block)."""
+        else one read each; unlike :meth:`read`, no read-ahead of blocks (the pass reads none); None for a file without a locator (the block path). None: the block
+        path for all of them (a compressed block, no locators, a check that failed: logged once
+        for the block)."""
         if not self.enabled or table is None or table.locators is None:
             return None
         as_is = self.stored_as_is(s, table)
@@ -159,26 +140,30 @@ class LocatedReads:
             return None
         if (s, block) in self.blocks.cache or (s, block) in self._unlocated or (s, block) in self.blocks.failed:
             return None
-        locators = []
-        for entry in entries:
-            locator = _locator(table, entry, s, block)
-            if locator is None:
-                return None
-            locators.append(locator)
+        found = [_locator(table, entry, s, block) for entry in entries]
+        located = [i for i, locator in enumerate(found) if locator is not None]
+        if not located:
+            return None
+        locators = [found[i] for i in located]
         read_spans = getattr(self.blocks.shards[s], "read_spans", None)
         if read_spans is None:  # a source that reads a file at a time
-            files = []
-            for entry, locator in zip(entries, locators):
-                data = self._read_span(s, block, locator, entry.size)
+            files: list[bytes] | None = []
+            for i, locator in zip(located, locators):
+                data = self._read_span(s, block, locator, entries[i].size)  # type: ignore[arg-type]
                 if data is None:
                     return None
-                files.append(data)
+                files.append(data)  # type: ignore[union-attr]
         else:
-            files = self._spans(s, block, lambda: read_spans(block, locators), [e.size for e in entries])
-            if files is None:
-                return None
+            files = self._spans(s, block, lambda: read_spans(block, locators), [entries[i].size for i in located])
+        if files is None:
+            return None
         self.pass_reads += len(files)
-        return files
+        if len(files) == len(entries):
+            return files
+        out: list[bytes | None] = [None] * len(entries)  # a file without a locator: the block path
+        for i, data in zip(located, files):
+            out[i] = data
+        return out
 
     def stored_as_is(self, s: int, table: FileTable) -> np.ndarray:
         """Per block of shard ``s``, whether it holds its files' runs as they are: some runs,

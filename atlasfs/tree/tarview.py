@@ -313,10 +313,10 @@ Member = tuple[str, Entry, "bytes | None"]
 def _pass_reader(tree: Tree) -> Callable[[Iterator[Member]], Iterator[Member]] | None:
     """For a pass over a :class:`~atlasfs.tree.blocktree.BlockTree`'s shard: the members with
     the bytes of the files of blocks that store their runs as they are filled in, read a
-    block at a time (:meth:`~atlasfs.tree.located.LocatedReads.block_in_pass`: one pread of
-    the block for its files, data.bin's identity checked once for them, after it), the others
-    as they came (the block path); None for other trees. Served that way a tar of
-    incompressible files (JPEGs) costs a pread a block instead of three copies of each block in
+    block at a time (:meth:`~atlasfs.tree.located.LocatedReads.block_in_pass`: the block's
+    stored bytes read once for its files, data.bin's identity checked once for them, after
+    the reads), the others as they came (the block path); None for other trees. Served that way
+    a tar of incompressible files (JPEGs) costs a few preads a block instead of three copies of each block in
     freshly mapped memory (docs/performance.md, "The tar view")."""
     if not isinstance(tree, BlockTree):
         return None

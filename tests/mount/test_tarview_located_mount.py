@@ -1,5 +1,5 @@
 """``cat`` of a mount's ``<shard>.tar`` (``--view tars``) over incompressible files: each file read
-through its locator by the tar's pass (``LocatedReads.in_pass``), readers of the same and of
+through its locator by the tar's pass (``LocatedReads.block_in_pass``), readers of the same and of
 other tars at once: every reader gets exactly ``atlasfs export``'s tar, and the daemon stays
 within its bound (the unit tests, tests/unit/tree/test_tarview_located.py, count the reads)."""
 

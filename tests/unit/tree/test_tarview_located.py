@@ -1,7 +1,8 @@
 """A tar read front to back through the tar view (atlasfs/tree/tarstream.py) reads each file of
-a block that stores its runs as they are through its locator (``LocatedReads.in_pass``): a
-pread a file, no block decoded; a compressed block keeps the block path; locators that lie
-cost a fallback, never wrong bytes; a data.bin changed under a pass fails what is read after the change.
+a block that stores its runs as they are through its locator (``LocatedReads.block_in_pass``):
+a block's stored bytes read once for its files, no block decoded; a compressed block keeps the
+block path; locators that lie cost a fallback, never wrong bytes; a data.bin changed under a
+pass fails what is read after the change.
 Through a mount: tests/mount/test_tarview_located_mount.py."""
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from atlasfs.commands import cli
 from atlasfs.formats.atlas.spans.read import STORED_PIECE
 from atlasfs.tree.blocktree import BlockTree
 from atlasfs.tree.tarview import TarView
+from atlasfs.tree.table.layout import NO_LOCATOR
+from atlasfs.tree.table.store import table_file_name
 from locateddata import forged_table, index_tables, located_tree, stored_table, write_dataset
 
 REQUEST = 128 << 10  # the kernel's read requests on a mount with the default read-ahead
@@ -204,3 +207,23 @@ def test_a_pass_reads_a_block_a_few_preads_at_a_time_and_checks_data_bin_once_a_
     assert tree.located.pass_reads == 3 * 64 and decoded_blocks(tree) == []
     assert calls["check_unchanged"] == 2 * blocks
     assert calls["read_range"] <= blocks * -(-stored // STORED_PIECE) < 3 * 64
+
+
+def test_a_file_without_a_locator_takes_the_block_path_alone(tmp_path: Path) -> None:
+    """In a block read together, a file the table has no locator for is read through its block;
+    the block's other files still through theirs."""
+    dataset = write_dataset(tmp_path / "ds", jpeg_like(7, 24), 2, block_size=4)
+    exported = exported_tars(dataset, tmp_path / "export")["0"]
+    index_tables(dataset, tmp_path / "tables")
+    tree = located_tree(dataset, tmp_path / "tables")
+    table = tree.table(0)
+    row = next(i for i in table.example_order() if table.block.item(i) == 2)  # block 2's first file
+    path = tmp_path / "tables" / table_file_name(tree.shards[0].name)
+    none = {"offset": NO_LOCATOR, "length": 0, "check": 0, "prefix": 0}  # what a row without a locator holds
+    forged = forged_table(table, **{name: lambda c, v=value: c.__setitem__(row, v) for name, value in none.items()})
+    forged.save(str(path), tree.tables.table_key(0))
+    tree = located_tree(dataset, tmp_path / "tables")
+    assert tree.table(0).locator(row) is None
+    assert tar_in_order(TarView(tree), "0") == exported
+    assert tree.located.pass_reads == 3 * 24 - 1 and tree.located.fallbacks == 0
+    assert decoded_blocks(tree) == [(0, 2)]

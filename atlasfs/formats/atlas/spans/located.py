@@ -21,8 +21,8 @@ from atlasfs.formats.atlas.spans.read import BlockReader, StoredBlock, read_span
 from atlasfs.formats.source import Locator, NativeSpans, SpanMismatch
 from atlasfs.storage import open_regular
 
-#: Most stored bytes of a block that :meth:`LocatedReads.read_spans` reads with one ``pread`` for
-#: all the files asked of it (a larger block is read a file at a time, as :meth:`read_span` reads).
+#: Most stored bytes of a block that :meth:`LocatedReads.read_spans` reads whole once for all
+#: the files asked of it (a larger block is read a file at a time, as :meth:`read_span` reads).
 PASS_READ_BYTES = 2 << 20
 
 
@@ -188,8 +188,8 @@ class LocatedReads:
     def read_spans(self, block: int, spans: Sequence[Locator]) -> list[bytes]:
         """:meth:`read_span` of each of ``spans`` (of one ``block``, each checked against its
         locator as there) for a pass over the shard in order (the tar view's): the block's
-        stored bytes read with one ``pread`` for all of them (within :data:`PASS_READ_BYTES`,
-        else a read a file) and data.bin's identity checked once, after the reads, which that
+        stored bytes read once for all of them (within :data:`PASS_READ_BYTES`, a
+        :class:`~.read.StoredBlock`; else a read a file) and data.bin's identity checked once, after the reads, which that
         check covers: a data.bin changed before or while they read fails them all, so no file
         of a batch comes from a data.bin that changed since it was opened (plus one check
         before, which a mapped index.npy needs). Nothing is kept for later reads."""
