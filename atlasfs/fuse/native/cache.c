@@ -341,8 +341,11 @@ static void shrink(ByteCache *c)
 static CachedBlock *take_locked(ByteCache *c, uint64_t shard, int kind, uint64_t block, int wait)
 {
     CachedBlock *b;
-    while ((b = find(c, shard, kind, block)) != NULL && b->state != READY && wait)
+    while ((b = find(c, shard, kind, block)) != NULL && b->state != READY && wait) {
+        c->waiting++;
         pthread_cond_wait(&c->filled, &c->lock);
+        c->waiting--;
+    }
     if (b == NULL || b->state != READY)
         return NULL;
     read_more(c, b);
@@ -407,7 +410,9 @@ CachedBlock *cache_acquire_min(ByteCache *c, uint64_t shard, int kind, uint64_t 
     while ((b = find(c, shard, kind, block)) != NULL
            && (b->state != READY || (b->growing && b->length < min_length))) {
         *waited = 1;  /* another worker makes it (or the rest of it): never twice at once */
+        c->waiting++;
         pthread_cond_wait(&c->filled, &c->lock);
+        c->waiting--;
     }
     if (b != NULL && b->length >= min_length) {
         read_more(c, b);

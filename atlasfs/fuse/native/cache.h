@@ -60,6 +60,7 @@ typedef struct {
     size_t flight;  /* bytes reserved for payloads being made and served (cache_reserve) */
     uint64_t reserve_next, reserve_turn;  /* cache_reserve's tickets: waiters served in turn */
     size_t idle;    /* entries ready in the cache that no one reads (what shrink can evict) */
+    size_t waiting; /* workers waiting now for an entry another one fills (under the lock) */
     size_t evicted, trimmed_at;  /* bytes evicted so far, and when memory was last given back */
     /* At most POOL_SLOTS, pool_bytes within min(bound / 2, POOL_MAX), under the lock. */
     char *pool[POOL_SLOTS];

@@ -473,10 +473,16 @@ static void test_growing(int replace)
     early = cache_acquire_min(&c, 1, KIND_PAYLOAD, 2, 150, &mine, &waited);
     CHECK(early == b && !mine && !waited, "a reader of what is ready waited, or made its own");
     pthread_create(&t, NULL, grow_waiter, &w);
-    pause_ms(30);
-    pthread_mutex_lock(&c.lock);
-    CHECK(!w.done, "a reader of more than is ready did not wait");
-    pthread_mutex_unlock(&c.lock);
+    for (;;) {  /* until the waiter waits (however late a loaded machine runs it) */
+        size_t waiting;
+        pthread_mutex_lock(&c.lock);
+        waiting = c.waiting;
+        CHECK(!w.done, "a reader of more than is ready did not wait");
+        pthread_mutex_unlock(&c.lock);
+        if (waiting == 1 || w.done)
+            break;
+        pause_ms(1);
+    }
     if (replace) {
         CachedBlock *sparse = cache_replace_grown(&c, b, bytes_of(300, 's'), 1000, 300);
         CHECK(sparse != NULL && sparse != b && sparse->sparse && sparse->readers == 1, "no replacement held");
