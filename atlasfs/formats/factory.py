@@ -16,7 +16,8 @@ from dataclasses import dataclass
 
 from atlasfs.errors import AtlasFormatError
 from atlasfs.formats.source import Source, refused_in_one_line
-from atlasfs.storage import LOCAL, Storage, is_url, open_storage
+from atlasfs.storage import LOCAL, Storage, UnfitFileError, is_url, open_folder, open_regular, open_storage
+from atlasfs.storage.links import approved
 
 #: Format name -> (module, what its layout looks like, for the error when nothing matches).
 #: Detection tries them in this order.
@@ -64,11 +65,17 @@ def detect(path: str, storage: Storage = LOCAL) -> str:
 
 
 def _check_readable(path: str) -> None:
-    """:class:`AtlasFormatError` if ``path`` is missing or this user may not read it: each
-    format's look at the layout sees an unreadable folder as empty, which would say
-    "not a dataset" instead of the real cause."""
+    """:class:`AtlasFormatError` if ``path`` is missing, reached through a link this process
+    may not follow (:mod:`atlasfs.storage.links`), neither a folder nor a regular file, or
+    not readable by this user: each format's look at the layout sees an unreadable folder as
+    empty, which would say "not a dataset" instead of the real cause. Nothing is opened
+    before it is looked at (a device is never opened: opening some acts, a tape rewinds), and
+    then only as the rule's :func:`~atlasfs.storage.open_regular` and
+    :func:`~atlasfs.storage.open_folder` open it."""
     try:
-        is_folder = stat.S_ISDIR(os.stat(path).st_mode)
+        is_folder = stat.S_ISDIR(approved(path).st_mode)
+    except UnfitFileError as exc:
+        raise AtlasFormatError(str(exc)) from None
     except (FileNotFoundError, NotADirectoryError):
         raise AtlasFormatError(f"{path}: no such dataset (file or folder)") from None
     except PermissionError:
@@ -78,11 +85,16 @@ def _check_readable(path: str) -> None:
         raise AtlasFormatError(f"{path}: {exc.strerror}") from None
     try:
         if is_folder:
-            os.listdir(path)
-            if not os.access(path, os.X_OK):  # listed, but its files cannot be opened
-                raise PermissionError
+            fd = open_folder(path)  # opened to read: it may be listed
+            try:
+                if not os.access(".", os.X_OK, dir_fd=fd):  # listed, but its files cannot be opened
+                    raise PermissionError
+            finally:
+                os.close(fd)
         else:
-            os.close(os.open(path, os.O_RDONLY | os.O_NONBLOCK))  # NONBLOCK: a FIFO must not hang it
+            os.close(open_regular(path)[0])  # a FIFO, socket or device: refused unopened
+    except UnfitFileError as exc:
+        raise AtlasFormatError(str(exc)) from None
     except PermissionError:
         what = "folder" if is_folder else "file"
         raise AtlasFormatError(f"{path}: permission denied (cannot read the {what}; check its permissions)") from None

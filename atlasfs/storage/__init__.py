@@ -33,11 +33,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from atlasfs.sizes import format_size
-from atlasfs.storage.links import approved
+from atlasfs.storage.links import Approvals, approved
 
 __all__ = [
     "Storage", "LocalStorage", "StorageOptions", "StorageUnavailableError", "StorageChangedError",
-    "UnfitFileError", "open_regular", "is_url", "redact", "open_storage", "set_default_options",
+    "UnfitFileError", "open_regular", "open_folder", "is_url", "redact", "open_storage", "set_default_options",
     "default_options", "LOCAL",
 ]
 
@@ -136,6 +136,33 @@ def open_regular(path: str) -> tuple[int, os.stat_result]:
         os.close(fd)
         raise
     return fd, st
+
+
+#: How a dataset's folder is opened to be listed: as a file (O_NONBLOCK, O_NOCTTY: never
+#: blocking nor acting), and only if it is a folder (O_DIRECTORY).
+FOLDER_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NONBLOCK | os.O_NOCTTY | getattr(os, "O_CLOEXEC", 0)
+
+
+def open_folder(path: str) -> int:
+    """A descriptor of the local folder ``path`` (links followed, by the rule of :mod:`.links`),
+    to be listed (``os.scandir(fd)``) rather than ``path`` itself: ``path`` is looked at first
+    (:func:`.links.approved`), and its descriptor checked to be that same folder (device and
+    inode), so that a link swapped in between (to another user's folder) is refused, never
+    listed. :class:`UnfitFileError` naming it, ``NotADirectoryError`` for a file, other
+    ``OSError`` as ``os.open`` raises them."""
+    looked = approved(path)
+    if not stat.S_ISDIR(looked.st_mode):
+        raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), path)
+    fd = os.open(path, FOLDER_FLAGS)
+    try:
+        st = os.fstat(fd)
+        if (st.st_dev, st.st_ino) != (looked.st_dev, looked.st_ino):
+            raise UnfitFileError(path, "replaced while it was opened (a symbolic link on its way changed?); "
+                                       "not listed", errno.ESTALE)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 def is_url(location: str | os.PathLike[str]) -> bool:
@@ -307,27 +334,62 @@ class LocalStorage(Storage):
 
         #: path -> [descriptor, reads using it]
         self._fds: dict[str, list[int]] = {}
+        self._approvals = Approvals()
         self._lock = threading.Lock()
 
     def listdir(self, path: str) -> list[tuple[str, bool]]:
         """As :meth:`Storage.listdir`; a folder reached through a link its owner could not
         follow (:mod:`.links`) is not listed (its names are another user's)."""
-        approved(path)
-        with os.scandir(path) as entries:
-            return [(entry.name, entry.is_dir()) for entry in entries]
+        fd = open_folder(path)
+        try:
+            with os.scandir(fd) as entries:
+                return [(entry.name, entry.is_dir()) for entry in entries]
+        finally:
+            os.close(fd)
+
+    def _stat(self, path: str) -> os.stat_result:
+        """``os.stat(path)``, if the links on its way may be followed (:mod:`.links`), else
+        :class:`UnfitFileError`: a file's size and mtime are not told through another user's
+        link either. The rule's walk (an ``lstat`` a component) is done once a file: the path's
+        approval is remembered with the file it led to (:class:`.links.Approvals`), so that the
+        ``stat`` of every read (a shard's change check) stays one system call."""
+        st = os.stat(path)
+        self._approvals.check(path, st)
+        return st
 
     def stat(self, path: str) -> tuple[int, int] | None:
+        """As :meth:`Storage.stat`, links followed by the rule of :mod:`.links` (a refused
+        link: :class:`UnfitFileError`)."""
         try:
-            st = os.stat(path)
+            st = self._stat(path)
         except FileNotFoundError:
             return None
         return (st.st_size, st.st_mtime_ns)
 
     def isdir(self, path: str) -> bool:
-        return os.path.isdir(path)
+        """As :meth:`Storage.isdir`, links followed by the rule of :mod:`.links`."""
+        try:
+            return stat.S_ISDIR(self._stat(path).st_mode)
+        except UnfitFileError:
+            raise
+        except (OSError, ValueError):
+            return False
 
     def isfile(self, path: str) -> bool:
-        return os.path.isfile(path)
+        """True if ``path`` is a regular file, links followed by the rule of :mod:`.links`."""
+        try:
+            return stat.S_ISREG(self._stat(path).st_mode)
+        except UnfitFileError:
+            raise
+        except (OSError, ValueError):
+            return False
+
+    def held_stat(self, path: str) -> os.stat_result | None:
+        """``fstat`` of the descriptor this storage reads ``path`` through (``pread``), or None
+        if it holds none: what is known of the file its reads see, whatever the path names now."""
+        with self._lock:  # held: close_file cannot close it meanwhile
+            entry = self._fds.get(path)
+            return os.fstat(entry[0]) if entry is not None else None
 
     def open(self, path: str, buffer_bytes: int = 64 << 10, ranged: bool = False) -> Any:
         """The file, opened by the OS (its own buffering; its ``name`` the path, as libraries
@@ -350,8 +412,9 @@ class LocalStorage(Storage):
         return data
 
     def check_file(self, path: str, max_bytes: int | None = None, what: str = "") -> None:
-        """As :meth:`Storage.check_file`, by ``stat`` (links followed); nothing is opened."""
-        st = os.stat(path)
+        """As :meth:`Storage.check_file`, by ``stat`` (links followed by the rule of
+        :mod:`.links`); nothing is opened."""
+        st = self._stat(path)
         _refuse_unless_regular(path, st.st_mode)
         if max_bytes is not None:
             refuse_over(path, st.st_size, max_bytes, what)

@@ -112,19 +112,23 @@ def walk(storage: "Storage", folder: str,
          onerror: Callable[[OSError], None] | None = None) -> Iterator[tuple[str, list[str], list[str]]]:
     """``os.walk`` through ``storage``: ``(folder, sub-folders, files)`` top-down, names
     sorted; the caller may prune the sub-folders in place. A folder that cannot be listed
-    goes to ``onerror`` (its ``filename`` set) and is skipped. Local folders go through
-    ``os.walk`` itself (a symbolic link to a folder is not followed: no loop)."""
+    goes to ``onerror`` (its ``filename`` set) and is skipped. Local folders are walked as
+    ``os.walk`` does (a symbolic link to a folder is listed, not followed: no loop), but on
+    descriptors: the top folder opened by :func:`~atlasfs.storage.open_folder` (reached through
+    another user's link, or swapped for one after it was looked at: refused), each sub-folder
+    opened relative to its parent's descriptor, never following a link."""
     if not storage.remote:
-        from atlasfs.storage.links import approved
+        from atlasfs.storage import open_folder
         try:
-            approved(folder)  # a top folder reached through another user's link is not walked
+            fd = open_folder(folder)
         except OSError as exc:
             if onerror is not None:
                 onerror(exc)
             return
-        for here, dirs, files in os.walk(folder, onerror=onerror):
-            dirs.sort()
-            yield here, dirs, sorted(files)
+        try:
+            yield from _walk_descriptor(fd, folder, onerror)
+        finally:
+            os.close(fd)
         return
     try:
         entries = storage.listdir(folder)
@@ -139,6 +143,45 @@ def walk(storage: "Storage", folder: str,
     yield folder, dirs, files
     for name in dirs:
         yield from walk(storage, os.path.join(folder, name), onerror)
+
+
+#: A sub-folder of a local walk: opened as a folder, never through a link (one swapped in
+#: since the listing is skipped, as os.walk skips links), never blocking nor acting.
+_SUB_FOLDER = (os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY
+               | getattr(os, "O_CLOEXEC", 0))
+
+
+def _walk_descriptor(fd: int, here: str, onerror: Callable[[OSError], None] | None
+                     ) -> Iterator[tuple[str, list[str], list[str]]]:
+    """:func:`walk` of the local folder open as ``fd``, named ``here``."""
+    try:
+        with os.scandir(fd) as entries:
+            found = [(entry.name, entry.is_dir(), entry.is_symlink()) for entry in entries]
+    except OSError as exc:
+        exc.filename = here  # os.scandir names the descriptor's number
+        if onerror is not None:
+            onerror(exc)
+        return
+    dirs = sorted(name for name, is_dir, _ in found if is_dir)
+    files = sorted(name for name, is_dir, _ in found if not is_dir)
+    links = {name for name, is_dir, is_link in found if is_dir and is_link}
+    yield here, dirs, files
+    for name in dirs:  # as the caller left them
+        if name in links:
+            continue
+        try:
+            sub = os.open(name, _SUB_FOLDER, dir_fd=fd)
+        except OSError as exc:
+            if exc.errno in (errno.ELOOP, errno.ENOTDIR, errno.ENOENT):
+                continue  # a link or a file now, or gone: as os.walk, nothing to walk
+            exc.filename = os.path.join(here, name)
+            if onerror is not None:
+                onerror(exc)
+            continue
+        try:
+            yield from _walk_descriptor(sub, os.path.join(here, name), onerror)
+        finally:
+            os.close(sub)
 
 
 def relative(path: str, base: str) -> str:

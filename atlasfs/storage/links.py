@@ -89,3 +89,34 @@ def _refuse(path: str, link: str, owner: int, st: os.stat_result, me: int) -> No
     else:
         what = f"{kind} of uid {st.st_uid} reached through {link}, a symbolic link of uid {owner}"
     raise UnfitFileError(path, f"{what}, not followed when atlasfs runs as uid {me}", errno.EACCES)
+
+
+class Approvals:
+    """Paths :func:`approved`, each with the file it led to (device, inode, owner): a ``stat``
+    of the path that finds that same file again needs no new walk (the rule's walk costs an
+    ``lstat`` a component; a shard's change check stats its files at every read). Another file
+    there (a link swapped, the file replaced or given away) is walked again. At most
+    :data:`MAX_REMEMBERED` paths (then forgotten all at once: walked again, never wrong)."""
+
+    #: Paths remembered at most (about 200 bytes each).
+    MAX_REMEMBERED = 1 << 16
+
+    def __init__(self) -> None:
+        self._known: dict[str, tuple[int, int, int]] = {}
+
+    def check(self, path: str, st: os.stat_result) -> None:
+        """Return if ``st`` (``os.stat(path)`` just now) is of a file ``path`` may lead to by
+        the rule; else :class:`~atlasfs.storage.UnfitFileError` naming the link (or, the path
+        having changed between the two looks, naming that). ``OSError`` as :func:`approved`."""
+        key = (st.st_dev, st.st_ino, st.st_uid)
+        if self._known.get(path) == key:  # one dict look-up: atomic under the GIL
+            return
+        found = approved(path)
+        if (found.st_dev, found.st_ino, found.st_uid) != key:
+            from atlasfs.storage import UnfitFileError
+
+            raise UnfitFileError(path, "replaced while it was looked at (a symbolic link on its way changed?)",
+                                 errno.ESTALE)
+        if len(self._known) >= self.MAX_REMEMBERED:
+            self._known = {}
+        self._known[path] = key

@@ -29,8 +29,12 @@ def file_identity(path: str, storage: Any) -> int | None:
 
     A local file's token is a hash of its device, inode, size, mtime and ctime: a write
     changes the ctime, and so does setting the mtime back (``utime``); only the superuser
-    can set a ctime. A store's object's is its listed size, mtime and ETag: its reads are
-    of that object (its ETag checked where the store can)."""
+    can set a ctime. It is of the descriptor ``storage`` reads ``path`` through
+    (:meth:`~atlasfs.storage.LocalStorage.held_stat`), as ``located.c`` fstats its own: a
+    file renamed over ``path`` since is not what the reads see, so its token is not theirs.
+    Only before ``storage`` holds one (its first read) is ``path`` stat'ed. A store's object's
+    is its listed size, mtime and ETag: its reads are of that object (its ETag checked where
+    the store can)."""
     if storage.remote:
         found = storage.stat(path)
         if found is None:
@@ -40,7 +44,10 @@ def file_identity(path: str, storage: Any) -> int | None:
     else:
         now = time.time_ns()  # before the read that is remembered
         try:
-            st = os.stat(path)
+            held = getattr(storage, "held_stat", None)
+            st = held(path) if held is not None else None
+            if st is None:
+                st = os.stat(path)
         except OSError:
             return None
         if now - max(st.st_ctime_ns, st.st_mtime_ns) < RACY_NS:
