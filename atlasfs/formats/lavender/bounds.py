@@ -27,7 +27,7 @@ the row group, and nothing more is read of it.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 #: Most bytes the columns read of one parquet row group may decode to (as Arrow arrays, a
 #: dictionary column counted as its values repeated): twice the bytes of row groups a source
@@ -47,6 +47,8 @@ MIN_BATCH_ROWS = 16
 DELTA_BYTE_ARRAY = 7
 DICTIONARY_ENCODINGS = (2, 8)
 DICTIONARY_PAGE = 2
+#: Parquet's ``PageType.DATA_PAGE`` and ``DATA_PAGE_V2``: the pages whose values pyarrow counts.
+DATA_PAGES = (0, 3)
 #: Most bytes one page header may take (pyarrow's own default bound).
 MAX_PAGE_HEADER_BYTES = 16 << 20
 #: Narrowest decoded width of a value, by parquet physical type (a byte array: its offset).
@@ -109,12 +111,19 @@ def batch_rows(metadata: Any, group: int, columns: list[str], pread: Callable[[i
         if chunk.has_dictionary_page and 0 < chunk.dictionary_page_offset < start:
             start = chunk.dictionary_page_offset
         end = start + chunk.total_compressed_size
+        where = f"row group {group} column {chunk.path_in_schema!r}"
         if start < 0 or end > file_size or end < start:
-            raise Refused(f"row group {group} column {chunk.path_in_schema!r} lies past the file's end; not read")
+            raise Refused(f"{where} lies past the file's end; not read")
         byte_array = metadata.schema.column(j).physical_type == "BYTE_ARRAY"
         dictionary = 0
-        for uncompressed, encoding, values, kind in page_sizes(pread, start, end):
+        # pyarrow reads a chunk's pages until their values add up to the footer's (none for 0:
+        # an empty chunk's data_page_offset may be 0), and then no more: so does the walk
+        stated = max(chunk.num_values, 0)
+        counted = 0
+        for uncompressed, encoding, values, kind in _pages(pread, start, end, stated + 1, where) if stated else ():
             total += uncompressed
+            if kind in DATA_PAGES:
+                counted += max(values, 0)
             if kind == DICTIONARY_PAGE:
                 dictionary = max(dictionary, uncompressed)
                 if byte_array:
@@ -129,6 +138,11 @@ def batch_rows(metadata: Any, group: int, columns: list[str], pread: Callable[[i
             if total > MAX_ROW_GROUP_BYTES:
                 raise Refused(f"row group {group}'s pages decompress to more than the row-group bound of "
                               f"{MAX_ROW_GROUP_BYTES} bytes; not read")
+            if counted >= stated:
+                break
+        if counted < stated:  # a page the walk did not see (pyarrow reads past a chunk's end: PARQUET-816)
+            raise Refused(f"{where}: its data pages hold {counted} values, fewer than the {stated} the footer "
+                          "states; not read")
     if expanded <= MAX_ROW_GROUP_BYTES and not delta:
         return 0, False
     batch = MAX_ROW_GROUP_BYTES // (8 * max(largest, 1))
@@ -154,8 +168,9 @@ def bounded_read(parquet: Any, group: int, columns: list[str] | None, rows: int,
             raise Refused(f"row group {group} decodes to more than the row-group bound of {MAX_ROW_GROUP_BYTES} "
                           "bytes (a decompression bomb?); not read")
         batches.append(batch)
-    read = pa.Table.from_batches(batches, schema=batches[0].schema if batches else parquet.schema_arrow.select(
-        columns if columns is not None else parquet.schema_arrow.names))
+    whole = parquet.schema_arrow
+    read = pa.Table.from_batches(batches, schema=batches[0].schema if batches else pa.schema(
+        [whole.field(name) for name in (columns if columns is not None else whole.names)]))
     out = []
     for name, column in zip(read.column_names, read.columns):
         wanted = schema.field(name).type
@@ -185,15 +200,21 @@ def _decoded_bytes(array: Any) -> int:
     return int(array.indices.nbytes) + int(repeated)
 
 
-def page_sizes(pread: Callable[[int, int], bytes], start: int, end: int) -> list[tuple[int, int, int, int]]:
+def page_sizes(pread: Callable[[int, int], bytes], start: int, end: int,
+               max_pages: int | None = None) -> Iterator[tuple[int, int, int, int]]:
     """``(decompressed size, encoding, values, page type)`` each page header from ``start`` to
-    ``end`` states (pages follow each other: a header, then its compressed bytes; a data page's
-    encoding and number of values, -1 for other pages); :class:`Refused` for a header that
-    cannot be read or that lies past ``end``."""
-    sizes = []
+    ``end`` states, one at a time (pages follow each other: a header, then its compressed
+    bytes; a data page's encoding and number of values, -1 for other pages); a refusal (a
+    :class:`Refused`) for a header that cannot be read, that lies past ``end``, or past
+    ``max_pages`` pages (None: no bound; a chunk holds at most one data page a value and a
+    dictionary page, so that an empty page cannot be repeated without bound)."""
     pos = start
+    pages = 0
     window_at, window = start, b""
     while pos < end:
+        pages += 1
+        if max_pages is not None and pages > max_pages:
+            raise Refused(f"more than {max_pages} pages (one a value and a dictionary page); not read")
         want = _WINDOW
         while True:
             if not window_at <= pos or pos - window_at + 64 > len(window):
@@ -208,9 +229,17 @@ def page_sizes(pread: Callable[[int, int], bytes], start: int, end: int) -> list
                 window = b""  # read again, wider
         if uncompressed < 0 or compressed < 0 or pos + length + compressed > end:
             raise Refused(f"a page header at byte {pos} states sizes past its column chunk; not read")
-        sizes.append((uncompressed, encoding, values, kind))
+        yield uncompressed, encoding, values, kind
         pos += length + compressed
-    return sizes
+
+
+def _pages(pread: Callable[[int, int], bytes], start: int, end: int, max_pages: int,
+           where: str) -> Iterator[tuple[int, int, int, int]]:
+    """:func:`page_sizes`, its refusals saying ``where`` (the row group and column)."""
+    try:
+        yield from page_sizes(pread, start, end, max_pages)
+    except Refused as exc:
+        raise Refused(f"{where}: {exc}") from None
 
 
 class _Short(Exception):
@@ -262,6 +291,11 @@ class _Compact:
         n = self.varint()
         return (n >> 1) ^ -(n & 1)
 
+    def i32(self) -> int:
+        """An i32 as Thrift's C++ reader makes it: the varint cut to its low 32 bits, then unzigzagged."""
+        n = self.varint() & 0xFFFFFFFF
+        return (n >> 1) ^ -(n & 1)
+
     def skip_bytes(self, n: int) -> None:
         if n < 0 or self.pos + n > len(self.data):
             raise _Short
@@ -281,14 +315,21 @@ class _Compact:
                 return found
             kind, delta = head & 0x0F, head >> 4
             field = field + delta if delta else self.zigzag()
-            if field in want and kind in (4, 5, 6):
-                found[field] = self.zigzag()
+            # Thrift's C++ reader (pyarrow's) skips a field of another wire type than the declared
+            # one: the fields read here are i32 (5) or a struct (12), and read as it reads them
+            if field in want and kind == 5:
+                found[field] = self.i32()
             elif nested and field in nested and kind == 12:
-                found[field] = self.struct(want=nested[field], depth=depth + 1)
+                inner = self.struct(want=nested[field], depth=depth + 1)
+                # a repeated struct field is read into the same struct: its fields kept, others replaced
+                found[field] = {**found[field], **inner} if isinstance(found.get(field), dict) else inner
             else:
                 self.skip(kind, depth)
 
     def skip(self, kind: int, depth: int) -> None:
+        """Past a value of wire type ``kind`` (a bool field's value is in its type: nothing)."""
+        if depth > 32:
+            raise Refused("a page header nested too deep; not read")
         if kind in (1, 2):  # a bool field carries its value in its type
             return
         if kind == 3:
@@ -312,9 +353,12 @@ class _Compact:
             size = self.varint()
             if size:
                 types = self.byte()
-                for _ in range(size):
-                    self.skip(types >> 4, depth + 1)
-                    self.skip(types & 0x0F, depth + 1)
+                if 2 * size > len(self.data) - self.pos:  # each key and value takes a byte at least
+                    raise _Short
+                key, value = types >> 4, types & 0x0F
+                for _ in range(size):  # in a collection a bool is a byte
+                    self.skip(3 if key in (1, 2) else key, depth + 1)
+                    self.skip(3 if value in (1, 2) else value, depth + 1)
         elif kind == 12:
             self.struct(depth=depth + 1)
         else:

@@ -4,6 +4,7 @@ row group is refused, in one line naming the file and the row group, before it d
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -15,7 +16,8 @@ import pytest
 
 from atlasfs.formats.lavender import bounds
 from atlasfs.formats.lavender.files import LavenderError, RowGroupCache, ShardFile
-from parquetbomb import dictionary_bomb, page_bomb, understate_first_page, understate_footer
+from parquetbomb import (dictionary_bomb, padding_bomb, page_bomb, retyped_page_size, understate_first_page,
+                         understate_footer)
 
 UIDS = [f"u{i}" for i in range(5400)]
 BOUND = str(bounds.MAX_ROW_GROUP_BYTES)
@@ -121,7 +123,7 @@ def test_page_headers_of_real_files(tmp_path: Path) -> None:
 def test_a_forged_page_header_is_one_refusal(tmp_path: Path) -> None:
     for forged in (b"", b"\x15", b"\x15\x02\x15\x04", b"\x19" + b"\xff" * 12, b"\x1c" * 40, b"\x15\x02\x15\x7f\x00"):
         with pytest.raises(bounds.Refused):
-            bounds.page_sizes(lambda at, n: forged[at:at + n], 0, max(len(forged), 1))
+            list(bounds.page_sizes(lambda at, n: forged[at:at + n], 0, max(len(forged), 1)))
 
 
 def test_delta_byte_array_pages(tmp_path: Path) -> None:
@@ -183,3 +185,87 @@ def test_each_way_of_reading_a_row_group(tmp_path: Path) -> None:
     assert _how(legit) == (0, True)
     rows, _ = shard_file(legit).read_rows(np.array([0, 1999]), RowGroupCache(64 << 20))
     assert rows[1999] == ("u1999", values[999].as_py())
+
+
+def test_a_page_past_a_chunks_stated_end_is_counted(tmp_path: Path) -> None:
+    """An old parquet-mr's chunk (PARQUET-816): pyarrow reads 100 bytes past its stated end, so
+    a data page there is decoded though the walk of the chunk never sees it. pyarrow reads pages
+    until their values add up to the footer's: a chunk whose walked pages hold fewer is refused."""
+    small = padding_bomb(tmp_path / "small.parquet", UIDS, value_bytes=8192)
+    assert len(pq.read_table(small).column("text")[5399].as_py()) == 8192  # pyarrow reads the hidden page
+    path = padding_bomb(tmp_path / "shard.00000.parquet", UIDS)
+    file = shard_file(path)
+    assert file.scan("uid").uids == UIDS
+    with pytest.raises(LavenderError) as caught:
+        file.read_rows(np.arange(10), RowGroupCache(64 << 20))
+    assert str(caught.value) == (f"{path}: row group 0 column 'text': its data pages hold 0 values, fewer than the "
+                                 "5400 the footer states; not read")
+
+
+def test_a_field_of_another_wire_type_is_skipped(tmp_path: Path) -> None:
+    """A second ``uncompressed_page_size`` as an i64 after the true i32: pyarrow's Thrift reader
+    skips it (not the declared type) and decompresses the page to the true size; so does the walk."""
+    path = page_bomb(tmp_path / "p.parquet", UIDS[:4], bounds.MAX_ROW_GROUP_BYTES + (1 << 20))
+    retyped_page_size(path, 1, 100)
+    chunk = pq.ParquetFile(path).metadata.row_group(0).column(1)
+    data = path.read_bytes()
+    pages = list(bounds.page_sizes(lambda at, n: data[at:at + n], chunk.data_page_offset,
+                                   chunk.data_page_offset + chunk.total_compressed_size))
+    assert len(pages) == 1 and pages[0][0] > bounds.MAX_ROW_GROUP_BYTES + (1 << 20)  # the true size, not 100
+    with pytest.raises(LavenderError, match="row group 0's pages decompress to more than"):
+        shard_file(path).read_rows(np.arange(4), RowGroupCache(64 << 20))
+    # an i32 is read as Thrift reads it: its varint cut to 32 bits
+    header = b"\x15\x00\x15" + bounds_varint((1 << 33) | (100 << 1)) + b"\x15\x14\x00"
+    assert bounds._page_header(header, 0)[1:3] == (100, 10)
+
+
+def bounds_varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        low, n = n & 0x7F, n >> 7
+        out.append(low | (0x80 if n else 0))
+        if not n:
+            return bytes(out)
+
+
+def _timed_out(signum: int, frame: object) -> None:
+    raise TimeoutError("a page header's walk went on for 10 s")
+
+
+def test_collections_of_bools_and_their_sizes(tmp_path: Path) -> None:
+    """In a Thrift compact list or map a bool is a byte; a collection's size is checked against
+    the bytes left (a map of 2^32 bools was a loop without end, with the file's lock held)."""
+    sizes = b"\x15\x00\x15\xc8\x01\x15\x14"  # type 0, 100 bytes decompressed, 10 compressed
+    header = sizes + b"\x1b\x02\x11\x01\x00\x01\x01" + b"\x19\x21\x01\x00" + b"\x00"  # map<bool,bool>, list<bool>
+    assert bounds._page_header(header, 0) == (len(header), 100, 10, -1, -1, 0)
+    forged = sizes + b"\x1b\xff\xff\xff\xff\x0f\x11" + b"\x00" * 200
+    previous = signal.signal(signal.SIGALRM, _timed_out)
+    signal.alarm(10)
+    try:
+        with pytest.raises(bounds.Refused, match="cannot be read"):
+            list(bounds.page_sizes(lambda at, n: forged[at:at + n], 0, len(forged)))
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def test_nesting_and_page_counts_are_bounded(tmp_path: Path) -> None:
+    """Lists in lists are refused past a depth, as structs are; pages are read one at a time and
+    at most ``max_pages`` of them (a chunk holds at most a data page a value and a dictionary
+    page: 7-byte empty pages cannot make the walk as long as the chunk)."""
+    nested = b"\x15\x00" + b"\x19" * 5000 + b"\x00" * 10
+    with pytest.raises(bounds.Refused, match="nested too deep"):
+        bounds._page_header(nested, 0)
+    empty = b"\x15\x00\x15\x00\x15\x00\x00" * 100000
+    pages = bounds.page_sizes(lambda at, n: empty[at:at + n], 0, len(empty))
+    assert next(pages) == (0, -1, -1, 0) and sum(1 for _ in pages) == 99999
+    with pytest.raises(bounds.Refused, match="more than 10 pages"):
+        list(bounds.page_sizes(lambda at, n: empty[at:at + n], 0, len(empty), max_pages=10))
+
+
+def test_an_empty_row_group_reads_no_page(tmp_path: Path) -> None:
+    """An empty chunk states data_page_offset 0 (the file's magic): pyarrow reads no page of it."""
+    path = tmp_path / "empty.parquet"
+    pq.write_table(pa.table({"uid": pa.array([], pa.string()), "text": pa.array([], pa.string())}), path)
+    assert _how(path) == (0, False)
+    assert shard_file(path).scan("uid").uids == []
