@@ -18,7 +18,7 @@ import pytest
 
 from atlasfs.formats.lavender import write_csv_shard
 from fusemount import mounted, proc_status
-from parquetbomb import dictionary_bomb
+from parquetbomb import dictionary_bomb, padding_bomb
 
 UIDS = [f"u{i}" for i in range(5400)]
 PEAK = 500 << 20
@@ -72,6 +72,19 @@ def test_verify(dataset: Path, tmp_path: Path) -> None:
     result, peak, seconds = run_measured(tmp_path, "verify", str(dataset))
     assert result.returncode == 1, result.stdout
     assert the_line(result.stdout) == (f"{dataset}/{REFUSED} 134217728 bytes (a decompression bomb?); not read")
+    assert peak < PEAK and seconds < 30, (peak >> 20, seconds)
+
+
+def test_verify_counts_a_page_past_a_chunks_end(dataset: Path, tmp_path: Path) -> None:
+    """The bomb's data page hidden past its chunk's stated end, under an old parquet-mr's footer
+    (pyarrow reads it there: PARQUET-816): refused from the page headers, nothing decoded."""
+    padding_bomb(dataset / "texts" / "shard.00000.parquet", UIDS)
+    result, peak, seconds = run_measured(tmp_path, "verify", str(dataset))
+    assert result.returncode == 1, result.stdout
+    lines = [line for line in result.stdout.splitlines() if "texts/shard.00000.parquet: " in line]
+    assert "Traceback" not in result.stdout and len(lines) == 1, result.stdout
+    assert lines[0].endswith("texts/shard.00000.parquet: row group 0 column 'text': its data pages hold 0 values, "
+                             "fewer than the 5400 the footer states; not read"), lines[0]
     assert peak < PEAK and seconds < 30, (peak >> 20, seconds)
 
 
