@@ -7,7 +7,11 @@ The footer's sizes cannot be believed: pyarrow never compares a column chunk's
 ``total_uncompressed_size`` with its pages (a footer stating 8 KiB over pages of 1 MB reads as
 well). So the check reads what pyarrow itself obeys, every page header of the column chunks
 read (:func:`page_sizes`: each states the bytes its page decompresses to, and pyarrow fails a
-page that decompresses to more), and bounds:
+page that decompresses to more), read as pyarrow's Thrift reader reads them (a field of another
+wire type than the declared one skipped), up to where pyarrow stops: when the data pages' values
+add up to the chunk's ``num_values``. A chunk whose walked pages hold fewer is refused, so that no
+page pyarrow decodes goes unseen (it reads up to 100 bytes past an old parquet-mr's chunk,
+PARQUET-816). It bounds:
 
 - the pages' decompressed bytes, and the rows times their narrowest width, before anything is
   decoded (:func:`batch_rows`);
