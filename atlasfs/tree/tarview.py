@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import itertools
 import json
 import logging
 import os
@@ -330,6 +331,18 @@ def _pass_reader(tree: Tree) -> Callable[[Iterator[Member]], Iterator[Member]] |
         return [(name, entry, data) for (name, entry, _), data in zip(batch, files)]
 
     def members(given: Iterator[Member]) -> Iterator[Member]:
+        first = next(given, None)
+        if first is None:
+            return iter(())
+        given = itertools.chain((first,), given)
+        ref = first[1].ref
+        table = tables.get(ref.shard) if first[2] is None and ref is not None else None
+        if not located.enabled or table is None or table.locators is None or \
+                not located.stored_as_is(ref.shard, table).any():
+            return given  # no file of the shard is read through a locator (text, tiny): nothing to check per member
+        return batches(given)
+
+    def batches(given: Iterator[Member]) -> Iterator[Member]:
         batch: list[Member] = []  # consecutive files of one block, ``held`` bytes
         held, key = 0, (-1, -1)
         for member in given:
