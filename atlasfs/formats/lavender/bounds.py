@@ -53,6 +53,11 @@ DICTIONARY_ENCODINGS = (2, 8)
 DICTIONARY_PAGE = 2
 #: Parquet's ``PageType.DATA_PAGE`` and ``DATA_PAGE_V2``: the pages whose values pyarrow counts.
 DATA_PAGES = (0, 3)
+#: Most pages one column chunk may have: parsing a header is ~10 µs of Python, with the file's
+#: lock held, so a footer stating millions of values over millions of empty pages must not
+#: buy that many (~0.7 s at most here). Writers make far fewer: pyarrow's pages are 1 MiB,
+#: parquet-mr's at most 20,000 rows; pages of 2 KiB would fill the row-group bound at 65,536.
+MAX_PAGES = 1 << 16
 #: Most bytes one page header may take (pyarrow's own default bound).
 MAX_PAGE_HEADER_BYTES = 16 << 20
 #: Narrowest decoded width of a value, by parquet physical type (a byte array: its offset).
@@ -124,7 +129,7 @@ def batch_rows(metadata: Any, group: int, columns: list[str], pread: Callable[[i
         # an empty chunk's data_page_offset may be 0), and then no more: so does the walk
         stated = max(chunk.num_values, 0)
         counted = 0
-        for uncompressed, encoding, values, kind in _pages(pread, start, end, stated + 1, where) if stated else ():
+        for uncompressed, encoding, values, kind in _pages(pread, start, end, min(stated + 1, MAX_PAGES), where) if stated else ():
             total += uncompressed
             if kind in DATA_PAGES:
                 counted += max(values, 0)

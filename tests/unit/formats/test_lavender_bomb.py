@@ -269,3 +269,18 @@ def test_an_empty_row_group_reads_no_page(tmp_path: Path) -> None:
     pq.write_table(pa.table({"uid": pa.array([], pa.string()), "text": pa.array([], pa.string())}), path)
     assert _how(path) == (0, False)
     assert shard_file(path).scan("uid").uids == []
+
+
+def test_a_chunk_of_more_pages_than_the_cap_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A footer stating millions of values may not buy millions of page headers parsed with the
+    file's lock held: past :data:`bounds.MAX_PAGES` a chunk is refused (here lowered to 4, over
+    a real chunk of 24 pages)."""
+    path = tmp_path / "pages.parquet"
+    pq.write_table(pa.table({"uid": [f"u{i}" for i in range(3000)], "n": np.arange(3000)}), path,
+                   data_page_size=1024, compression="none", use_dictionary=False, write_batch_size=64)
+    metadata = pq.ParquetFile(path).metadata
+    data = path.read_bytes()
+    assert bounds.batch_rows(metadata, 0, ["n"], lambda at, n: data[at:at + n], len(data)) is not None
+    monkeypatch.setattr(bounds, "MAX_PAGES", 4)
+    with pytest.raises(bounds.Refused, match="more than 4 pages"):
+        bounds.batch_rows(metadata, 0, ["n"], lambda at, n: data[at:at + n], len(data))
