@@ -358,29 +358,33 @@ class LocalStorage(Storage):
         return st
 
     def stat(self, path: str) -> tuple[int, int] | None:
-        """As :meth:`Storage.stat`, links followed by the rule of :mod:`.links` (a refused
-        link: :class:`UnfitFileError`)."""
+        """As :meth:`Storage.stat`, links followed by the rule of :mod:`.links`. A path the
+        rule refuses is told as an empty file of mtime 0 (what it leads to is another user's,
+        size and time alike): it exists, and whatever reads or checks it
+        (:meth:`check_file`, :func:`open_regular`) fails with the refusal, only what needs it."""
         try:
             st = self._stat(path)
         except FileNotFoundError:
             return None
+        except UnfitFileError:
+            return (0, 0)
         return (st.st_size, st.st_mtime_ns)
 
     def isdir(self, path: str) -> bool:
-        """As :meth:`Storage.isdir`, links followed by the rule of :mod:`.links`."""
+        """As :meth:`Storage.isdir`, links followed by the rule of :mod:`.links` (a path it
+        refuses is no folder: it is not listed either)."""
         try:
             return stat.S_ISDIR(self._stat(path).st_mode)
-        except UnfitFileError:
-            raise
         except (OSError, ValueError):
             return False
 
     def isfile(self, path: str) -> bool:
-        """True if ``path`` is a regular file, links followed by the rule of :mod:`.links`."""
+        """As :meth:`Storage.isfile`: a regular file, links followed by the rule of
+        :mod:`.links`; a path it refuses counts as a file, as :meth:`stat` tells it."""
         try:
             return stat.S_ISREG(self._stat(path).st_mode)
         except UnfitFileError:
-            raise
+            return True
         except (OSError, ValueError):
             return False
 
