@@ -137,8 +137,8 @@ class LocatedReads:
         fingerprints = getattr(self, "_fingerprints", None)
         if fingerprints is None:  # made once a shard; two threads making it at once lose an entry
             fingerprints = self._fingerprints = StoredFingerprints(shard.num_blocks)
-        return fingerprints.get(block, file_identity(shard.data_path, shard.storage),
-                                functools.partial(stored_fingerprint, reader, shard.codec))
+        identity = file_identity(shard.data_path, shard._data)  # noqa: SLF001 (the storage its reads go through)
+        return fingerprints.get(block, identity, functools.partial(stored_fingerprint, reader, shard.codec))
 
     def read_span(self, block: int, locator: Locator, size: int, scratch: Any = None) -> bytes | None:
         """A pread of the run (strategy 0, or raw zstd blocks), the frame decompressed up to
