@@ -19,24 +19,7 @@ from atlasfs.formats.atlas.spans.fingerprints import file_identity
 from atlasfs.formats.factory import detect
 from atlasfs.storage import LocalStorage, UnfitFileError
 from atlasfs.storage.files import walk
-from fusemount import IN_CI
-
-OTHER = 12345  # no user of the machine: the dataset's owner, an attacker
-
-
-@pytest.fixture(autouse=True)
-def as_root() -> None:
-    if os.geteuid() != 0:
-        if IN_CI:
-            pytest.fail("the link rule's tests chown files: they run as root in CI")
-        pytest.skip("needs root (chown)")
-
-
-def link(path: Path, target: Path | str, owner: int) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    os.symlink(target, path)
-    os.lchown(path, owner, owner)
-    return path
+from linkattack import OTHER, as_root, link  # noqa: F401 (as_root: autouse)
 
 
 def folders(tmp_path: Path) -> tuple[Path, Path]:

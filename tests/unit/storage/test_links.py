@@ -17,18 +17,7 @@ import atlasfs.storage as storage
 from atlasfs.storage import LOCAL, LocalStorage, UnfitFileError, open_regular
 from atlasfs.storage.files import walk
 from atlasfs.storage.links import approved
-from fusemount import IN_CI
-
-OTHER = 12345  # no user of the machine: the dataset's owner, an attacker
-OTHER2 = 12346
-
-
-@pytest.fixture(autouse=True)
-def as_root() -> None:
-    if os.geteuid() != 0:
-        if IN_CI:
-            pytest.fail("the link rule's tests chown files: they run as root in CI")
-        pytest.skip("needs root (chown)")
+from linkattack import OTHER, OTHER2, as_root, link  # noqa: F401 (as_root: autouse)
 
 
 def secret(tmp_path: Path, owner: int = 0) -> Path:
@@ -36,13 +25,6 @@ def secret(tmp_path: Path, owner: int = 0) -> Path:
     path.write_bytes(b"root's secret")
     path.chmod(0o600)
     os.chown(path, owner, owner)
-    return path
-
-
-def link(path: Path, target: Path | str, owner: int) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    os.symlink(target, path)
-    os.lchown(path, owner, owner)
     return path
 
 
