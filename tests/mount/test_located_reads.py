@@ -240,4 +240,7 @@ def test_tables_read_from_their_files_answer_random_readers_over_more_tables_tha
         # The 6 shards' located reads share the dataset's one zstd dictionary.
         assert "zstd dictionaries held: 1" in log.read_text()
     else:
-        assert answered["lookup"][1] > 10 * len(exported) and answered["read"][1] > 0, answered
+        # Python answers each shard's requests whenever its table is not the one held: more than
+        # the file-table case above allows (5 a shard). How many more depends on how the 4
+        # readers interleave (42-80 in runs of 2026-11-28; 10 a shard failed now and then).
+        assert answered["lookup"][1] > 5 * len(exported) and answered["read"][1] > 0, answered
