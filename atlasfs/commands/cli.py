@@ -70,6 +70,8 @@ def cmd_verify(args: argparse.Namespace) -> int:
     def status() -> str:
         found = (f"{len(report.problems)} problem(s) found so far" if report.problems
                  else "no problem found so far")
+        if not report.total:  # the dataset was still being opened: no count to give yet
+            return f"verify interrupted while opening the dataset: {found}"
         return f"verify interrupted after {report.shards} of {report.total} shards: {found}"
     interrupts.set_status(status)
     try:  # a folder of no known format is verify's finding too, on stdout like the others

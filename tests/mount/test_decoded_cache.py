@@ -12,6 +12,7 @@ import random
 import re
 import stat
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -80,13 +81,18 @@ def _read_pass(mnt: Path, exported: Exported, readers: int, seed: int) -> list[s
 
 def _counts(log: Path) -> tuple[dict[str, int], dict[str, int]]:
     """The last mount's frames decompressed (whole, in part) and its decoded cache's counts."""
-    answered = engine_answered_in_log(log)  # waits for the daemon's last lines
+    answered = engine_answered_in_log(log)  # waits for the engine's line; the decoded cache's comes after it
     assert answered["read"][1] == 0 and answered["located"][1] == 0, answered
-    text = log.read_text()
-    frames = re.findall(r"frames decompressed: (\d+) whole, (\d+) in part", text)[-1]
-    found = re.findall(r"decoded cache: (\d+) hits, (\d+) misses, (\d+) written, (\d+) failed to write, (\d+) bad, "
-                       r"(\d+) evicted, (\d+) found at start, (\d+) ignored; (\d+) bytes of (\d+)", text)
+    deadline = time.monotonic() + 20
+    while True:
+        text = log.read_text()
+        found = re.findall(r"decoded cache: (\d+) hits, (\d+) misses, (\d+) written, (\d+) failed to write, "
+                           r"(\d+) bad, (\d+) evicted, (\d+) found at start, (\d+) ignored; (\d+) bytes of (\d+)", text)
+        if found or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
     assert found, text
+    frames = re.findall(r"frames decompressed: (\d+) whole, (\d+) in part", text)[-1]
     names = ("hits", "misses", "written", "write_failed", "bad", "evicted", "found", "ignored", "bytes", "bound")
     counts = dict(zip(("whole", "partial"), map(int, frames))), dict(zip(names, map(int, found[-1])))
     print(log.name, *counts)

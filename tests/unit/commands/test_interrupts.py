@@ -32,8 +32,8 @@ LINES = {
               r"(not written; run the same command again to write them all|written)",
     "index": r"atlasfs: interrupted: (no file table stored|(?P<n>\d+) of 80 file tables stored in \S+; "
              r"the same command builds the rest)",
-    "verify": r"atlasfs: (interrupted before anything was written|verify interrupted after (?P<n>\d+) of 80 "
-              r"shards: no problem found so far)",
+    "verify": r"atlasfs: (interrupted before anything was written|verify interrupted while opening the dataset: "
+              r"no problem found so far|verify interrupted after (?P<n>\d+) of 80 shards: no problem found so far)",
 }
 SHARDS = 80
 #: What the last line of a run that finished says.
