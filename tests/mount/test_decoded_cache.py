@@ -99,6 +99,24 @@ def _counts(log: Path) -> tuple[dict[str, int], dict[str, int]]:
     return counts
 
 
+def _filled(tmp_path: Path, blocks: int = 3) -> tuple[Path, Exported, Path]:
+    """A dataset of ``blocks`` blocks and a decoded cache folder one pass wrote each block to."""
+    dataset, exported = _dataset(tmp_path, blocks)
+    folder = tmp_path / "decoded"
+    with mounted(dataset, *_mount_args(tmp_path, tmp_path / "daemon.log", folder)) as mnt:
+        assert _read_pass(mnt, exported, 1, 1) == []
+    return dataset, exported, folder
+
+
+def _mounted_again(tmp_path: Path, dataset: Path, exported: Exported, folder: Path) -> tuple[dict[str, int],
+                                                                                               dict[str, int]]:
+    """A second mount over ``folder``, a pass by 2 readers with exact bytes: its counts (:func:`_counts`)."""
+    log = tmp_path / "daemon2.log"
+    with mounted(dataset, *_mount_args(tmp_path, log, folder)) as mnt:
+        assert _read_pass(mnt, exported, 2, 2) == []
+    return _counts(log)
+
+
 def _block_files(folder: Path) -> list[Path]:
     return sorted(p for p in folder.iterdir() if p.name.endswith(".blk"))
 
@@ -149,12 +167,7 @@ def test_corrupt_and_truncated_files_are_never_served(tmp_path: Path) -> None:
     """A file with bytes flipped throughout and one cut short: detected (the size, the CRC-32
     of every run read), dropped, the block decompressed and written again; every byte served
     is the data's."""
-    blocks = 3
-    dataset, exported = _dataset(tmp_path, blocks)
-    folder = tmp_path / "decoded"
-    log = tmp_path / "daemon.log"
-    with mounted(dataset, *_mount_args(tmp_path, log, folder)) as mnt:
-        assert _read_pass(mnt, exported, 1, 1) == []
+    dataset, exported, folder = _filled(tmp_path)
     flipped, cut, kept = _block_files(folder)
     sizes = [p.stat().st_size for p in (flipped, cut, kept)]
     data = bytearray(flipped.read_bytes())
@@ -163,10 +176,7 @@ def test_corrupt_and_truncated_files_are_never_served(tmp_path: Path) -> None:
     flipped.write_bytes(bytes(data))
     with open(cut, "r+b") as f:
         f.truncate(cut.stat().st_size // 2)
-    log2 = tmp_path / "daemon2.log"
-    with mounted(dataset, *_mount_args(tmp_path, log2, folder)) as mnt:
-        assert _read_pass(mnt, exported, 2, 2) == []
-    frames, decoded = _counts(log2)
+    frames, decoded = _mounted_again(tmp_path, dataset, exported, folder)
     assert decoded["bad"] == 2 and decoded["written"] == 2, decoded
     assert frames["whole"] == 2, frames  # the two dropped blocks, once each; the third read from disk
     assert [p.stat().st_size for p in (flipped, cut, kept)] == sizes  # written whole again
@@ -246,12 +256,7 @@ def test_a_fifo_or_link_named_as_a_cache_file_is_ignored(tmp_path: Path) -> None
     """A FIFO and a symbolic link (to a file of the user's) put in place of two cache files:
     never opened, waited on or counted; their blocks decompressed again and written in their
     place; the link's target untouched."""
-    blocks = 3
-    dataset, exported = _dataset(tmp_path, blocks)
-    folder = tmp_path / "decoded"
-    log = tmp_path / "daemon.log"
-    with mounted(dataset, *_mount_args(tmp_path, log, folder)) as mnt:
-        assert _read_pass(mnt, exported, 1, 1) == []
+    dataset, exported, folder = _filled(tmp_path)
     fifo, link, _ = _block_files(folder)
     fifo.unlink()
     os.mkfifo(fifo)
@@ -259,10 +264,7 @@ def test_a_fifo_or_link_named_as_a_cache_file_is_ignored(tmp_path: Path) -> None
     secret.write_bytes(link.read_bytes())  # the right bytes even: a link is still never followed
     link.unlink()
     link.symlink_to(secret)
-    log2 = tmp_path / "daemon2.log"
-    with mounted(dataset, *_mount_args(tmp_path, log2, folder)) as mnt:
-        assert _read_pass(mnt, exported, 2, 2) == []
-    frames, decoded = _counts(log2)
+    frames, decoded = _mounted_again(tmp_path, dataset, exported, folder)
     assert decoded["ignored"] == 2 and decoded["found"] == 1 and decoded["written"] == 2, decoded
     assert frames["whole"] == 2, frames
     assert stat.S_ISREG(fifo.lstat().st_mode) and stat.S_ISREG(link.lstat().st_mode)
