@@ -32,6 +32,17 @@ static void pause_ms(int ms)
     nanosleep(&t, NULL);
 }
 
+/* Whether (shard, kind, block) is cached: a peek (which makes it the most recently used, as any
+ * read does) and its release. */
+static int cached(ByteCache *c, uint64_t shard, int kind, uint64_t block)
+{
+    CachedBlock *b = cache_peek(c, shard, kind, block);
+    int found = b != NULL;
+    if (found)
+        cache_release(c, b);
+    return found;
+}
+
 static char *bytes_of(size_t n, char fill)
 {
     char *data = malloc(n ? n : 1);
@@ -133,10 +144,7 @@ static void test_read_entries_stay(void)
         cache_release(&c, held);
     cache_put(&c, 0, KIND_FILES, 6, bytes_of(1000, 'c'), 1000);
     cache_put(&c, 0, KIND_FILES, 7, bytes_of(1000, 'c'), 1000);
-    b = cache_peek(&c, 0, KIND_FILES, 0);
-    CHECK(b == NULL, "an entry let go of outlived newer ones past the bound");
-    if (b != NULL)
-        cache_release(&c, b);
+    CHECK(!cached(&c, 0, KIND_FILES, 0), "an entry let go of outlived newer ones past the bound");
     cache_free(&c);
 }
 
@@ -144,23 +152,16 @@ static void test_read_entries_stay(void)
 static void test_eviction_order(void)
 {
     ByteCache c;
-    CachedBlock *b;
     size_t bound = 3 * COST(1000);
     CHECK(cache_init(&c, bound) == 0, "cache_init failed");
     cache_put(&c, 0, KIND_FRAME, 0, bytes_of(1000, 'm'), 1000);  /* oldest */
     cache_put(&c, 0, KIND_FILES, 1, bytes_of(1000, 'f'), 1000);
     cache_put(&c, 0, KIND_RUN, 2, bytes_of(1000, 'r'), 1000);    /* newest */
     cache_put(&c, 0, KIND_FILES, 3, bytes_of(1000, 'f'), 1000);
-    CHECK((b = cache_peek(&c, 0, KIND_RUN, 2)) == NULL, "a file kept for its next pieces outlived older entries");
-    if (b != NULL)
-        cache_release(&c, b);
+    CHECK(!cached(&c, 0, KIND_RUN, 2), "a file kept for its next pieces outlived older entries");
     cache_put(&c, 0, KIND_FILES, 4, bytes_of(1000, 'f'), 1000);
-    CHECK((b = cache_peek(&c, 0, KIND_FRAME, 0)) != NULL, "a frame's map went before other entries");
-    if (b != NULL)
-        cache_release(&c, b);
-    CHECK((b = cache_peek(&c, 0, KIND_FILES, 1)) == NULL, "the oldest block's files outlived the map");
-    if (b != NULL)
-        cache_release(&c, b);
+    CHECK(cached(&c, 0, KIND_FRAME, 0), "a frame's map went before other entries");
+    CHECK(!cached(&c, 0, KIND_FILES, 1), "the oldest block's files outlived the map");
     cache_free(&c);
 }
 
@@ -340,7 +341,6 @@ static void test_reservations_in_turn(void)
 static void test_reserve_evicts(void)
 {
     ByteCache c;
-    CachedBlock *b;
     size_t bound = 4 * COST(1000);
     CHECK(cache_init(&c, bound) == 0, "cache_init failed");
     cache_put(&c, 0, KIND_FILES, 0, bytes_of(1000, 'a'), 1000);
@@ -349,12 +349,8 @@ static void test_reserve_evicts(void)
     cache_reserve(&c, 2 * COST(1000));
     CHECK(c.bytes + c.flight <= bound, "entries and reservation past the bound: %zu + %zu > %zu", c.bytes,
           c.flight, bound);
-    CHECK((b = cache_peek(&c, 0, KIND_FILES, 0)) == NULL, "the oldest entry was not evicted for the reservation");
-    if (b != NULL)
-        cache_release(&c, b);
-    CHECK((b = cache_peek(&c, 0, KIND_FILES, 2)) != NULL, "the newest entry was evicted");
-    if (b != NULL)
-        cache_release(&c, b);
+    CHECK(!cached(&c, 0, KIND_FILES, 0), "the oldest entry was not evicted for the reservation");
+    CHECK(cached(&c, 0, KIND_FILES, 2), "the newest entry was evicted");
     cache_unreserve(&c, 2 * COST(1000));
     cache_free(&c);
 }
