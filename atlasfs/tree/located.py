@@ -130,9 +130,10 @@ class LocatedReads:
         allocator maps afresh for each block), its stored bytes read once for all of them where
         the source can (:meth:`~atlasfs.formats.atlas.spans.located.LocatedReads.read_spans`,
         which checks that data.bin did not change once for all of them, after their reads),
-        else one read each; unlike :meth:`read`, no read-ahead of blocks (the pass reads none); None for a file without a locator (the block path). None: the block
-        path for all of them (a compressed block, no locators, a check that failed: logged once
-        for the block)."""
+        else one read each; unlike :meth:`read`, no read-ahead of blocks (the pass reads none).
+        None in the list: a file without a locator (the block path). None: the block path for
+        all of them (a compressed block, no locators, a check that failed: logged once for the
+        block)."""
         if not self.enabled or table is None or table.locators is None:
             return None
         as_is = self.stored_as_is(s, table)
