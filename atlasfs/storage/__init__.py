@@ -28,7 +28,7 @@ import re
 import stat
 import urllib.parse
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -125,13 +125,21 @@ def open_regular(path: str) -> tuple[int, os.stat_result]:
     ``FileNotFoundError`` and other ``OSError`` as ``os.open`` raises them."""
     looked = approved(path)
     _refuse_unless_regular(path, looked.st_mode)
-    fd = os.open(path, OPEN_FLAGS)
+    return _open_looked(path, looked, OPEN_FLAGS, "read", lambda st: _refuse_unless_regular(path, st.st_mode))
+
+
+def _open_looked(path: str, looked: os.stat_result, flags: int, doing: str,
+                 check: Callable[[os.stat_result], None] = lambda st: None) -> tuple[int, os.stat_result]:
+    """``path`` opened with ``flags`` and its ``fstat``, once ``check`` passes on it and it is the
+    file ``looked`` (:func:`.links.approved`'s) by device and inode: a link on its way swapped
+    in between is refused (``not <doing>``), and the descriptor closed on any failure."""
+    fd = os.open(path, flags)
     try:
         st = os.fstat(fd)
-        _refuse_unless_regular(path, st.st_mode)
+        check(st)
         if (st.st_dev, st.st_ino) != (looked.st_dev, looked.st_ino):
-            raise UnfitFileError(path, "replaced while it was opened (a symbolic link on its way changed?); not read",
-                                 errno.ESTALE)
+            raise UnfitFileError(path, f"replaced while it was opened (a symbolic link on its way changed?); "
+                                       f"not {doing}", errno.ESTALE)
     except BaseException:
         os.close(fd)
         raise
@@ -153,16 +161,7 @@ def open_folder(path: str) -> int:
     looked = approved(path)
     if not stat.S_ISDIR(looked.st_mode):
         raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), path)
-    fd = os.open(path, FOLDER_FLAGS)
-    try:
-        st = os.fstat(fd)
-        if (st.st_dev, st.st_ino) != (looked.st_dev, looked.st_ino):
-            raise UnfitFileError(path, "replaced while it was opened (a symbolic link on its way changed?); "
-                                       "not listed", errno.ESTALE)
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
+    return _open_looked(path, looked, FOLDER_FLAGS, "listed")[0]
 
 
 def is_url(location: str | os.PathLike[str]) -> bool:
@@ -324,8 +323,9 @@ class LocalStorage(Storage):
     be reading a shard that ``export`` is done with).
 
     Every file is opened by :func:`open_regular` (``open``, ``read``, ``pread``): never
-    blocking, links followed by the rule of :mod:`.links`, and only a regular file read; a FIFO, socket, device or folder
-    standing for one raises :class:`UnfitFileError` (``X: not a regular file (a FIFO)``)."""
+    blocking, links followed by the rule of :mod:`.links`, and only a regular file read; a
+    FIFO, socket, device or folder standing for one raises :class:`UnfitFileError`
+    (``X: not a regular file (a FIFO)``)."""
 
     remote = False
 
