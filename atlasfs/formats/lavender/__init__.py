@@ -39,10 +39,12 @@ out; a uid in shard N of one shardset and in shard M of another cannot be
 joined, and stays unjoined in each (``Source.problems`` finds every case for
 ``verify``; a mount logs those it meets in the shards it opens).
 
-The package's rooms: ``cells.py`` (what a binary cell holds), ``files.py`` (one shard file: the pass over its uid column, reads
-of chosen rows), ``shard.py`` (:class:`LavenderShard`: the join, its saved state, blocks),
-``source.py`` (:class:`LavenderSource`, the dataset folder) and ``write.py``
-(:func:`write_csv_shard`, for producers).
+The package's rooms: ``cells.py`` (what a binary cell holds), ``files.py`` (one shard file:
+the pass over its uid column, reads of chosen rows), ``csvrows.py`` and ``parquetrows.py`` (how
+a csv or parquet file is read), ``bounds.py`` (a parquet row group's decoded bytes bounded
+before pyarrow decodes it), ``join.py`` (the join by uid), ``shard.py`` (:class:`LavenderShard`:
+its saved state, blocks), ``source.py`` (:class:`LavenderSource`, the dataset folder),
+``errors.py`` (:class:`LavenderError`) and ``write.py`` (:func:`write_csv_shard`, for producers).
 """
 
 from __future__ import annotations

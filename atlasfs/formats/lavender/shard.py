@@ -6,7 +6,6 @@ checked as untrusted input; then blocks of samples read from only their rows.
 
 from __future__ import annotations
 
-import re
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -14,33 +13,16 @@ import numpy as np
 from atlasfs.formats import state
 from atlasfs.formats.lavender import cells
 from atlasfs.formats.lavender.files import LavenderError, ShardFile, uid_text
-from atlasfs.formats.naming import INDEX_KEY_MIN_WIDTH, index_key_width, key_problem
+from atlasfs.formats.lavender.join import BLOCK_ROWS, block_rows, join, key_width, unsafe_uids
+from atlasfs.formats.naming import INDEX_KEY_MIN_WIDTH
 from atlasfs.formats.source import SourceShard
 from atlasfs.storage import StorageUnavailableError
 
 if TYPE_CHECKING:
     from atlasfs.formats.lavender.source import LavenderSource
 
-#: Uids surely safe as keys, told apart without :func:`naming.key_problem`'s full check.
-_PLAIN_UID = re.compile(r"(?!__|-)[A-Za-z0-9_+=,@:~-]{1,200}")
-#: Most samples in a block.
-BLOCK_ROWS = 2048
 #: Version of what :meth:`LavenderShard.prepare` returns (:mod:`.state`); a stored state of another is not restored.
 STATE_VERSION = 3
-
-
-def _block_rows(groups: list[int]) -> int:
-    """Samples per block: a parquet row group of the first shardset, or an even part of one,
-    when its groups (but the last) are of one size; else :data:`BLOCK_ROWS`."""
-    if not groups:
-        return BLOCK_ROWS
-    size = groups[0]
-    if size <= 0 or any(g != size for g in groups[:-1]) or groups[-1] > size:
-        return BLOCK_ROWS
-    if size <= BLOCK_ROWS:
-        return size
-    part = next(d for d in range(BLOCK_ROWS, 0, -1) if size % d == 0)
-    return part if part >= BLOCK_ROWS // 4 else BLOCK_ROWS
 
 
 class LavenderShard(SourceShard):
@@ -103,85 +85,20 @@ class LavenderShard(SourceShard):
             self._problems = problems
             raise LavenderError(f"{self.path}: the file of its main shardset {main!r} cannot be read "
                                 f"({problems[0] if problems else ''})")
-        order, arrays, partial = self._join(main, uids_of, problems)
+        paths = {name: file.path for name, file in self.files.items()}
+        order, arrays, partial = join(main, uids_of, paths, self.source.join, problems)
         count = len(order)
-        unsafe = [number for number, uid in enumerate(order)
-                  if not _PLAIN_UID.fullmatch(uid) and key_problem(uid, 0) is not None]
         groups = self.files[main].row_groups()
-        digits = {len(uid) for uid in order if uid.isdigit() and uid.isascii()}
         fields: dict[str, state.Value] = {
             "uid": self.uid, "main": main, "join": self.source.join, "count": count, "used": list(arrays),
-            "block_rows": _block_rows(groups), "width": self._key_width(count, digits), "problems": problems,
-            "unsafe": np.array(unsafe, dtype="<i8"),
+            "block_rows": block_rows(groups), "width": key_width(order), "problems": problems,
+            "unsafe": np.array(unsafe_uids(order), dtype="<i8"),
             **{f"rows:{name}": array.astype("<i8") for name, array in arrays.items()},
             **{f"offsets:{name}": array.astype("<i8") for name, array in offsets.items() if name in arrays},
             **{f"partial:{name}": uids for name, uids in partial.items()}}
         saved = state.encode("lavender", STATE_VERSION, fields)
         self.restore(saved)
         return saved
-
-    def _join(self, main: str, uids_of: dict[str, list[str | None]],
-              problems: list[str]) -> tuple[list[str], dict[str, np.ndarray], dict[str, list[str]]]:
-        """lavender-data's join: the main shardset's rows in file order, each with its row in
-        every other shardset found by uid (-1: none); with ``inner`` a row some shardset lacks
-        is left out. Returns the samples' uids, the rows per shardset, and per shardset the uids
-        not in every shardset here (checked across shards as they open). Every row not shown
-        is one line in ``problems``."""
-        firsts: dict[str, dict[str, int]] = {}  # shardset -> uid -> its first row
-        for name, uids in uids_of.items():
-            count = len(uids)
-            mine = dict(zip(reversed(uids), range(count - 1, -1, -1)))
-            mine.pop(None, None)  # type: ignore[call-overload]
-            if len(mine) != count - uids.count(None):
-                problems.extend(self._repeated(self.files[name].path, uids))
-            firsts[name] = mine
-        mains = firsts[main]
-        order = sorted(mains, key=mains.__getitem__)
-        main_path = self.files[main].path
-        for name, mine in firsts.items():
-            if name != main:
-                problems.extend(f"{self.files[name].path} row {row + 1}: uid {uid!r} is not in {main_path} (the main "
-                                f"shardset's shard): not shown" for uid, row in mine.items() if uid not in mains)
-        features = [name for name in firsts if name != main]
-        if self.source.join == "inner" and features:
-            kept = []
-            for uid in order:
-                lacking = [self.files[n].path for n in features if uid not in firsts[n]]
-                if lacking:
-                    problems.append(f"{main_path} row {mains[uid] + 1}: uid {uid!r} is not in {', '.join(lacking)}: "
-                                    "left out (join=inner; join=left shows it without those columns)")
-                else:
-                    kept.append(uid)
-            order = kept
-        arrays = {name: np.fromiter((mine.get(uid, -1) for uid in order), dtype=np.int64, count=len(order))
-                  for name, mine in firsts.items()}
-        partial: dict[str, list[str]] = {}
-        if len(firsts) > 1:
-            common = set.intersection(*(set(m) for m in firsts.values()))
-            for name, mine in firsts.items():
-                odd = [uid for uid in mine if uid not in common]
-                if odd:
-                    partial[name] = odd
-        return order, arrays, partial
-
-    @staticmethod
-    def _repeated(path: str, uids: list[str | None]) -> list[str]:
-        """One line per row repeating a uid found in an earlier row of the file."""
-        first: dict[str, int] = {}
-        problems = []
-        for row, uid in enumerate(uids):
-            if uid is not None and first.setdefault(uid, row) != row:
-                problems.append(f"{path} row {row + 1}: uid {uid!r} again (first at row {first[uid] + 1})")
-        return problems
-
-    @staticmethod
-    def _key_width(count: int, digit_lengths: set[int]) -> int:
-        """Index-key digits wider than any all-digit uid of exactly that width: the naming layer
-        refuses a ``__key__`` shaped like an index key, so numeric uids would lose their names."""
-        width = index_key_width(count)
-        while width in digit_lengths:
-            width += 1
-        return width
 
     def restore(self, saved: bytes) -> None:
         """Take back what :meth:`prepare` returned; ``ValueError`` if it does not fit this shard."""

@@ -1,0 +1,150 @@
+"""The rows of one csv shard file (:class:`CsvRows`): its header, the pass that finds where each
+row starts and its uid, and reads of chosen rows by their byte ranges. Every line is read within
+:data:`MAX_CSV_LINE_BYTES`."""
+
+from __future__ import annotations
+
+import csv
+import io
+from typing import Any, Iterator
+
+import numpy as np
+
+from atlasfs.formats.lavender.errors import LavenderError
+from atlasfs.storage import Storage
+
+#: Two rows of a csv file closer than this are read in one range when a block needs both.
+CSV_GAP_ROWS = 64
+#: Most bytes one csv line may take (a quoted cell spanning lines: each of its lines). A line is
+#: read whole before csv parses it: a sparse csv (gigabytes of NULs, no newline) was one line
+#: read into memory (3 GiB took info and verify to 6.3 GB); past this it is one error naming it.
+MAX_CSV_LINE_BYTES = 64 << 20
+#: A csv file up to this size is scanned in memory (split on newlines: fast); a larger one a
+#: line at a time, each line bounded by MAX_CSV_LINE_BYTES.
+WHOLE_CSV_BYTES = 64 << 20
+
+
+class CsvRows:
+    """``shard.NNNNN.csv`` of ``storage``: its header (:meth:`header`), the pass over its rows
+    (:meth:`scan`) and reads of chosen rows (:meth:`read`), by where the pass (or a stored
+    state, :attr:`offsets`) found them."""
+
+    def __init__(self, path: str, storage: Storage) -> None:
+        self.path = path
+        self.storage = storage
+        #: Byte offset where each row starts, and the end (rows + 1); None before the pass.
+        self.offsets: np.ndarray | None = None
+
+    def header(self) -> list[str]:
+        """The column names of the file's first line, read within its bound (a sparse csv is one line)."""
+        with self.storage.open(self.path) as f:
+            header = (raw.decode("utf-8-sig") for _, raw in csv_lines(f, self.path))
+            return next(csv.reader(header), [])
+
+    def scan(self, header: list[str], uid: str) -> tuple[list[str | None], np.ndarray, list[str]]:
+        """The pass: every row's uid (None: not usable, named in the problems), where each row
+        starts (and the end), and the problems. A file without a quote character (the usual
+        case) has a row per line, found by splitting; any other goes through :mod:`csv` one line
+        at a time (a quoted cell may span lines)."""
+        with self.storage.open(self.path, 1 << 20) as f:
+            data = f.read(WHOLE_CSV_BYTES + 1)
+        if len(data) > WHOLE_CSV_BYTES:  # too large to hold whole: a line at a time, each bounded
+            del data
+            return self._scan_quoted(header, uid)
+        if b'"' not in data and b"\r" not in data.replace(b"\r\n", b"\n"):
+            try:
+                data.decode("utf-8")
+            except UnicodeDecodeError:
+                pass  # the slow pass names the line
+            else:
+                return self._scan_plain(data, header, uid)
+        del data
+        return self._scan_quoted(header, uid)
+
+    def _scan_plain(self, data: bytes, header: list[str], uid: str) -> tuple[list[str | None], np.ndarray, list[str]]:
+        column = header.index(uid)
+        width = len(header)
+        lines = data.split(b"\n")
+        if lines and lines[-1] == b"":
+            lines.pop()  # the file ends with a newline
+        sizes = np.fromiter((len(line) + 1 for line in lines), dtype=np.int64, count=len(lines))
+        offsets = np.concatenate([[0], np.cumsum(sizes)])
+        offsets[-1] = min(int(offsets[-1]), len(data))
+        uids: list[str | None] = []
+        problems: list[str] = []
+        for number, line in enumerate(lines[1:], start=2):
+            cells = line.rstrip(b"\r").split(b",") if line not in (b"", b"\r") else []
+            if len(cells) != width:
+                problems.append(f"{self.path} line {number}: {len(cells)} cells, the header has {width}")
+                uids.append(None)
+            else:
+                uids.append(cells[column].decode("utf-8"))
+        return uids, offsets[1:], problems
+
+    def _scan_quoted(self, header: list[str], uid: str) -> tuple[list[str | None], np.ndarray, list[str]]:
+        column = header.index(uid)
+        width = len(header)
+        uids: list[str | None] = []
+        offsets = [0]
+        problems: list[str] = []
+        position = 0
+        line = 0
+        with self.storage.open(self.path, 1 << 20) as f:
+            def lines() -> Iterator[str]:
+                nonlocal position, line
+                for line, raw in csv_lines(f, self.path):
+                    position += len(raw)
+                    try:
+                        yield raw.decode("utf-8")
+                    except UnicodeDecodeError:
+                        raise LavenderError(f"{self.path} line {line}: not UTF-8 text") from None
+            reader = csv.reader(lines())
+            next(reader, None)  # the header
+            offsets[0] = position
+            first_line = line + 1
+            for record in reader:
+                if len(record) != width:
+                    problems.append(f"{self.path} line {first_line}: {len(record)} cells, the header has {width}")
+                    uids.append(None)
+                else:
+                    uids.append(record[column])
+                offsets.append(position)
+                first_line = line + 1
+        return uids, np.array(offsets, dtype=np.int64), problems
+
+    def read(self, wanted: np.ndarray, width: int) -> tuple[dict[int, Any], int]:
+        """Rows ``wanted`` (sorted, unique row numbers) of ``width`` cells as lists of strings
+        (a row of another width is left out), and the bytes read: runs of rows near each other
+        one range and one parse each."""
+        offsets = self.offsets
+        if offsets is None:
+            raise LavenderError(f"{self.path}: read before its rows were scanned")
+        out: dict[int, Any] = {}
+        read = 0
+        breaks = np.flatnonzero(np.diff(wanted) > CSV_GAP_ROWS) + 1
+        with self.storage.open(self.path, 1 << 20) as f:
+            for run in np.split(wanted, breaks):
+                first, last = int(run[0]), int(run[-1])
+                f.seek(int(offsets[first]))
+                text = f.read(int(offsets[last + 1] - offsets[first])).decode("utf-8")
+                read += len(text)
+                records = list(csv.reader(io.StringIO(text, newline="")))
+                if len(records) != last - first + 1:
+                    raise LavenderError(f"{self.path}: rows {first + 1}..{last + 1} are not where the scan found "
+                                        "them (the file changed?)")
+                for row in run.tolist():
+                    record = records[row - first]
+                    if len(record) == width:
+                        out[row] = record
+        return out, read
+
+
+def csv_lines(f: Any, path: str) -> Iterator[tuple[int, bytes]]:
+    """``(line number, bytes)`` of each line of the binary file ``f``, each read within
+    :data:`MAX_CSV_LINE_BYTES` (:class:`LavenderError` naming the line past it)."""
+    number = 0
+    while raw := f.readline(MAX_CSV_LINE_BYTES + 1):
+        number += 1
+        if len(raw) > MAX_CSV_LINE_BYTES:
+            raise LavenderError(f"{path} line {number}: longer than {MAX_CSV_LINE_BYTES} bytes")
+        yield number, raw

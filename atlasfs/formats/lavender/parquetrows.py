@@ -1,0 +1,244 @@
+"""The rows of one parquet shard file (:class:`ParquetRows`): its schema and row groups, each
+row group read only once its page headers show it within :data:`.bounds.MAX_ROW_GROUP_BYTES`,
+and decoded row groups kept in a bounded :class:`RowGroupCache`."""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections import OrderedDict
+from typing import Any
+
+import numpy as np
+
+from atlasfs.formats.lavender import bounds
+from atlasfs.formats.lavender.errors import LavenderError, failed, reason
+from atlasfs.storage import Storage, open_regular
+
+#: Most bytes a parquet file's footer (its metadata) may state. pyarrow reads the footer whole by
+#: the length in the file's last 8 bytes: a sparse 3 GiB parquet stating a 3 GiB footer took
+#: info and verify to 3.2 GB. Real footers are kilobytes to a few megabytes.
+MAX_PARQUET_FOOTER_BYTES = 64 << 20
+
+
+class RowGroupCache:
+    """Decoded parquet row groups, least recently used first out, bounded in bytes."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self._groups: OrderedDict[tuple[str, int], Any] = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()
+
+    def get(self, key: tuple[str, int]) -> Any:
+        with self._lock:
+            table = self._groups.get(key)
+            if table is not None:
+                self._groups.move_to_end(key)
+            return table
+
+    def put(self, key: tuple[str, int], table: Any) -> None:
+        size = table.nbytes
+        if size > self.max_bytes // 2:
+            return  # one such group would push out every other
+        with self._lock:
+            if key in self._groups:
+                return
+            self._groups[key] = table
+            self._bytes += size
+            while self._bytes > self.max_bytes:
+                _, old = self._groups.popitem(last=False)
+                self._bytes -= old.nbytes
+
+
+class ParquetRows:
+    """``shard.NNNNN.parquet`` of ``storage``, opened on first use (and again after
+    :meth:`close`); thread-safe (one lock a file: pyarrow's readers are not)."""
+
+    def __init__(self, path: str, storage: Storage) -> None:
+        self.path = path
+        self.storage = storage
+        self._parquet: Any = None  # byte arrays read as dictionaries (bounds)
+        self._plain: Any = None  # the same file read as it is (a DELTA_BYTE_ARRAY page cannot be a dictionary)
+        self._schema: Any = None  # the file's Arrow schema (the reader's has byte arrays as dictionaries)
+        self._group_starts: np.ndarray | None = None
+        self._batch_rows: dict[tuple[int, tuple[str, ...] | None], tuple[int, bool]] = {}  # checked (bounds)
+        self._refused: dict[tuple[int, tuple[str, ...] | None], str] = {}  # read past its bound: why
+        self._lock = threading.Lock()
+
+    def columns(self) -> list[str]:
+        """The column names, in file order."""
+        with self._lock:
+            self._parquet_file()
+            return list(self._schema.names)
+
+    def _parquet_file(self) -> Any:
+        """The file opened (raises :class:`LavenderError` if it cannot be). Called with the lock held."""
+        if self._parquet is None:
+            import pyarrow.parquet as pq
+            try:
+                plain = parquet = self._open_parquet(pq, {})
+                schema = parquet.schema_arrow
+                strings = bounds.byte_array_columns(schema)
+                if strings:  # read as dictionaries: a value repeated is decoded once (bounds.bounded_read)
+                    parquet = self._open_parquet(pq, {"read_dictionary": strings, "metadata": parquet.metadata})
+            except Exception as exc:  # pyarrow raises its own ArrowInvalid/OSError kinds
+                raise failed(exc, f"{self.path}: cannot be read ({reason(exc)})") from None
+            self._schema = schema
+            self._plain = plain
+            metadata = parquet.metadata
+            sizes = [metadata.row_group(g).num_rows for g in range(metadata.num_row_groups)]
+            self._group_starts = np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)])
+            self._parquet = parquet
+        return self._parquet
+
+    def _open_parquet(self, pq: Any, options: dict[str, Any]) -> Any:
+        """``pq.ParquetFile`` of the file, with ``options``; its footer's stated length checked first."""
+        if self.storage.remote:  # a file in a store is read by ranges (its footer, then the row groups asked for)
+            found = self.storage.stat(self.path)
+            size = found[0] if found else 0
+            check_footer(size, self.storage.pread(self.path, max(size - 8, 0), 8))
+            return pq.ParquetFile(self.storage.open(self.path), **options)
+        return _local_parquet(pq, self.path, options)
+
+    def binary_columns(self) -> list[str]:
+        """The columns of binary cells."""
+        import pyarrow as pa
+        with self._lock:
+            self._parquet_file()
+        return [f.name for f in self._schema
+                if pa.types.is_binary(f.type) or pa.types.is_large_binary(f.type) or pa.types.is_fixed_size_binary(f.type)]
+
+    def row_groups(self) -> list[int]:
+        """Rows in each row group."""
+        with self._lock:
+            self._parquet_file()
+        assert self._group_starts is not None
+        return np.diff(self._group_starts).tolist()
+
+    def first_cell(self, column: str) -> bytes | None:
+        """The first non-empty cell of binary ``column`` (None: every cell is null or empty),
+        read a small batch at a time so a column of big images is not read whole (each row
+        group's pages checked first: :mod:`.bounds`)."""
+        with self._lock:
+            parquet = self._parquet_file()
+            for group in range(parquet.metadata.num_row_groups):
+                rows, dictionaries = self._checked(group, [column])
+                reader = parquet if dictionaries else self._plain
+                for batch in reader.iter_batches(batch_size=min(16, rows or 16), row_groups=[group],
+                                                 columns=[column], use_threads=False):
+                    for value in batch.column(0).to_pylist():
+                        if value:
+                            return value
+        return None
+
+    def column_values(self, column: str) -> list[Any]:
+        """Every cell of ``column``, a row group at a time, each within its bound."""
+        values: list[Any] = []
+        with self._lock:
+            for group in range(self._parquet_file().metadata.num_row_groups):
+                values.extend(self._read_group(group, [column]).column(0).to_pylist())
+        return values
+
+    def _checked(self, group: int, columns: list[str] | None) -> tuple[int, bool]:
+        """How row group ``group`` of ``columns`` (None: all) is read (:func:`.bounds.batch_rows`:
+        rows a batch, 0 for all; byte arrays as dictionaries), once its page headers show it
+        within :data:`.bounds.MAX_ROW_GROUP_BYTES`; :class:`LavenderError` naming the file and
+        the row group else. Called with the lock held."""
+        key = (group, tuple(columns) if columns is not None else None)
+        if key in self._refused:
+            raise LavenderError(self._refused[key])
+        rows = self._batch_rows.get(key)
+        if rows is None:
+            parquet = self._parquet_file()
+            names = columns if columns is not None else list(self._schema.names)
+            found = self.storage.stat(self.path)
+            with self.storage.open(self.path, ranged=True) as f:
+                def pread(offset: int, size: int) -> bytes:
+                    f.seek(offset)
+                    return f.read(size)
+                try:
+                    rows = bounds.batch_rows(parquet.metadata, group, names, pread, found[0] if found else 0)
+                except bounds.Refused as exc:
+                    raise self._refuse(key, exc) from None
+            self._batch_rows[key] = rows
+        return rows
+
+    def _read_group(self, group: int, columns: list[str] | None) -> Any:
+        """Row group ``group`` (``columns`` of it; None: all), decoded within
+        :data:`.bounds.MAX_ROW_GROUP_BYTES` (:class:`LavenderError` past it). Called with the lock held."""
+        rows, dictionaries = self._checked(group, columns)
+        try:
+            parquet = self._parquet_file() if dictionaries else self._plain
+            return bounds.bounded_read(parquet, group, columns, rows, self._schema)
+        except bounds.Refused as exc:
+            raise self._refuse((group, tuple(columns) if columns is not None else None), exc) from None
+
+    def _refuse(self, key: tuple[int, tuple[str, ...] | None], exc: Exception) -> LavenderError:
+        """The error for row group ``key[0]`` (columns ``key[1]``), remembered: every later read of
+        it fails at once (the blocks sharing a bomb's row group would each decode it to the bound)."""
+        self._refused[key] = f"{self.path}: {exc}"
+        return LavenderError(self._refused[key])
+
+    def read(self, wanted: np.ndarray, cache: RowGroupCache) -> tuple[dict[int, Any], int]:
+        """Rows ``wanted`` (sorted, unique row numbers) as tuples of Python values in column
+        order, and the bytes read: only the row groups that hold them, through ``cache``."""
+        import pyarrow as pa
+        with self._lock:
+            self._parquet_file()
+        starts = self._group_starts
+        assert starts is not None
+        groups = np.searchsorted(starts, wanted, side="right") - 1
+        out: dict[int, Any] = {}
+        read = 0
+        for group in np.unique(groups).tolist():
+            if group >= len(starts) - 1:
+                raise LavenderError(f"{self.path}: row {int(wanted[-1]) + 1} is past its end (the file changed?)")
+            table = cache.get((self.path, group))
+            if table is None:
+                with self._lock:
+                    table = self._read_group(group, None)
+                cache.put((self.path, group), table)
+            rows = wanted[groups == group]
+            local = rows - starts[group]
+            if local[-1] - local[0] + 1 == len(local):  # a run: slicing copies nothing
+                part = table.slice(int(local[0]), len(local))
+            else:
+                part = table.take(pa.array(local))
+            read += part.nbytes
+            # a column at a time, then zipped: much cheaper than a dict per row
+            out.update(zip(rows.tolist(), zip(*(column.to_pylist() for column in part.columns))))
+        return out, read
+
+    def close(self) -> None:
+        """Forget the open file (reopened on the next read)."""
+        with self._lock:
+            self._parquet = self._plain = None
+            self._batch_rows = {}
+            self._refused = {}
+
+
+def _local_parquet(pq: Any, path: str, options: dict[str, Any]) -> Any:
+    """``pq.ParquetFile`` of the local file ``path`` (``options``: its keyword arguments), read
+    by pyarrow's own file (no Python in its reads), opened only once ``path`` is known to be a
+    regular file: pyarrow's open would wait forever on a FIFO. It opens the descriptor checked
+    (``/proc/self/fd/N``, the same file, whatever ``path`` names meanwhile); without ``/proc``,
+    ``path`` itself, just checked."""
+    fd, st = open_regular(path)
+    try:
+        check_footer(st.st_size, os.pread(fd, 8, max(st.st_size - 8, 0)))
+        alias = f"/proc/self/fd/{fd}"
+        return pq.ParquetFile(alias if os.path.exists(alias) else path, **options)
+    finally:
+        os.close(fd)
+
+
+def check_footer(size: int, tail: bytes) -> None:
+    """ValueError if ``tail``, the last 8 bytes of a parquet file of ``size`` bytes, states a
+    footer past :data:`MAX_PARQUET_FOOTER_BYTES` (pyarrow would read it whole first); pyarrow
+    says what else is wrong."""
+    if len(tail) == 8 and tail[4:] == b"PAR1":
+        stated = int.from_bytes(tail[:4], "little")
+        if stated > MAX_PARQUET_FOOTER_BYTES:
+            raise ValueError(f"its footer states {stated} bytes of metadata, more than {MAX_PARQUET_FOOTER_BYTES}; "
+                             "not read")
