@@ -58,6 +58,7 @@ class ParquetRows:
     def __init__(self, path: str, storage: Storage) -> None:
         self.path = path
         self.storage = storage
+        self._opened: _Opened | None = None  # the file pyarrow reads, as the page walk reads it
         self._parquet: Any = None  # byte arrays read as dictionaries (bounds)
         self._plain: Any = None  # the same file read as it is (a DELTA_BYTE_ARRAY page cannot be a dictionary)
         self._schema: Any = None  # the file's Arrow schema (the reader's has byte arrays as dictionaries)
@@ -76,14 +77,19 @@ class ParquetRows:
         """The file opened (raises :class:`LavenderError` if it cannot be). Called with the lock held."""
         if self._parquet is None:
             import pyarrow.parquet as pq
+            opened = None
             try:
-                plain = parquet = self._open_parquet(pq, {})
+                opened = _Opened(self.path, self.storage)
+                plain = parquet = pq.ParquetFile(opened.source())
                 schema = parquet.schema_arrow
                 strings = bounds.byte_array_columns(schema)
                 if strings:  # read as dictionaries: a value repeated is decoded once (bounds.bounded_read)
-                    parquet = self._open_parquet(pq, {"read_dictionary": strings, "metadata": parquet.metadata})
+                    parquet = pq.ParquetFile(opened.source(), read_dictionary=strings, metadata=parquet.metadata)
             except Exception as exc:  # pyarrow raises its own ArrowInvalid/OSError kinds
+                if opened is not None:
+                    opened.close()
                 raise failed(exc, f"{self.path}: cannot be read ({reason(exc)})") from None
+            self._opened = opened
             self._schema = schema
             self._plain = plain
             metadata = parquet.metadata
@@ -91,15 +97,6 @@ class ParquetRows:
             self._group_starts = np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)])
             self._parquet = parquet
         return self._parquet
-
-    def _open_parquet(self, pq: Any, options: dict[str, Any]) -> Any:
-        """``pq.ParquetFile`` of the file, with ``options``; its footer's stated length checked first."""
-        if self.storage.remote:  # a file in a store is read by ranges (its footer, then the row groups asked for)
-            found = self.storage.stat(self.path)
-            size = found[0] if found else 0
-            check_footer(size, self.storage.pread(self.path, max(size - 8, 0), 8))
-            return pq.ParquetFile(self.storage.open(self.path), **options)
-        return _local_parquet(pq, self.path, options)
 
     def binary_columns(self) -> list[str]:
         """The columns of binary cells."""
@@ -152,15 +149,12 @@ class ParquetRows:
         if rows is None:
             parquet = self._parquet_file()
             names = columns if columns is not None else list(self._schema.names)
-            found = self.storage.stat(self.path)
-            with self.storage.open(self.path, ranged=True) as f:
-                def pread(offset: int, size: int) -> bytes:
-                    f.seek(offset)
-                    return f.read(size)
-                try:
-                    rows = bounds.batch_rows(parquet.metadata, group, names, pread, found[0] if found else 0)
-                except bounds.Refused as exc:
-                    raise self._refuse(key, exc) from None
+            opened = self._opened
+            assert opened is not None
+            try:  # the pages of the file pyarrow reads, within its size when opened (not the path's now)
+                rows = bounds.batch_rows(parquet.metadata, group, names, opened.pread, opened.size)
+            except bounds.Refused as exc:
+                raise self._refuse(key, exc) from None
             self._batch_rows[key] = rows
         return rows
 
@@ -213,24 +207,62 @@ class ParquetRows:
     def close(self) -> None:
         """Forget the open file (reopened on the next read)."""
         with self._lock:
-            self._parquet = self._plain = None
+            if self._opened is not None:
+                self._opened.close()
+            self._opened = self._parquet = self._plain = None
             self._batch_rows = {}
             self._refused = {}
 
 
-def _local_parquet(pq: Any, path: str, options: dict[str, Any]) -> Any:
-    """``pq.ParquetFile`` of the local file ``path`` (``options``: its keyword arguments), read
-    by pyarrow's own file (no Python in its reads), opened only once ``path`` is known to be a
-    regular file: pyarrow's open would wait forever on a FIFO. It opens the descriptor checked
-    (``/proc/self/fd/N``, the same file, whatever ``path`` names meanwhile); without ``/proc``,
-    ``path`` itself, just checked."""
-    fd, st = open_regular(path)
-    try:
-        check_footer(st.st_size, os.pread(fd, 8, max(st.st_size - 8, 0)))
-        alias = f"/proc/self/fd/{fd}"
-        return pq.ParquetFile(alias if os.path.exists(alias) else path, **options)
-    finally:
-        os.close(fd)
+class _Opened:
+    """File ``path`` of ``storage`` as pyarrow reads it, and as the page walk reads it: a local
+    file's descriptor, held until :meth:`close` (pyarrow opens that same file, whatever ``path``
+    names meanwhile), or a store's object; and its size, from that descriptor (``fstat``) or
+    object. Its footer's stated length is checked first (:func:`check_footer`)."""
+
+    def __init__(self, path: str, storage: Storage) -> None:
+        self.path = path
+        self.storage = storage
+        self._file: Any = None  # the local descriptor, as a file (closed when collected, too)
+        self._first: Any = None  # a store's object, opened for the first reader
+        if storage.remote:  # read by ranges (its footer, then the row groups asked for)
+            self._first = storage.open(path)
+            self.size: int = self._first.raw.size
+        else:  # opened only once known to be a regular file: pyarrow's open would wait forever on a FIFO
+            fd, st = open_regular(path)
+            self._file = os.fdopen(fd, "rb", buffering=0)
+            self.size = st.st_size
+        try:
+            check_footer(self.size, self.pread(max(self.size - 8, 0), 8))
+        except BaseException:
+            self.close()
+            raise
+
+    def source(self) -> Any:
+        """What one ``pq.ParquetFile`` reads. A local file: the descriptor held, reopened by
+        pyarrow's own file (``/proc/self/fd/N``: no Python in its reads); without ``/proc``, a
+        copy of the descriptor as a Python file."""
+        if self._file is None:
+            first, self._first = self._first, None
+            return first if first is not None else self.storage.open(self.path)
+        alias = f"/proc/self/fd/{self._file.fileno()}"
+        if os.path.exists(alias):
+            return alias
+        return os.fdopen(os.dup(self._file.fileno()), "rb")
+
+    def pread(self, offset: int, size: int) -> bytes:
+        """``size`` bytes from ``offset`` (fewer at its end) of the file pyarrow reads."""
+        if self._file is not None:
+            return os.pread(self._file.fileno(), size, offset)
+        size = min(size, self.size - offset)  # as the object pyarrow reads ends
+        return self.storage.read_ranges(self.path, [(offset, size)])[0] if size > 0 else b""
+
+    def close(self) -> None:
+        """Let go of the descriptor (pyarrow's readers hold their own)."""
+        for file in (self._file, self._first):
+            if file is not None:
+                file.close()
+        self._file = self._first = None
 
 
 def check_footer(size: int, tail: bytes) -> None:

@@ -284,3 +284,31 @@ def test_a_chunk_of_more_pages_than_the_cap_is_refused(tmp_path: Path, monkeypat
     monkeypatch.setattr(bounds, "MAX_PAGES", 4)
     with pytest.raises(bounds.Refused, match="more than 4 pages"):
         bounds.batch_rows(metadata, 0, ["n"], lambda at, n: data[at:at + n], len(data))
+
+
+def test_the_pages_walked_are_those_of_the_file_pyarrow_reads(tmp_path: Path) -> None:
+    """A row group's page headers are read through the descriptor pyarrow reads, within that
+    descriptor's size (``fstat``), not through the path as it is now: the path replaced by a
+    decoy once the file is open (its page header understating the bomb's) must not let pyarrow
+    decode the bomb it still holds; nor a shorter file there refuse a good file's row group."""
+    path = page_bomb(tmp_path / "shard.00000.parquet", UIDS[:4], bounds.MAX_ROW_GROUP_BYTES + (1 << 20))
+    decoy = tmp_path / "decoy.parquet"
+    decoy.write_bytes(path.read_bytes())
+    understate_first_page(decoy, 1, bounds.MAX_ROW_GROUP_BYTES)  # that page alone: within the bound
+    file = shard_file(path)
+    assert file.scan("uid").uids == UIDS[:4]  # opened: pyarrow holds the bomb
+    decoy.replace(path)
+    with pytest.raises(LavenderError) as caught:  # read through the decoy, pyarrow decoded 129 MiB first
+        file.scan("text")
+    assert str(caught.value) == (f"{path}: row group 0's pages decompress to more than the row-group bound of "
+                                 f"{BOUND} bytes; not read")
+
+    good = tmp_path / "shard.00001.parquet"
+    pq.write_table(pa.table({"uid": UIDS[:100], "n": np.arange(100)}), good)
+    file = shard_file(good)
+    assert file.scan("uid").uids == UIDS[:100]
+    short = tmp_path / "short.parquet"
+    short.write_bytes(b"PAR1")
+    short.replace(good)  # another file at the path: the one opened is read as it is
+    rows, _ = file.read_rows(np.array([0, 99]), RowGroupCache(64 << 20))
+    assert rows == {0: ("u0", 0), 99: ("u99", 99)}
