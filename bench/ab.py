@@ -1,18 +1,24 @@
 """A/B: the suite's main workloads through atlasfs at a baseline revision and at the working
 tree, interleaved in one run, so that a change that should change nothing (a restructuring)
-shows it changed nothing: each figure's ratio, working tree ÷ baseline, near 1.
+shows it changed nothing: each figure's ratio, working tree ÷ baseline, near 1. With
+``--views``, the working tree's two views of the same dataset instead (issue #36: the
+per-sample files of ``--view both`` as fast as those of ``--view files``).
 
     python bench/ab.py --baseline 094d208 --datasets image,tiny --repeat 5
+    python bench/ab.py --views files,both --datasets image,text,tiny --repeat 9
 
 The baseline's package is taken with ``git archive`` into the work folder and run from there
 (``PYTHONPATH``); the same dataset, made once by the working tree's writer, is mounted by each
 in turn (``atlasfs index`` first: tables stored, as a user's second mount), alternating which
 goes first. Figures: cold ``tar`` of every shard through a fresh mount, the same ``tar`` again
-(warm), cold and warm random reads (files/s and p99). Reads must give the same bytes.
+(warm), cold and warm random reads (files/s and p99), and the daemon's CPU time in each mount
+(user and system, from /proc: less moved by other load than the wall clock). Reads must give
+the same bytes.
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import statistics
 import subprocess
@@ -31,12 +37,13 @@ class Checkout(systems.Atlasfs):
     copy of the dataset of its own (hard links: ``atlasfs index`` stores its tables beside it,
     and the two revisions' tables must not meet)."""
 
-    def __init__(self, label: str, package_root: str, dataset: str, shards: list[str], workdir: str) -> None:
+    def __init__(self, label: str, package_root: str, dataset: str, shards: list[str], workdir: str,
+                 extra_args: list[str] | None = None) -> None:
         copy = os.path.join(workdir, "dataset")
         if not os.path.isdir(copy):
             os.makedirs(workdir, exist_ok=True)
             subprocess.run(["cp", "-al", dataset, copy], check=True)
-        super().__init__(copy, shards, workdir)
+        super().__init__(copy, shards, workdir, extra_args)
         self.name = label
         self.env["PYTHONPATH"] = package_root
 
@@ -54,34 +61,66 @@ def measure(system: systems.Atlasfs, prepared: datagen.Prepared, picked: list[st
     """One round of every figure through fresh mounts of ``system``."""
     figures: dict[str, float] = {}
     with system.session() as view:
+        started = _cpu_seconds(view.pid)
         figures["cold tar s"] = workloads.tar_all(view, prepared.shards).seconds
         figures["warm tar s"] = workloads.tar_all(view, prepared.shards).seconds
+        figures["daemon CPU s, tars"] = _cpu_seconds(view.pid) - started
     with system.session() as view:
+        started = _cpu_seconds(view.pid)
         cold = workloads.random_reads(view, picked)
         warm = workloads.random_reads(view, picked)
+        figures["daemon CPU s, reads"] = _cpu_seconds(view.pid) - started
     figures.update({"cold reads files/s": len(picked) / cold.seconds, "cold p99 ms": cold.percentile(99) * 1e3,
                     "warm reads files/s": len(picked) / warm.seconds, "warm p99 ms": warm.percentile(99) * 1e3,
                     "checksum": float(cold.checksum ^ warm.checksum)})
     return figures
 
 
+def _cpu_seconds(pid: int | None) -> float:
+    """User and system CPU seconds process ``pid`` has used (its threads included; in ticks of
+    10 ms: a figure of a smoke run may be 0)."""
+    if pid is None:
+        return float("nan")
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
+
+
+def _pair(args: argparse.Namespace, base: str | None, name: str, prepared: datagen.Prepared, scratch: str) -> list[Checkout]:
+    """The two mounts compared: the baseline's and the working tree's, or two views."""
+    if args.views:
+        return [Checkout(f"--view {v}", harness.REPO, prepared.atlas, prepared.shards,
+                         os.path.join(scratch, f"{name}-{v}"), ["--view", v]) for v in args.views]
+    return [Checkout(f"baseline {args.baseline}", base, prepared.atlas, prepared.shards,
+                     os.path.join(scratch, f"{name}-a")),
+            Checkout("working tree", harness.REPO, prepared.atlas, prepared.shards, os.path.join(scratch, f"{name}-b"))]
+
+
+def _keys(args: argparse.Namespace) -> list[str]:
+    """The two sides' names in the JSON report."""
+    return [f"--view {v}" for v in args.views] if args.views else ["baseline", "working tree"]
+
+
 def main(argv: list[str] | None = None) -> int:
     p = harness.parser(__doc__, repeat=5)
-    p.add_argument("--baseline", required=True, metavar="REV", help="the revision to compare with")
+    which = p.add_mutually_exclusive_group(required=True)
+    which.add_argument("--baseline", metavar="REV", help="the revision to compare with")
+    which.add_argument("--views", metavar="A,B", help="compare two views of the working tree (files,both)")
     p.add_argument("--datasets", default="image,tiny", help="of bench/datagen.py (default image,tiny)")
     p.add_argument("--reads", type=int, help=f"random reads a pass (default {READS}, --smoke 100)")
     args = harness.parse(p, argv)
+    if args.views:
+        args.views = args.views.split(",")
+        if len(args.views) != 2 or not set(args.views) <= {"files", "tars", "both"}:
+            p.error("--views: two of files, tars, both (files,both)")
     reads = args.reads or (100 if args.smoke else READS)
     rows, data = [], {}
     with harness.workspace("ab", args) as ws:
-        base = baseline_checkout(args.baseline, os.path.join(ws.scratch, "baseline"))
+        base = None if args.views else baseline_checkout(args.baseline, os.path.join(ws.scratch, "baseline"))
         for name in args.datasets.split(","):
             prepared = datagen.prepare(datagen.spec_for(name, smoke=args.smoke), ws.workdir, harness.log)
             picked = workloads.pick_files(datagen.file_list(_files(prepared, ws.scratch)), reads, 7)
-            pair = [Checkout(f"baseline {args.baseline}", base, prepared.atlas, prepared.shards,
-                             os.path.join(ws.scratch, f"{name}-a")),
-                    Checkout("working tree", harness.REPO, prepared.atlas, prepared.shards,
-                             os.path.join(ws.scratch, f"{name}-b"))]
+            pair = _pair(args, base, name, prepared, ws.scratch)
             for system in pair:
                 system.prepare_metadata()
             runs: dict[str, list[dict[str, float]]] = {s.name: [] for s in pair}
@@ -91,17 +130,19 @@ def main(argv: list[str] | None = None) -> int:
                     runs[system.name].append(measure(system, prepared, picked))
             checksums = {run["checksum"] for runs_ in runs.values() for run in runs_}
             if len(checksums) != 1:
-                raise SystemExit(f"ab: {name}: the two revisions read different bytes")
+                raise SystemExit(f"ab: {name}: {pair[0].name} and {pair[1].name} read different bytes")
             medians = {s: {k: statistics.median(run[k] for run in runs[s]) for k in runs[s][0] if k != "checksum"}
                        for s in runs}
             a, b = (medians[s.name] for s in pair)
-            data[name] = {"baseline": a, "working tree": b}
+            data[name] = dict(zip(_keys(args), (a, b)))
             for figure in a:
-                rows.append([name, figure, f"{a[figure]:.3f}", f"{b[figure]:.3f}", f"{b[figure] / a[figure]:.2f}"])
-    body = ["Medians; ratio = working tree ÷ baseline (for seconds and ms lower is better, for files/s higher).",
-            "", *harness.table(["set", "figure", f"baseline {args.baseline}", "working tree", "ratio"], rows)]
-    meta = harness.meta("ab.py", args, notes=[f"baseline {args.baseline}; {args.repeat} rounds each, alternating "
-                                               f"which revision goes first; {reads} random reads a pass"])
+                ratio = f"{b[figure] / a[figure]:.2f}" if a[figure] else "n/a"
+                rows.append([name, figure, f"{a[figure]:.3f}", f"{b[figure]:.3f}", ratio])
+    a_name, b_name = _keys(args) if args.views else [f"baseline {args.baseline}", "working tree"]
+    body = [f"Medians; ratio = {b_name} ÷ {a_name} (for seconds and ms lower is better, for files/s higher).",
+            "", *harness.table(["set", "figure", a_name, b_name, "ratio"], rows)]
+    meta = harness.meta("ab.py", args, notes=[f"{a_name} against {b_name}; {args.repeat} rounds each, alternating "
+                                               f"which goes first; {reads} random reads a pass"])
     harness.write_report("ab", args, "atlasfs A/B: baseline revision against the working tree", body, meta, data)
     return 0
 

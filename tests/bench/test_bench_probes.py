@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from benchprobe import run_probe, table_rows
+from benchprobe import ProbeRun, run_probe, table_rows
 from fusemount import require_fuse
 from s3server import unavailable
 
@@ -115,10 +115,32 @@ def test_ab_compares_a_revision_with_the_working_tree_on_the_same_bytes(tmp_path
     assert run.returncode == 0, run.stderr[-3000:]
     figures = run.data["tiny"]
     assert set(figures) == {"baseline", "working tree"}
-    for row in table_rows(run.markdown, "tiny"):
+    _check_ratios(run, figures["baseline"], figures["working tree"])
+
+
+@pytest.mark.fuse
+def test_ab_compares_two_views_of_the_working_tree(tmp_path: Path) -> None:
+    """bench/ab.py --views files,both: the same figures, of the two views' mounts."""
+    require_fuse()
+    run = run_probe("ab.py", "ab", tmp_path, "--smoke", "--views", "files,both", "--datasets", "tiny")
+    assert run.returncode == 0, run.stderr[-3000:]
+    figures = run.data["tiny"]
+    assert set(figures) == {"--view files", "--view both"}
+    _check_ratios(run, figures["--view files"], figures["--view both"])
+
+
+def _check_ratios(run: ProbeRun, a_figures: dict, b_figures: dict) -> None:
+    """Every row of the report is its figure of each side and their ratio (the daemon's CPU in
+    10 ms ticks may be 0 in a smoke run)."""
+    rows = table_rows(run.markdown, "tiny")
+    assert {row[1] for row in rows} >= {"cold tar s", "warm reads files/s", "daemon CPU s, reads"}, rows
+    for row in rows:
         figure = row[1]
-        a, b = figures["baseline"][figure], figures["working tree"][figure]
-        assert a > 0 and b > 0 and row[4] == f"{b / a:.2f}", row
+        a, b = a_figures[figure], b_figures[figure]
+        if figure.startswith("daemon CPU"):
+            assert a >= 0 and b >= 0 and row[4] == (f"{b / a:.2f}" if a else "n/a"), row
+        else:
+            assert a > 0 and b > 0 and row[4] == f"{b / a:.2f}", row
 
 
 def test_pack_probe_times_pack_against_tar_and_checks_what_it_packed(tmp_path: Path) -> None:
