@@ -143,7 +143,9 @@ def main(argv: list[str] | None = None) -> int:
             "", *harness.table(["set", "figure", a_name, b_name, "ratio"], rows)]
     meta = harness.meta("ab.py", args, notes=[f"{a_name} against {b_name}; {args.repeat} rounds each, alternating "
                                                f"which goes first; {reads} random reads a pass"])
-    harness.write_report("ab", args, "atlasfs A/B: baseline revision against the working tree", body, meta, data)
+    title = ("atlasfs A/B: two views of the working tree" if args.views
+             else "atlasfs A/B: baseline revision against the working tree")
+    harness.write_report("ab", args, title, body, meta, data)
     return 0
 
 
