@@ -31,7 +31,7 @@ from atlasfs.errors import AtlasFormatError
 from atlasfs.formats.naming import LAYOUT_VERSION, NO_KEY, KeyAssigner, declared_key, example_fields
 from atlasfs.formats.source import SourceShard
 from atlasfs.storage import StorageUnavailableError
-from atlasfs.tree.blocks import Blocks, max_suffix_bytes
+from atlasfs.tree.blocks import Block, Blocks, eio, max_suffix_bytes
 from atlasfs.tree.table.builder import TableBuilder
 from atlasfs.tree.table.filetable import FileTable, Limits, Rows
 from atlasfs.tree.table.layout import FILE, LOCATOR_RULES, UNKNOWN_SIZE, UNREADABLE
@@ -39,6 +39,8 @@ from atlasfs.tree.table.store import TableStore
 
 log = logging.getLogger("atlasfs")
 
+#: (declared key, fields, note) of each example of a block, as :meth:`Tables._name_block` names them.
+Named = list[tuple[object, list[tuple[str, Any]], "str | None"]]
 #: Problems of a shard's pass over its files logged one by one (a file of bad lines would flood the log).
 LOGGED_PROBLEMS = 10
 #: Suffix of the entries standing for examples of a block that cannot be decoded.
@@ -399,7 +401,7 @@ class Tables:
                     rows.extend((f"{key}.{suffix}", FILE, size, block, pos, j)
                                 for j, (suffix, size) in enumerate(files))
                 return rows, True
-            named = self._name_block(s, block)
+            named, decoded, cost = self._name_block(s, block, cached=not locate)
             located = self._file_spans(s, block, [fields for _, fields, _ in named]) if locate else None
         except StorageUnavailableError:  # no table from a store that did not answer: built on a later look
             raise
@@ -408,6 +410,7 @@ class Tables:
                 key, _ = assigner.assign(NO_KEY, base + pos, 0)
                 rows.append((f"{key}.{UNREADABLE_SUFFIX}", UNREADABLE, 0, block, pos, 0))
             return rows, False
+        kept = False  # a file without a locator: its reads need the block, kept in the cache
         for pos, (declared, fields, note) in enumerate(named):
             longest = max(len(suffix.encode("utf-8")) for suffix, _ in fields)
             key, key_note = assigner.assign(declared, base + pos, longest)
@@ -425,6 +428,10 @@ class Tables:
                 # file's attributes with its listings, and the kernel and libfuse keep an
                 # entry for each (~250 bytes a file, docs/performance.md "Memory").
                 rows.append((f"{key}.{suffix}", FILE, size, block, pos, j, locator))
+                if locator is None:
+                    kept = True
+        if cost is not None and kept:
+            self._keep_block(s, block, decoded, cost)
         return rows, True
 
     def _file_spans(self, s: int, block: int, fields: list[list[tuple[str, Any]]]) -> list[list[Any]] | None:
@@ -441,9 +448,22 @@ class Tables:
             return None
         return found
 
-    def _name_block(self, s: int, block: int) -> list[tuple[object, list[tuple[str, Any]], str | None]]:
-        """(declared key, fields, note) of each example of a block (decoded through the cache)."""
-        decoded = self.blocks.decoded(s, block)
+    def _name_block(self, s: int, block: int, cached: bool = True) -> tuple[Named, Block, int | None]:
+        """(declared key, fields, note) of each example of a block, the decoded block, and its
+        cost if it was decoded here and not cached (None: it is in the cache). With ``cached``
+        the block is decoded through the cache; without, a block not cached already is decoded
+        outside it (:meth:`_keep_block` caches it if its files need it)."""
+        decoded, cost = None, None
+        if not cached:
+            decoded = self.blocks.cache.peek((s, block))
+            if decoded is None:
+                failed = self.blocks.failed.get((s, block))
+                if failed is not None:
+                    raise eio(failed)
+                decoded, cost = self.blocks._decode(s, block)  # noqa: SLF001 (the tree's own)
+                self.blocks.cache.misses += 1  # a decode the cache did not spare, counted as its own are
+        if decoded is None:
+            decoded = self.blocks.decoded(s, block)
         shard = self.shards[s]
         try:
             named = [(declared_key(example), *example_fields(example, max_suffix_bytes(shard)))
@@ -451,5 +471,16 @@ class Tables:
         except Exception as exc:  # an example the naming rules cannot handle
             raise self.blocks.fail(s, block, f"{shard.block_where(block)}: cannot name its examples ({exc!r})") from None
         decoded.fields = [fields for _, fields, _ in named]
-        self.blocks.cache.charge((s, block), 100 * sum(len(fields) for fields in decoded.fields))
-        return named
+        extra = 100 * sum(len(fields) for fields in decoded.fields)
+        if cost is None:
+            self.blocks.cache.charge((s, block), extra)
+        else:
+            cost += extra
+        return named, decoded, cost
+
+    def _keep_block(self, s: int, block: int, decoded: Block, cost: int) -> None:
+        """Cache a block decoded outside the cache by a table's build, for its files that have
+        no locator. A block whose every file has one is not kept: its files are read through
+        their locators, and a build that kept every block it decoded faulted in fresh pages for
+        all of them (a quarter of the CPU time of an image shard's build)."""
+        self.blocks.cache.put((s, block), decoded, cost)

@@ -149,9 +149,18 @@ def test_a_first_listing_names_files_without_encoding_any(tmp_path: Path) -> Non
     full = BlockTree(AtlasDataset(dataset))  # no store: the reference listing, sizes and all
     tree = BlockTree(AtlasDataset(dataset), store=TableStore(str(dataset)))
     shard = tree.source.shards[0]
+    calls: list[int] = []
+    original = shard.decode_block
+
+    def counting(block: int):  # type: ignore[no-untyped-def]
+        calls.append(block)
+        return original(block)
+
+    shard.decode_block = counting  # type: ignore[method-assign]
     listing = tree.names(f"/{shard.name}")
     assert list(listing) == [(name, e.is_dir, e.ino) for name, e in full.listdir(f"/{shard.name}")]
-    assert tree.cache.misses == shard.num_blocks  # each block decoded once...
+    assert sorted(calls) == list(range(shard.num_blocks))  # each block decoded once...
+    assert not tree.cache._items  # ...and not kept: every file has a locator, read without the block
     for block, _ in tree.cache._items.values():
         assert block.encoded == [None] * len(block.examples)  # ...and no example encoded
     table = tree.table(0)
