@@ -6,15 +6,18 @@ from __future__ import annotations
 
 import csv
 import io
+import itertools
 from typing import Any, Iterator
 
 import numpy as np
 
-from atlasfs.formats.lavender.errors import LavenderError
+from atlasfs.formats.lavender.errors import LavenderError, Problems, TooLarge
 from atlasfs.storage import Storage
 
-#: Two rows of a csv file closer than this are read in one range when a block needs both.
+#: Two rows of a csv file closer than this are read in one range when a block needs both...
 CSV_GAP_ROWS = 64
+#: ...and the rows between them take no more bytes than this (rows the block does not need).
+CSV_GAP_BYTES = 1 << 20
 #: Most bytes one csv line may take (a quoted cell spanning lines: each of its lines). A line is
 #: read whole before csv parses it: a sparse csv (gigabytes of NULs, no newline) was one line
 #: read into memory (3 GiB took info and verify to 6.3 GB); past this it is one error naming it.
@@ -35,11 +38,20 @@ class CsvRows:
         #: Byte offset where each row starts, and the end (rows + 1); None before the pass.
         self.offsets: np.ndarray | None = None
 
-    def header(self) -> list[str]:
-        """The column names of the file's first line, read within its bound (a sparse csv is one line)."""
+    def header(self, max_columns: int) -> list[str]:
+        """The column names of the file's first line, read within its bound (a sparse csv is one
+        line); :class:`LavenderError` for more than ``max_columns``, counted before a line
+        without quotes is split."""
         with self.storage.open(self.path) as f:
-            header = (raw.decode("utf-8-sig") for _, raw in csv_lines(f, self.path))
-            return next(csv.reader(header), [])
+            lines = csv_lines(f, self.path)
+            first = next(lines, (1, b""))[1]
+            if b'"' not in first and first.count(b",") >= max_columns:
+                raise _too_wide(self.path, first.count(b",") + 1, max_columns)
+            raws = itertools.chain([first], (raw for _, raw in lines))  # a quoted name may span lines
+            header = next(csv.reader(raw.decode("utf-8-sig") for raw in raws), [])
+        if len(header) > max_columns:
+            raise _too_wide(self.path, len(header), max_columns)
+        return header
 
     def scan(self, header: list[str], uid: str) -> tuple[list[str | None], np.ndarray, list[str]]:
         """The pass: every row's uid (None: not usable, named in the problems), where each row
@@ -71,22 +83,23 @@ class CsvRows:
         offsets = np.concatenate([[0], np.cumsum(sizes)])
         offsets[-1] = min(int(offsets[-1]), len(data))
         uids: list[str | None] = []
-        problems: list[str] = []
+        problems = Problems()
         for number, line in enumerate(lines[1:], start=2):
-            cells = line.rstrip(b"\r").split(b",") if line not in (b"", b"\r") else []
-            if len(cells) != width:
-                problems.append(f"{self.path} line {number}: {len(cells)} cells, the header has {width}")
+            # cells counted before the line is split: a line of 64 MiB of commas is not made 64M cells
+            count = line.count(b",") + 1 if line not in (b"", b"\r") else 0
+            if count != width:
+                problems.add(self.path, f"{self.path} line {number}: {count} cells, the header has {width}")
                 uids.append(None)
             else:
-                uids.append(cells[column].decode("utf-8"))
-        return uids, offsets[1:], problems
+                uids.append(line.rstrip(b"\r").split(b",")[column].decode("utf-8"))
+        return uids, offsets[1:], problems.lines()
 
     def _scan_quoted(self, header: list[str], uid: str) -> tuple[list[str | None], np.ndarray, list[str]]:
         column = header.index(uid)
         width = len(header)
         uids: list[str | None] = []
         offsets = [0]
-        problems: list[str] = []
+        problems = Problems()
         position = 0
         line = 0
         with self.storage.open(self.path, 1 << 20) as f:
@@ -104,26 +117,32 @@ class CsvRows:
             first_line = line + 1
             for record in reader:
                 if len(record) != width:
-                    problems.append(f"{self.path} line {first_line}: {len(record)} cells, the header has {width}")
+                    problems.add(self.path, f"{self.path} line {first_line}: {len(record)} cells, the header has {width}")
                     uids.append(None)
                 else:
                     uids.append(record[column])
                 offsets.append(position)
                 first_line = line + 1
-        return uids, np.array(offsets, dtype=np.int64), problems
+        return uids, np.array(offsets, dtype=np.int64), problems.lines()
 
-    def read(self, wanted: np.ndarray, width: int) -> tuple[dict[int, Any], int]:
+    def read(self, wanted: np.ndarray, width: int, max_bytes: int | None = None) -> tuple[dict[int, Any], int]:
         """Rows ``wanted`` (sorted, unique row numbers) of ``width`` cells as lists of strings
         (a row of another width is left out), and the bytes read: runs of rows near each other
-        one range and one parse each."""
+        one range and one parse each. :class:`TooLarge` before anything is read if the ranges
+        take more than ``max_bytes`` (None: no bound)."""
         offsets = self.offsets
         if offsets is None:
             raise LavenderError(f"{self.path}: read before its rows were scanned")
+        between = offsets[wanted[1:]] - offsets[wanted[:-1] + 1]  # bytes of the rows not wanted in each gap
+        breaks = np.flatnonzero((np.diff(wanted) > CSV_GAP_ROWS) | (between > CSV_GAP_BYTES)) + 1
+        runs = np.split(wanted, breaks)
+        planned = sum(int(offsets[run[-1] + 1] - offsets[run[0]]) for run in runs)
+        if max_bytes is not None and planned > max_bytes:
+            raise TooLarge(f"{self.path} rows {int(wanted[0]) + 1}..{int(wanted[-1]) + 1}: {planned} bytes")
         out: dict[int, Any] = {}
         read = 0
-        breaks = np.flatnonzero(np.diff(wanted) > CSV_GAP_ROWS) + 1
         with self.storage.open(self.path, 1 << 20) as f:
-            for run in np.split(wanted, breaks):
+            for run in runs:
                 first, last = int(run[0]), int(run[-1])
                 f.seek(int(offsets[first]))
                 text = f.read(int(offsets[last + 1] - offsets[first])).decode("utf-8")
@@ -137,6 +156,10 @@ class CsvRows:
                     if len(record) == width:
                         out[row] = record
         return out, read
+
+
+def _too_wide(path: str, columns: int, max_columns: int) -> LavenderError:
+    return LavenderError(f"{path}: {columns} columns, more than {max_columns} (a file each a sample); not read")
 
 
 def csv_lines(f: Any, path: str) -> Iterator[tuple[int, bytes]]:

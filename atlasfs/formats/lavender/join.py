@@ -8,6 +8,7 @@ import re
 
 import numpy as np
 
+from atlasfs.formats.lavender.errors import Problems
 from atlasfs.formats.naming import index_key_width, key_problem
 
 #: Uids surely safe as keys, told apart without :func:`naming.key_problem`'s full check.
@@ -17,36 +18,38 @@ BLOCK_ROWS = 2048
 
 
 def join(main: str, uids_of: dict[str, list[str | None]], paths: dict[str, str], how: str,
-         problems: list[str]) -> tuple[list[str], dict[str, np.ndarray], dict[str, list[str]]]:
+         problems: Problems) -> tuple[list[str], dict[str, np.ndarray], dict[str, list[str]]]:
     """lavender-data's join: the main shardset's rows in file order, each with its row in
     every other shardset found by uid (-1: none); with ``how`` ``inner`` a row some shardset
     lacks is left out. ``uids_of``: each shardset's uid a row (None: no usable uid); ``paths``:
     its file. Returns the samples' uids, the rows per shardset, and per shardset the uids not in
     every shardset here (checked across shards as they open). Every row not shown is one line
-    in ``problems``."""
+    in ``problems`` (or counted there)."""
     firsts: dict[str, dict[str, int]] = {}  # shardset -> uid -> its first row
     for name, uids in uids_of.items():
         count = len(uids)
         mine = dict(zip(reversed(uids), range(count - 1, -1, -1)))
         mine.pop(None, None)  # type: ignore[call-overload]
         if len(mine) != count - uids.count(None):
-            problems.extend(repeated(paths[name], uids))
-        firsts[name] = mine  # type: ignore[assignment]
+            repeated(paths[name], uids, problems)
+        firsts[name] = mine
     mains = firsts[main]
     order = sorted(mains, key=mains.__getitem__)
     main_path = paths[main]
     for name, mine in firsts.items():
         if name != main:
-            problems.extend(f"{paths[name]} row {row + 1}: uid {uid!r} is not in {main_path} (the main "
-                            f"shardset's shard): not shown" for uid, row in mine.items() if uid not in mains)
+            for uid, row in mine.items():
+                if uid not in mains:
+                    problems.add(paths[name], f"{paths[name]} row {row + 1}: uid {uid!r} is not in {main_path} (the "
+                                              "main shardset's shard): not shown")
     features = [name for name in firsts if name != main]
     if how == "inner" and features:
         kept = []
         for uid in order:
             lacking = [paths[n] for n in features if uid not in firsts[n]]
             if lacking:
-                problems.append(f"{main_path} row {mains[uid] + 1}: uid {uid!r} is not in {', '.join(lacking)}: "
-                                "left out (join=inner; join=left shows it without those columns)")
+                problems.add(main_path, f"{main_path} row {mains[uid] + 1}: uid {uid!r} is not in {', '.join(lacking)}: "
+                                        "left out (join=inner; join=left shows it without those columns)")
             else:
                 kept.append(uid)
         order = kept
@@ -62,14 +65,12 @@ def join(main: str, uids_of: dict[str, list[str | None]], paths: dict[str, str],
     return order, arrays, partial
 
 
-def repeated(path: str, uids: list[str | None]) -> list[str]:
-    """One line per row repeating a uid found in an earlier row of the file."""
+def repeated(path: str, uids: list[str | None], problems: Problems) -> None:
+    """One line in ``problems`` per row repeating a uid found in an earlier row of the file."""
     first: dict[str, int] = {}
-    problems = []
     for row, uid in enumerate(uids):
         if uid is not None and first.setdefault(uid, row) != row:
-            problems.append(f"{path} row {row + 1}: uid {uid!r} again (first at row {first[uid] + 1})")
-    return problems
+            problems.add(path, f"{path} row {row + 1}: uid {uid!r} again (first at row {first[uid] + 1})")
 
 
 def unsafe_uids(order: list[str]) -> list[int]:

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from atlasfs.formats.lavender import bounds
-from atlasfs.formats.lavender.errors import LavenderError, failed, reason
+from atlasfs.formats.lavender.errors import LavenderError, TooLarge, failed, reason
 from atlasfs.storage import Storage, open_regular
 
 #: Most bytes a parquet file's footer (its metadata) may state. pyarrow reads the footer whole by
@@ -174,9 +174,11 @@ class ParquetRows:
         self._refused[key] = f"{self.path}: {exc}"
         return LavenderError(self._refused[key])
 
-    def read(self, wanted: np.ndarray, cache: RowGroupCache) -> tuple[dict[int, Any], int]:
+    def read(self, wanted: np.ndarray, cache: RowGroupCache, max_bytes: int | None = None) -> tuple[dict[int, Any], int]:
         """Rows ``wanted`` (sorted, unique row numbers) as tuples of Python values in column
-        order, and the bytes read: only the row groups that hold them, through ``cache``."""
+        order, and the bytes read: only the row groups that hold them, through ``cache``.
+        :class:`TooLarge` once the rows taken pass ``max_bytes`` (None: no bound), before they
+        become Python values."""
         import pyarrow as pa
         with self._lock:
             self._parquet_file()
@@ -200,6 +202,8 @@ class ParquetRows:
             else:
                 part = table.take(pa.array(local))
             read += part.nbytes
+            if max_bytes is not None and read > max_bytes:  # a row group each within its bound, many of them
+                raise TooLarge(f"{self.path} rows {int(wanted[0]) + 1}..{int(wanted[-1]) + 1}: more than {read} bytes")
             # a column at a time, then zipped: much cheaper than a dict per row
             out.update(zip(rows.tolist(), zip(*(column.to_pylist() for column in part.columns))))
         return out, read

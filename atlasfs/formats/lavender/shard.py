@@ -12,6 +12,7 @@ import numpy as np
 
 from atlasfs.formats import state
 from atlasfs.formats.lavender import cells
+from atlasfs.formats.lavender.errors import Problems, TooLarge
 from atlasfs.formats.lavender.files import LavenderError, ShardFile, uid_text
 from atlasfs.formats.lavender.join import BLOCK_ROWS, block_rows, join, key_width, unsafe_uids
 from atlasfs.formats.naming import INDEX_KEY_MIN_WIDTH
@@ -86,7 +87,9 @@ class LavenderShard(SourceShard):
             raise LavenderError(f"{self.path}: the file of its main shardset {main!r} cannot be read "
                                 f"({problems[0] if problems else ''})")
         paths = {name: file.path for name, file in self.files.items()}
-        order, arrays, partial = join(main, uids_of, paths, self.source.join, problems)
+        joined = Problems()
+        order, arrays, partial = join(main, uids_of, paths, self.source.join, joined)
+        problems.extend(joined.lines())
         count = len(order)
         groups = self.files[main].row_groups()
         fields: dict[str, state.Value] = {
@@ -224,10 +227,16 @@ class LavenderShard(SourceShard):
         last = first + self.block_length(block)
         samples: list[dict[str, Any] | None] = [None] * (last - first)
         held = 150 * (last - first)
+        taken = 0  # bytes of rows read, every shardset's: a block's files may not take more than max_block_bytes
         for name in self._used:
             file = self.files[name]
             wanted = self._rows[name][first:last]
-            records, read = file.read_rows(wanted[wanted >= 0], self.source.row_groups)
+            try:
+                records, read = file.read_rows(wanted[wanted >= 0], self.source.row_groups, self.max_block_bytes - taken)
+            except TooLarge as exc:
+                raise LavenderError(f"{self.block_where(block)}: its rows take more than the block bound of "
+                                    f"{self.max_block_bytes} bytes ({exc}); not read") from None
+            taken += read
             held += 2 * read
             key_at = file.columns().index(self.uid)
             plan = self._plans[name]

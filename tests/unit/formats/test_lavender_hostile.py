@@ -1,0 +1,99 @@
+"""Lavender shard files made to bloat a reader while their structure stays valid: rows that break
+the rules by the million, blocks whose rows take gigabytes, headers of many thousand columns.
+Each is bounded, in one line naming the file."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from atlasfs.formats.lavender import LavenderError, LavenderSource, ShardFile, write_csv_shard
+from atlasfs.formats.lavender.errors import MAX_PROBLEMS
+from atlasfs.formats.lavender.files import MAX_COLUMNS
+
+
+def _shardset(root: Path, name: str) -> Path:
+    (root / name).mkdir(parents=True, exist_ok=True)
+    return root / name / "shard.00000.csv"
+
+
+def test_problem_lines_are_bounded_per_file(tmp_path: Path) -> None:
+    """A file of rows that each break a rule keeps its first MAX_PROBLEMS lines and a count."""
+    bad = MAX_PROBLEMS + 2000
+    main = _shardset(tmp_path, "texts")
+    main.write_bytes(b"uid,text\n" + b"".join(b"u%d,t\n" % i for i in range(5)) + b"lone\n" * bad)
+    quoted = _shardset(tmp_path, "quoted")
+    quoted.write_bytes(b'uid,q\n' + b"".join(b'u%d,"a\nb"\n' % i for i in range(5)) + b"lone\n" * bad)
+    extra = _shardset(tmp_path, "extra")  # uids the main shardset lacks: one line each, as many
+    write_csv_shard(str(extra), [{"uid": f"u{i}", "e": "x"} for i in range(5 + bad)])
+    shard = LavenderSource(str(tmp_path), main="texts").shards[0]
+    shard.prepare()
+    problems = shard.problems()
+    for path, what in ((main, "1 cells, the header has 2"), (quoted, "1 cells, the header has 2"),
+                       (extra, "is not in")):
+        mine = [p for p in problems if p.startswith(f"{path} ")]
+        assert len(mine) == MAX_PROBLEMS and all(what in p for p in mine), path
+        assert f"{path}: 2000 more problems (the first {MAX_PROBLEMS} are listed)" in problems
+    assert len(problems) == 3 * (MAX_PROBLEMS + 1)
+    assert shard.num_samples == 5
+    saved = shard.prepare()
+    assert len(saved) < 1 << 20  # the stored state too: 9,000 lines of rows, not millions
+
+
+def test_a_block_takes_no_more_than_the_block_bound(tmp_path: Path) -> None:
+    """A block's rows are counted before they are read (csv) or as their row groups are
+    (parquet), against max_block_bytes, as every format's block is: a csv of 2,048 rows of
+    64 MiB each was 128 GiB read into one block."""
+    main = _shardset(tmp_path, "texts")
+    write_csv_shard(str(main), [{"uid": f"u{i}", "text": "x" * 1000} for i in range(10)])
+    pq.write_table(pa.table({"uid": [f"u{i}" for i in range(9, -1, -1)], "blob": [b"y" * 1000] * 10}),
+                   _shardset(tmp_path, "blobs").with_suffix(".parquet"), row_group_size=1)
+    shard = LavenderSource(str(tmp_path), main="texts").shards[0]
+    shard.prepare()
+    assert len(shard.decode_block(0)[0]) == 10
+    shard.max_block_bytes = 5000
+    with pytest.raises(LavenderError) as caught:
+        shard.decode_block(0)
+    assert str(caught.value) == (f"{tmp_path}/*/shard.00000 samples 0..9: its rows take more than the block bound of "
+                                 f"5000 bytes ({main} rows 1..10: 10050 bytes); not read")
+    shard.max_block_bytes = 12000  # the csv rows fit; the parquet rows (ten row groups) pass what is left
+    with pytest.raises(LavenderError, match=r"samples 0\.\.9: its rows take more than the block bound of 12000 bytes "
+                                            r"\(.*blobs/shard\.00000\.parquet rows 1\.\.\d+: more than \d+ bytes\)"):
+        shard.decode_block(0)
+
+
+def test_rows_not_wanted_between_two_that_are_are_not_read(tmp_path: Path) -> None:
+    """Two rows a block needs are read in one range only if the rows between them are small:
+    a feature shardset's uid the main shardset lacks, of 2 MiB, between two it has."""
+    write_csv_shard(str(_shardset(tmp_path, "texts")), [{"uid": "u0", "t": "a"}, {"uid": "u1", "t": "b"}])
+    write_csv_shard(str(_shardset(tmp_path, "notes")), [{"uid": "u0", "n": "c"}, {"uid": "big", "n": "z" * (2 << 20)},
+                                                        {"uid": "u1", "n": "d"}])
+    shard = LavenderSource(str(tmp_path), main="texts", join="left").shards[0]
+    shard.prepare()
+    shard.max_block_bytes = 1 << 20
+    samples, held = shard.decode_block(0)
+    assert [s["n"] for s in samples] == ["c", "d"] and held < 1000
+
+
+def test_a_file_of_too_many_columns_is_refused(tmp_path: Path) -> None:
+    """Each column is a file of every sample: past MAX_COLUMNS a file is refused in one line,
+    a csv header counted before it is split when it has no quotes."""
+    names = ["uid"] + [f"c{i}" for i in range(MAX_COLUMNS)]
+    plain = tmp_path / "shard.00000.csv"
+    plain.write_text(",".join(names) + "\nu0" + "," * MAX_COLUMNS + "\n")
+    quoted = tmp_path / "shard.00001.csv"
+    quoted.write_text(",".join(f'"{n}"' for n in names) + "\nu0" + "," * MAX_COLUMNS + "\n")
+    wide = tmp_path / "shard.00002.parquet"
+    pq.write_table(pa.table({n: [0] for n in names}), wide)
+    for path, kind in ((plain, "csv"), (quoted, "csv"), (wide, "parquet")):
+        with pytest.raises(LavenderError) as caught:
+            ShardFile("texts", str(path), 0, kind).scan("uid")
+        assert str(caught.value) == (f"{path}: {MAX_COLUMNS + 1} columns, more than {MAX_COLUMNS} (a file each a "
+                                     "sample); not read")
+    names.pop()
+    plain.write_text(",".join(names) + "\nu0" + "," * (MAX_COLUMNS - 1) + "\n")
+    assert ShardFile("texts", str(plain), 0, "csv").scan("uid").uids == ["u0"]
