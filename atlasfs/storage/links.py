@@ -8,7 +8,9 @@ kernel's ``fs.protected_symlinks`` does for sticky folders, a link met on the wa
 followed only if the process runs as the link's owner (a user mounting their own dataset: no
 change), the link is root's (trusted), or the link's owner owns the file it leads to (they
 could read it anyway). Anything else is one :class:`~atlasfs.storage.UnfitFileError` naming the
-link, and fails only what needs that file.
+link, and fails only what needs that file. On a FUSE file system another user mounted, that
+user answers for every owner it shows (:mod:`atlasfs.storage.mounts`): its server could say
+that its link is root's.
 
 :func:`approved` resolves the path one component at a time (``lstat``, ``readlink``), as the
 kernel would, and returns the ``stat`` of what it leads to; the caller opens the path and
@@ -21,6 +23,8 @@ from __future__ import annotations
 import errno
 import os
 import stat
+
+from atlasfs.storage.mounts import answering_user
 
 #: Links followed on one path at most, as the kernel's limit (ELOOP past it).
 MAX_LINKS = 40
@@ -35,19 +39,21 @@ def approved(path: str) -> os.stat_result:
     links, st = _resolve(path)
     if links:
         me = os.geteuid()
-        for link, owner in links:
-            if owner not in (0, me, st.st_uid):
-                _refuse(path, link, owner, st, me)
+        target_owner = answering_user(st)
+        for link, link_st in links:
+            owner = answering_user(link_st)
+            if owner not in (0, me, target_owner):
+                _refuse(path, link, owner, target_owner, st, me, link_st.st_uid)
     return st
 
 
-def _resolve(path: str) -> tuple[list[tuple[str, int]], os.stat_result]:
-    """``(links met (path, owner), stat of the end)``, resolving ``path`` as the kernel does."""
+def _resolve(path: str) -> tuple[list[tuple[str, os.stat_result]], os.stat_result]:
+    """``(links met (path, lstat), stat of the end)``, resolving ``path`` as the kernel does."""
     # not os.path.abspath: it would fold "link/.." before the link is read, as the kernel does not
     full = path if path.startswith("/") else os.path.join(os.getcwd(), path)
     pending = full.split("/")[::-1]  # a stack: the next component last
     resolved = "/"
-    links: list[tuple[str, int]] = []
+    links: list[tuple[str, os.stat_result]] = []
     st = None
     try:
         while pending:
@@ -64,7 +70,7 @@ def _resolve(path: str) -> tuple[list[tuple[str, int]], os.stat_result]:
                 if len(links) >= MAX_LINKS:
                     raise OSError(errno.ELOOP, os.strerror(errno.ELOOP))
                 target = os.readlink(here)
-                links.append((here, st.st_uid))
+                links.append((here, st))
                 if target.startswith("/"):
                     resolved = "/"
                 pending.extend(target.split("/")[::-1])
@@ -80,14 +86,17 @@ def _resolve(path: str) -> tuple[list[tuple[str, int]], os.stat_result]:
     return links, st
 
 
-def _refuse(path: str, link: str, owner: int, st: os.stat_result, me: int) -> None:
+def _refuse(path: str, link: str, owner: int, target_owner: int, st: os.stat_result, me: int, claimed: int) -> None:
     from atlasfs.storage import UnfitFileError
 
     kind = "a folder" if stat.S_ISDIR(st.st_mode) else "a file"
+    link_of = f"a symbolic link of uid {owner}"
+    if claimed != owner:
+        link_of += f" (the user of its FUSE file system, which says uid {claimed})"
     if link == os.path.abspath(path):
-        what = f"a symbolic link of uid {owner} to {kind} of uid {st.st_uid}"
+        what = f"{link_of} to {kind} of uid {target_owner}"
     else:
-        what = f"{kind} of uid {st.st_uid} reached through {link}, a symbolic link of uid {owner}"
+        what = f"{kind} of uid {target_owner} reached through {link}, {link_of}"
     raise UnfitFileError(path, f"{what}, not followed when atlasfs runs as uid {me}", errno.EACCES)
 
 

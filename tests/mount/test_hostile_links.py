@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from atlasfs import AtlasWriter
+from forged import build, forged_link
 from fusemount import atlasfs, mounted
 from linkattack import OTHER, as_root  # noqa: F401 (as_root: autouse)
 
@@ -104,3 +105,32 @@ def test_the_mount_says_why(dataset: Path, tmp_path: Path) -> None:
         assert len(lines_with(result.stdout + result.stderr, REFUSED)) == 1, result.stderr
     finally:
         subprocess.run(["fusermount3", "-u", str(mnt)], capture_output=True, timeout=30)
+
+
+def test_a_link_on_the_users_own_fuse_file_system_is_theirs(tmp_path: Path) -> None:
+    """The dataset lies on the attacker's FUSE file system (mounted with ``allow_other``, which
+    ``user_allow_other`` lets any user do), whose server says its link to root's secret tar is
+    root's. Root mounts it for everyone: the mount's user answers for the link, and the shard
+    fails, saying why, instead of serving the secret."""
+    source = tmp_path / "src"
+    source.mkdir()
+    (source / "s000.txt").write_text("root's secret text")
+    tar = tmp_path / "secret.tar"
+    subprocess.run(["tar", "cf", str(tar), "-C", str(source), "s000.txt"], check=True)
+    tar.chmod(0o600)
+    with forged_link(build(tmp_path), tmp_path / "fuse", "0.tar", tar, OTHER) as forged:
+        mnt = tmp_path / "mnt"
+        mnt.mkdir()
+        result = atlasfs("mount", str(forged.parent), str(mnt), "-o", f"allow_other,log_file={tmp_path / 'log'}",
+                         timeout=60)
+        try:
+            assert result.returncode == 0, result.stderr
+            said = (f"{forged}: a symbolic link of uid {OTHER} (the user of its FUSE file system, which says uid 0) "
+                    "to a file of uid 0, not followed when atlasfs runs as uid 0")
+            assert len(lines_with(result.stdout + result.stderr, said)) == 1, result.stderr
+            cat = subprocess.run(["cat", str(mnt / "0" / "s000.txt")], capture_output=True, text=True, timeout=30)
+            assert cat.returncode != 0 and "secret" not in cat.stdout, cat
+            tarred = subprocess.run(["tar", "cf", "-", "-C", str(mnt), "."], capture_output=True, timeout=30)
+            assert b"secret text" not in tarred.stdout
+        finally:
+            subprocess.run(["fusermount3", "-u", str(mnt)], capture_output=True, timeout=30)

@@ -17,6 +17,7 @@ import atlasfs.storage as storage
 from atlasfs.storage import LOCAL, LocalStorage, UnfitFileError, open_regular
 from atlasfs.storage.files import walk
 from atlasfs.storage.links import approved
+from forged import build, forged_link
 from linkattack import OTHER, OTHER2, as_root, link  # noqa: F401 (as_root: autouse)
 
 
@@ -118,3 +119,28 @@ def test_a_users_own_dataset_is_unchanged(tmp_path: Path) -> None:
     another user's file)."""
     path = link(tmp_path / "x", secret(tmp_path, OTHER), 0)
     assert LOCAL.read(str(path)) == b"root's secret"
+
+
+@pytest.fixture(scope="module")
+def forgedfs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build(tmp_path_factory.mktemp("forgedfs"))
+
+
+def test_a_link_a_users_fuse_server_says_is_roots_answers_to_that_user(tmp_path: Path, forgedfs: Path) -> None:
+    """The attacker mounts a FUSE file system (``allow_other``: ``user_allow_other`` lets any user
+    ask for it) whose server says its link to root's secret is root's. The mount's user answers
+    for it: refused, and the message says both. Its link to the attacker's own file is followed."""
+    with forged_link(forgedfs, tmp_path / "fuse", "0.tar", secret(tmp_path), OTHER) as forged:
+        assert os.lstat(forged).st_uid == 0  # the lie, as every program sees it
+        with pytest.raises(UnfitFileError) as caught:
+            LOCAL.read(str(forged))
+        assert str(caught.value) == (f"{forged}: a symbolic link of uid {OTHER} (the user of its FUSE file system, "
+                                     "which says uid 0) to a file of uid 0, not followed when atlasfs runs as uid 0")
+    with forged_link(forgedfs, tmp_path / "fuse2", "0.tar", secret(tmp_path, OTHER), OTHER) as own:
+        assert LOCAL.read(str(own)) == b"root's secret"
+
+
+def test_a_root_fuse_servers_links_are_roots(tmp_path: Path, forgedfs: Path) -> None:
+    """A FUSE file system root mounted (its user_id 0) answers for its owners as root's would."""
+    with forged_link(forgedfs, tmp_path / "fuse", "0.tar", secret(tmp_path, OTHER2), 0) as forged:
+        assert LOCAL.read(str(forged)) == b"root's secret"
