@@ -41,6 +41,7 @@ import numpy as np
 from atlasfs.tree.base import Entry, Tree, Unreadable, not_found, split_path
 from atlasfs.tree.blocktree import BlockTree
 from atlasfs.tree.indexes.served import LoaderFiles, LoaderSettings, Served
+from atlasfs.tree.table.layout import UNKNOWN_SIZE, UNREADABLE
 from atlasfs.tree.tarstream import Streams
 
 BLOCK = tarfile.BLOCKSIZE
@@ -133,27 +134,51 @@ class TarLayout:
         self.tree = tree
         self.folder = folder.rstrip("/")
         self._members_of = folder
-        texts: list[str] = []
-        sizes: list[int] = []
-        mtimes: list[int] = []
-        for name, entry in tree.members(folder):
-            texts.append(name)
-            sizes.append(entry.size)
-            mtimes.append(int(entry.mtime))
-        names = [name.encode("utf-8", "surrogateescape") for name in texts]
-        n = len(names)
-        self.sizes = np.array(sizes, dtype=np.uint64)
-        self.mtimes = np.array(mtimes, dtype=np.int64)
-        self._name_offsets = np.zeros(n + 1, dtype=np.uint64)
-        np.cumsum([len(b) for b in names], out=self._name_offsets[1:])
-        self._names = b"".join(names)
-        spans = [_header_size(name, size, mtime) + _padded(size) for name, size, mtime in zip(texts, sizes, mtimes)]
+        found = _shard_members(tree, folder)
+        if found is not None:  # a shard's table: its columns as they are
+            self._names, self._name_offsets, self.sizes, mtime = found
+            self.mtimes = np.full(len(self.sizes), mtime, dtype=np.int64)
+            texts = self.names()
+        else:
+            texts, sizes, mtimes = [], [], []
+            for name, entry in tree.members(folder):
+                texts.append(name)
+                sizes.append(entry.size)
+                mtimes.append(int(entry.mtime))
+            names = [name.encode("utf-8", "surrogateescape") for name in texts]
+            self.sizes = np.array(sizes, dtype=np.uint64)
+            self.mtimes = np.array(mtimes, dtype=np.int64)
+            self._name_offsets = np.zeros(len(names) + 1, dtype=np.uint64)
+            np.cumsum([len(b) for b in names], out=self._name_offsets[1:])
+            self._names = b"".join(names)
         #: offset of member i's header; entry n is where the end blocks start
-        self.starts = np.zeros(n + 1, dtype=np.uint64)
-        np.cumsum(spans, out=self.starts[1:])
+        self.starts = np.zeros(len(texts) + 1, dtype=np.uint64)
+        np.cumsum(self._spans(texts), out=self.starts[1:])
         end = int(self.starts[-1]) + 2 * BLOCK
         self.size = -(-end // RECORD) * RECORD
-        self._samples = _count_samples(texts)
+        self._samples: int | None = None  # counted when asked (shards.json): .nv-meta needs none
+
+    def _spans(self, texts: list[str]) -> np.ndarray:
+        """Each member's bytes in the tar: its header blocks and its bytes padded to a block.
+        A plain header is one block (:func:`_plain`, for every member at once); the others are made."""
+        sizes, mtimes = self.sizes, self.mtimes
+        lengths = np.diff(self._name_offsets)  # bytes: characters too when every name is ASCII
+        plain = (lengths <= tarfile.LENGTH_NAME) & (sizes < 8**11) & (mtimes >= 0) & (mtimes < 8**11)
+        if not self._names.isascii():
+            plain &= np.fromiter((name.isascii() for name in texts), dtype=bool, count=len(texts))
+        spans = (sizes + np.uint64(BLOCK - 1)) // np.uint64(BLOCK) * np.uint64(BLOCK) + np.uint64(BLOCK)
+        for i in np.flatnonzero(~plain).tolist():
+            spans[i] += len(_header(texts[i], sizes.item(i), mtimes.item(i))) - BLOCK
+        return spans
+
+    def names(self) -> list[str]:
+        """Every member's name, in tar order (made each time: the layout keeps one blob)."""
+        offsets = self._name_offsets.tolist()
+        if self._names.isascii():
+            text = self._names.decode("ascii")
+            return [text[a:b] for a, b in zip(offsets, offsets[1:])]
+        names = self._names
+        return [names[a:b].decode("utf-8", "surrogateescape") for a, b in zip(offsets, offsets[1:])]
 
     def __len__(self) -> int:
         return len(self.sizes)
@@ -183,6 +208,8 @@ class TarLayout:
 
     def samples(self) -> int:
         """The number of samples: runs of members sharing a key (a name up to the first dot of its last part)."""
+        if self._samples is None:
+            self._samples = _count_samples(self.names())
         return self._samples
 
     def read(self, offset: int, size: int) -> bytes:
@@ -305,6 +332,37 @@ class TarLayout:
         """Write the whole tar to the binary file ``out``: the bytes :meth:`read` gives, the
         members checked against the layout as they come (see :func:`write_tar`)."""
         write_tar(self.tree, self._members_of, out, chunk=chunk, expect=self)
+
+
+def _shard_members(tree: Tree, folder: str) -> tuple[bytes, np.ndarray, np.ndarray, int] | None:
+    """The members of a :class:`~atlasfs.tree.blocktree.BlockTree`'s shard folder from its file
+    table's columns (what :meth:`~atlasfs.tree.blocktree.BlockTree.members` gives a file at a
+    time): their paths as one blob and its offsets, their sizes (filled in first) and the
+    shard's mtime. None for another tree or folder, or a shard with unreadable rows (its
+    members fail as they must)."""
+    if not isinstance(tree, BlockTree):
+        return None
+    s, rest, _ = tree.placement.split(folder.rstrip("/") or "/")
+    if s is None or rest:
+        return None
+    table = tree.table(s)
+    rows = table.example_rows()
+    if (table.kind[rows] == UNREADABLE).any():
+        return None
+    unknown = rows[table.size[rows] == UNKNOWN_SIZE]
+    if len(unknown):
+        tree.tables.fill_sizes(s, table, unknown.tolist())
+    sizes = table.size[rows].astype(np.uint64)
+    names, offsets = table.names, table.offsets
+    if len(rows) == len(table):  # no folders: every row, in order
+        start = offsets.item(0)
+        return bytes(names[start:offsets.item(-1)]), offsets - np.uint64(start), sizes, \
+            int(tree.placement.shard_entries[s].mtime)
+    bounds = offsets.tolist()
+    paths = [names[bounds[i]:bounds[i + 1]] for i in rows.tolist()]
+    own = np.zeros(len(paths) + 1, dtype=np.uint64)
+    np.cumsum(np.fromiter(map(len, paths), dtype=np.uint64, count=len(paths)), out=own[1:])
+    return b"".join(paths), own, sizes, int(tree.placement.shard_entries[s].mtime)
 
 
 #: A member of a pass: its name, entry and bytes (None: read them with the tree's ``read``).

@@ -105,10 +105,14 @@ def counted(layout: Layout) -> Members:
     firsts: list[int] = []
     last = None
     for i, name in enumerate(layout_names(layout)):
-        split = split_member(name)
-        if split is None:
-            continue
-        key, part = split
+        dot = name.find(".")
+        if dot > 0 and "/" not in name and not name.startswith("__") and "\n" not in name:
+            key, part = name[:dot], name[dot + 1:]  # split_member's first case, inline: most names
+        else:
+            split = split_member(name)
+            if split is None:
+                continue
+            key, part = split
         if key != last:
             last = key
             keys.append(key)
@@ -121,7 +125,10 @@ def counted(layout: Layout) -> Members:
 
 
 def layout_names(layout: Layout) -> list[str]:
-    """Every member's name, in tar order."""
+    """Every member's name, in tar order (at once, from a layout that makes them so)."""
+    names = getattr(layout, "names", None)
+    if names is not None:
+        return names()
     return [layout.name(i) for i in range(len(layout))]
 
 

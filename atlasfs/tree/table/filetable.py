@@ -401,10 +401,14 @@ class FileTable:
 
     def example_order(self) -> list[int]:
         """Indices of the files (readable or not) in example order, a file's example's files adjacent."""
+        return self.example_rows().tolist()
+
+    def example_rows(self) -> np.ndarray:
+        """:meth:`example_order` as an array (intp)."""
         files = np.flatnonzero(self.kind != DIR)
         if not self.flat:  # sub-folders group a folder's files: put them back in example order
             files = files[np.lexsort((self.file[files], self.pos[files], self.block[files]))]
-        return files.tolist()
+        return files
 
     # -- storage (the format: atlasfs.tree.table.ondisk)
 
