@@ -145,6 +145,19 @@ class NativeBridge:
         self.critical: BaseException | None = None
         self.on_critical: Callable[[], None] = lambda: None
 
+    @property
+    def shard_count(self) -> int:
+        """Shards whose tables the engine may be given (0: the tree has no tables)."""
+        return len(self._tables.shards) if self._tables is not None else 0
+
+    def connect(self, session: Any) -> None:
+        """Serve ``session``: tables are attached to it and released from it, and a callback
+        that meets SystemExit or KeyboardInterrupt ends its loop."""
+        self.session = session
+        if self._tables is not None:
+            self._tables.on_release = self.release
+        self.on_critical = session.exit
+
     # -- nodes
 
     def _path(self, node: int) -> str:
@@ -410,21 +423,17 @@ class NativeSession:
         self.mountpoint = mountpoint
         passed, settings = session_settings(options)
         self.args = ["atlasfs"] + (["-d"] if debug else []) + (["-o", ",".join(passed)] if passed else [])
-        tables = bridge._tables
-        self.session = native.Session(bridge, threads=threads, shards=len(tables.shards) if tables else 0,
-                                      cache_bytes=cache_bytes, **settings)
+        self.session = native.Session(bridge, threads=threads, shards=bridge.shard_count, cache_bytes=cache_bytes,
+                                      **settings)
         if decoded_cache is not None:  # (folder, bound, dataset identity): diskblocks.c
             self.session.decoded_cache(*decoded_cache)
         if one_bound:  # the tree's block cache keeps what the byte cache lends it (cache_bytes is both's)
             for cache in tree_block_caches(bridge.tree):
                 cache.borrow_from(self.session)
-        bridge.session = self.session
-        if tables is not None:
-            tables.on_release = bridge.release
+        bridge.connect(self.session)
         self.stop_signal: int | None = None
         self._stop_lock = threading.Lock()
         self._loop_thread: int | None = None
-        bridge.on_critical = self.session.exit
 
     def stop(self, signum: int) -> None:
         """Leave the loop, from any thread: the session's exit flag, then the signal again to
