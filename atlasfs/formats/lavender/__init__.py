@@ -39,8 +39,9 @@ out; a uid in shard N of one shardset and in shard M of another cannot be
 joined, and stays unjoined in each (``Source.problems`` finds every case for
 ``verify``; a mount logs those it meets in the shards it opens). A pass keeps the
 first 1,000 lines of one file (the rest counted in one line). A shard file of more
-than 4,096 columns is left out (each column is a file of every sample), and a
-block whose rows take more than ``max_block_bytes`` fails, before they are read.
+than 4,096 columns (each a file of every sample), of more than 4,194,304 rows, or
+whose uids take more than 256 MiB, is left out; a block whose rows take more than
+``max_block_bytes`` fails, before they are read.
 
 The package's rooms: ``cells.py`` (what a binary cell holds), ``files.py`` (one shard file:
 the pass over its uid column, reads of chosen rows), ``csvrows.py`` and ``parquetrows.py`` (how

@@ -53,32 +53,39 @@ class CsvRows:
             raise _too_wide(self.path, len(header), max_columns)
         return header
 
-    def scan(self, header: list[str], uid: str) -> tuple[list[str | None], np.ndarray, list[str]]:
+    def scan(self, header: list[str], uid: str, max_rows: int,
+             max_uid_bytes: int) -> tuple[list[str | None], np.ndarray, list[str]]:
         """The pass: every row's uid (None: not usable, named in the problems), where each row
-        starts (and the end), and the problems. A file without a quote character (the usual
-        case) has a row per line, found by splitting; any other goes through :mod:`csv` one line
-        at a time (a quoted cell may span lines)."""
+        starts (and the end), and the problems; :class:`LavenderError` past ``max_rows`` rows or
+        uids of ``max_uid_bytes`` in all. A file without a quote character (the usual case) has a
+        row per line, found by splitting; any other goes through :mod:`csv` one line at a time
+        (a quoted cell may span lines)."""
         with self.storage.open(self.path, 1 << 20) as f:
             data = f.read(WHOLE_CSV_BYTES + 1)
         if len(data) > WHOLE_CSV_BYTES:  # too large to hold whole: a line at a time, each bounded
             del data
-            return self._scan_quoted(header, uid)
+            return self._scan_quoted(header, uid, max_rows, max_uid_bytes)
+        if data.count(b"\n") > max_rows + 1:  # counted before the lines are split (the header, a last line)
+            raise _too_long(self.path, max_rows)
         if b'"' not in data and b"\r" not in data.replace(b"\r\n", b"\n"):
             try:
                 data.decode("utf-8")
             except UnicodeDecodeError:
                 pass  # the slow pass names the line
             else:
-                return self._scan_plain(data, header, uid)
+                return self._scan_plain(data, header, uid, max_rows)
         del data
-        return self._scan_quoted(header, uid)
+        return self._scan_quoted(header, uid, max_rows, max_uid_bytes)
 
-    def _scan_plain(self, data: bytes, header: list[str], uid: str) -> tuple[list[str | None], np.ndarray, list[str]]:
+    def _scan_plain(self, data: bytes, header: list[str], uid: str,
+                    max_rows: int) -> tuple[list[str | None], np.ndarray, list[str]]:
         column = header.index(uid)
         width = len(header)
         lines = data.split(b"\n")
         if lines and lines[-1] == b"":
             lines.pop()  # the file ends with a newline
+        if len(lines) - 1 > max_rows:
+            raise _too_long(self.path, max_rows)
         sizes = np.fromiter((len(line) + 1 for line in lines), dtype=np.int64, count=len(lines))
         offsets = np.concatenate([[0], np.cumsum(sizes)])
         offsets[-1] = min(int(offsets[-1]), len(data))
@@ -94,7 +101,8 @@ class CsvRows:
                 uids.append(line.rstrip(b"\r").split(b",")[column].decode("utf-8"))
         return uids, offsets[1:], problems.lines()
 
-    def _scan_quoted(self, header: list[str], uid: str) -> tuple[list[str | None], np.ndarray, list[str]]:
+    def _scan_quoted(self, header: list[str], uid: str, max_rows: int,
+                     max_uid_bytes: int) -> tuple[list[str | None], np.ndarray, list[str]]:
         column = header.index(uid)
         width = len(header)
         uids: list[str | None] = []
@@ -102,6 +110,7 @@ class CsvRows:
         problems = Problems()
         position = 0
         line = 0
+        uid_bytes = 0
         with self.storage.open(self.path, 1 << 20) as f:
             def lines() -> Iterator[str]:
                 nonlocal position, line
@@ -116,11 +125,16 @@ class CsvRows:
             offsets[0] = position
             first_line = line + 1
             for record in reader:
+                if len(uids) == max_rows:
+                    raise _too_long(self.path, max_rows)
                 if len(record) != width:
                     problems.add(self.path, f"{self.path} line {first_line}: {len(record)} cells, the header has {width}")
                     uids.append(None)
                 else:
                     uids.append(record[column])
+                    uid_bytes += len(record[column])
+                    if uid_bytes > max_uid_bytes:
+                        raise LavenderError(f"{self.path}: its uids take more than {max_uid_bytes} bytes; not read")
                 offsets.append(position)
                 first_line = line + 1
         return uids, np.array(offsets, dtype=np.int64), problems.lines()
@@ -156,6 +170,10 @@ class CsvRows:
                     if len(record) == width:
                         out[row] = record
         return out, read
+
+
+def _too_long(path: str, max_rows: int) -> LavenderError:
+    return LavenderError(f"{path}: more than {max_rows} rows; not read")
 
 
 def _too_wide(path: str, columns: int, max_columns: int) -> LavenderError:

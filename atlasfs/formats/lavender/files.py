@@ -20,7 +20,7 @@ from atlasfs.formats.lavender.errors import LavenderError, Problems, failed, rea
 from atlasfs.formats.lavender.parquetrows import MAX_PARQUET_FOOTER_BYTES, ParquetRows, RowGroupCache
 from atlasfs.storage import LOCAL, Storage
 
-__all__ = ["CSV_GAP_ROWS", "MAX_COLUMNS", "MAX_CSV_LINE_BYTES", "MAX_PARQUET_FOOTER_BYTES", "SHARD_FILE", "WHOLE_CSV_BYTES",
+__all__ = ["CSV_GAP_ROWS", "MAX_COLUMNS", "MAX_CSV_LINE_BYTES", "MAX_ROWS", "MAX_UID_BYTES", "MAX_PARQUET_FOOTER_BYTES", "SHARD_FILE", "WHOLE_CSV_BYTES",
            "LavenderError", "RowGroupCache", "ScanResult", "ShardFile", "uid_text"]
 
 SHARD_FILE = re.compile(r"shard\.([0-9]+)\.(csv|parquet)")
@@ -28,6 +28,11 @@ SHARD_FILE = re.compile(r"shard\.([0-9]+)\.(csv|parquet)")
 #: header of 100,000 columns and 200 rows of commas, made a block of 20 million files (942 MB
 #: decoded, before the tree saw it). Real shardsets have a few.
 MAX_COLUMNS = 4096
+#: Most rows a shard file may have, and most bytes its uids may take: the pass holds about 160
+#: bytes a row (4 million rows of a csv: 656 MB). A parquet file states rows at no cost (57 KB
+#: of 20 million rows of one uid took the pass to 1.7 GB); a real shard has thousands.
+MAX_ROWS = 1 << 22
+MAX_UID_BYTES = 256 << 20
 
 
 def uid_text(value: Any) -> str:
@@ -103,12 +108,12 @@ class ShardFile:
             raise LavenderError(f"{self.path}: no {uid!r} column (choose it with -o uid_column=COLUMN or --uid-column)")
         try:
             if self._csv is not None:
-                uids, offsets, problems = self._csv.scan(header, uid)
+                uids, offsets, problems = self._csv.scan(header, uid, MAX_ROWS, MAX_UID_BYTES)
                 self._csv.offsets = offsets
                 return ScanResult(uids, offsets, problems)
             problems = Problems()
             uids: list[str | None] = []
-            for row, value in enumerate(self._parquet_rows().column_values(uid)):
+            for row, value in enumerate(self._parquet_rows().column_values(uid, MAX_ROWS, MAX_UID_BYTES)):
                 if value is None:
                     problems.add(self.path, f"{self.path} row {row + 1}: no uid (null)")
                     uids.append(None)

@@ -129,12 +129,22 @@ class ParquetRows:
                             return value
         return None
 
-    def column_values(self, column: str) -> list[Any]:
-        """Every cell of ``column``, a row group at a time, each within its bound."""
+    def column_values(self, column: str, max_rows: int, max_bytes: int) -> list[Any]:
+        """Every cell of ``column``, a row group at a time, each within its bound;
+        :class:`LavenderError` for a file of more than ``max_rows`` rows (its footer says) or
+        cells decoded to more than ``max_bytes`` in all (before they become Python values)."""
         values: list[Any] = []
+        held = 0
         with self._lock:
-            for group in range(self._parquet_file().metadata.num_row_groups):
-                values.extend(self._read_group(group, [column]).column(0).to_pylist())
+            metadata = self._parquet_file().metadata
+            if metadata.num_rows > max_rows:
+                raise LavenderError(f"{self.path}: {metadata.num_rows} rows, more than {max_rows}; not read")
+            for group in range(metadata.num_row_groups):
+                cells = self._read_group(group, [column]).column(0)
+                held += cells.nbytes
+                if held > max_bytes:
+                    raise LavenderError(f"{self.path}: its {column!r} cells take more than {max_bytes} bytes; not read")
+                values.extend(cells.to_pylist())
         return values
 
     def _checked(self, group: int, columns: list[str] | None) -> tuple[int, bool]:

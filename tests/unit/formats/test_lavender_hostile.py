@@ -13,6 +13,7 @@ import pytest
 
 from atlasfs.formats.lavender import LavenderError, LavenderSource, ShardFile, write_csv_shard
 from atlasfs.formats.lavender.errors import MAX_PROBLEMS
+from atlasfs.formats.lavender import files
 from atlasfs.formats.lavender.files import MAX_COLUMNS
 
 
@@ -97,3 +98,42 @@ def test_a_file_of_too_many_columns_is_refused(tmp_path: Path) -> None:
     names.pop()
     plain.write_text(",".join(names) + "\nu0" + "," * (MAX_COLUMNS - 1) + "\n")
     assert ShardFile("texts", str(plain), 0, "csv").scan("uid").uids == ["u0"]
+
+
+def test_rows_and_uid_bytes_are_bounded_per_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A parquet file states millions of rows of one uid in a few kilobytes (the pass made each a
+    Python string); a csv file's rows cost it a byte each. Past MAX_ROWS rows, or uids of
+    MAX_UID_BYTES in all, a file is refused in one line."""
+    n = 1 << 20
+    uids = pa.DictionaryArray.from_arrays(pa.array(np.zeros(n, dtype=np.int32)), pa.array(["ab"]))
+    stated = tmp_path / "shard.00000.parquet"
+    with pq.ParquetWriter(stated, pa.schema([("uid", uids.type)]), store_schema=False) as writer:
+        for _ in range(files.MAX_ROWS // n + 1):
+            writer.write_table(pa.table({"uid": uids}), row_group_size=n)
+    assert stated.stat().st_size < 64 << 10
+    with pytest.raises(LavenderError) as caught:
+        ShardFile("texts", str(stated), 0, "parquet").scan("uid")
+    assert str(caught.value) == f"{stated}: {files.MAX_ROWS + n} rows, more than {files.MAX_ROWS}; not read"
+
+    monkeypatch.setattr(files, "MAX_ROWS", 10)
+    plain, quoted, unterminated = (tmp_path / f"shard.0000{i}.csv" for i in (1, 2, 3))
+    plain.write_bytes(b"uid,t\n" + b"".join(b"u%d,x\n" % i for i in range(11)))
+    quoted.write_bytes(b"uid,t\n" + b"".join(b'u%d,"x"\n' % i for i in range(11)))
+    unterminated.write_bytes(b"uid,t\n" + b"\n".join(b"u%d,x" % i for i in range(11)))
+    for path in (plain, quoted, unterminated):
+        with pytest.raises(LavenderError) as caught:
+            ShardFile("texts", str(path), 0, "csv").scan("uid")
+        assert str(caught.value) == f"{path}: more than 10 rows; not read"
+        path.write_bytes(b"\n".join(path.read_bytes().split(b"\n")[:11]))  # the header and 10 rows
+        assert len(ShardFile("texts", str(path), 0, "csv").scan("uid").uids) == 10
+
+    monkeypatch.setattr(files, "MAX_ROWS", 1000)
+    monkeypatch.setattr(files, "MAX_UID_BYTES", 100_000)
+    long_uids = tmp_path / "shard.00004.parquet"
+    pq.write_table(pa.table({"uid": [f"{i:04d}" + "x" * 1000 for i in range(200)]}), long_uids, row_group_size=10)
+    with pytest.raises(LavenderError, match=f"^{long_uids}: its 'uid' cells take more than 100000 bytes; not read$"):
+        ShardFile("texts", str(long_uids), 0, "parquet").scan("uid")
+    long_csv = tmp_path / "shard.00005.csv"
+    long_csv.write_bytes(b"uid,t\n" + b"".join(b'%04d%s,"x"\n' % (i, b"x" * 20_000) for i in range(6)))
+    with pytest.raises(LavenderError, match=f"^{long_csv}: its uids take more than 100000 bytes; not read$"):
+        ShardFile("texts", str(long_csv), 0, "csv").scan("uid")
