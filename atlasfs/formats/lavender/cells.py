@@ -93,9 +93,14 @@ def ndarray(data: bytes) -> np.ndarray:
             or any(n < 0 for n in shape)):
         raise ValueError("its header is not a shape, a numeric dtype and strides")
     try:
-        return np.ndarray(tuple(shape), np.dtype(dtype), buffer=data, offset=4 + size, strides=tuple(strides))
+        array = np.ndarray(tuple(shape), np.dtype(dtype), buffer=data, offset=4 + size, strides=tuple(strides))
     except (TypeError, ValueError) as exc:  # strides or shape past the buffer
         raise ValueError(f"its shape and strides do not fit its bytes ({exc})") from None
+    # serialize_ndarray writes every element; strides of 0 would let a cell of a few bytes state
+    # exabytes, which .npy (np.save) writes out in full
+    if array.nbytes > len(data) - 4 - size:
+        raise ValueError(f"its shape states {array.nbytes} bytes, more than the {len(data) - 4 - size} it holds")
+    return array
 
 
 def _ints(value: Any) -> bool:

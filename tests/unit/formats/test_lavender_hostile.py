@@ -4,6 +4,8 @@ Each is bounded, in one line naming the file."""
 
 from __future__ import annotations
 
+import io
+import json
 from pathlib import Path
 
 import numpy as np
@@ -13,7 +15,7 @@ import pytest
 
 from atlasfs.formats.lavender import LavenderError, LavenderSource, ShardFile, write_csv_shard
 from atlasfs.formats.lavender.errors import MAX_PROBLEMS
-from atlasfs.formats.lavender import files
+from atlasfs.formats.lavender import cells, files
 from atlasfs.formats.lavender.files import MAX_COLUMNS
 
 
@@ -137,3 +139,25 @@ def test_rows_and_uid_bytes_are_bounded_per_file(tmp_path: Path, monkeypatch: py
     long_csv.write_bytes(b"uid,t\n" + b"".join(b'%04d%s,"x"\n' % (i, b"x" * 20_000) for i in range(6)))
     with pytest.raises(LavenderError, match=f"^{long_csv}: its uids take more than 100000 bytes; not read$"):
         ShardFile("texts", str(long_csv), 0, "csv").scan("uid")
+
+
+def _serialized(shape: list[int], dtype: str, strides: list[int], body: bytes) -> bytes:
+    """A cell as lavender-data's serialize_ndarray lays it out (header items ``js`` + JSON)."""
+    items = b"".join(len(b"js" + json.dumps(x).encode()).to_bytes(4, "big") + b"js" + json.dumps(x).encode()
+                     for x in (shape, dtype, strides))
+    return len(items).to_bytes(4, "big") + items + body
+
+
+def test_a_serialized_ndarray_states_no_more_than_its_bytes() -> None:
+    """Strides of 0 fit any shape in 8 bytes: such a cell of 60 bytes stated 8 EB, which the
+    .npy it becomes would write out in full. Refused as not a serialized ndarray."""
+    real = np.arange(12, dtype="int32").reshape(3, 4)
+    cell = _serialized([3, 4], "int32", list(real.strides), real.tobytes())
+    assert cells.sniff(cell) == cells.NDARRAY
+    assert np.array_equal(np.load(io.BytesIO(cells.cell_bytes(cells.NDARRAY, cell))), real)
+    for shape in ([1000, 1000], [10 ** 9, 10 ** 9]):
+        forged = _serialized(shape, "float64", [0, 0], b"\0" * 8)
+        assert cells.sniff(forged) is None
+        with pytest.raises(ValueError, match=r"not a lavender serialized ndarray \(its shape states \d+ bytes, "
+                                             r"more than the 8 it holds"):
+            cells.cell_bytes(cells.NDARRAY, forged)
