@@ -98,21 +98,21 @@ class Members:
 def counted(layout: Layout) -> Members:
     """The :class:`Members` of ``layout`` (made each time: the ``.tar.idx`` made from them is
     kept by the view, and ``index.sqlite``'s rows are made once a dataset)."""
+    names = layout_names(layout)
+    plain = _counted_plain(names)
+    if plain is not None:
+        return plain
     member: list[int] = []
     sample: list[int] = []
     parts: list[str] = []
     keys: list[str] = []
     firsts: list[int] = []
     last = None
-    for i, name in enumerate(layout_names(layout)):
-        dot = name.find(".")
-        if dot > 0 and "/" not in name and not name.startswith("__") and "\n" not in name:
-            key, part = name[:dot], name[dot + 1:]  # split_member's first case, inline: most names
-        else:
-            split = split_member(name)
-            if split is None:
-                continue
-            key, part = split
+    for i, name in enumerate(names):
+        split = split_member(name)
+        if split is None:
+            continue
+        key, part = split
         if key != last:
             last = key
             keys.append(key)
@@ -122,6 +122,29 @@ def counted(layout: Layout) -> Members:
         parts.append(part)
     return Members(np.array(member, dtype=np.int64), np.array(sample, dtype=np.int64), parts, keys,
                    np.array(firsts, dtype=np.int64))
+
+
+def _counted_plain(names: list[str]) -> Members | None:
+    """:func:`counted`'s answer when every name is one :func:`split_member` splits at its first
+    dot (no slash, no newline, a key before the dot, no ``__`` first: a shard's usual tar), made
+    for all at once; None if some name is not."""
+    joined = "".join(names)
+    if "/" in joined or "\n" in joined or "\0" in joined:  # (numpy drops trailing NULs of its strings)
+        return None
+    split = [name.partition(".") for name in names]
+    keys = [key for key, _, _ in split]
+    if not all(keys) or not all(dot for _, dot, _ in split) or "\n__" in "\n" + "\n".join(keys):
+        return None
+    n = len(keys)
+    if not n:
+        return Members(np.zeros(0, np.int64), np.zeros(0, np.int64), [], [], np.zeros(0, np.int64))
+    text = np.array(keys)
+    new = np.empty(n, dtype=bool)
+    new[0] = True
+    np.not_equal(text[1:], text[:-1], out=new[1:])
+    firsts = np.flatnonzero(new)
+    return Members(np.arange(n, dtype=np.int64), np.cumsum(new, dtype=np.int64) - 1,
+                   [part for _, _, part in split], [keys[i] for i in firsts.tolist()], firsts.astype(np.int64))
 
 
 def layout_names(layout: Layout) -> list[str]:

@@ -157,3 +157,43 @@ def test_members_split_as_energon_s_regexes_split_them() -> None:
     names = ["".join(chars) for n in range(1, 7) for chars in itertools.product("a._/\n", repeat=n)]
     names += ["x/.y", "x.z/.y", "__meta__/a.json", "__a.b", "a__x__/b.c", "ü/ß.jpg", "a/b/c.d.e", "k.tar.gz"]
     assert [energon.split_member(n) for n in names] == [regex(n) for n in names]
+
+
+class _Names:
+    """A layout of names only, for energon.counted."""
+
+    def __init__(self, names: list[str]) -> None:
+        self._names = names
+
+    def names(self) -> list[str]:
+        return list(self._names)
+
+
+def _counted_one_by_one(names: list[str]) -> tuple[list[int], list[int], list[str], list[str], list[int]]:
+    member, sample, parts, keys, firsts = [], [], [], [], []
+    for i, name in enumerate(names):
+        split = energon.split_member(name)
+        if split is None:
+            continue
+        if not keys or split[0] != keys[-1]:
+            keys.append(split[0])
+            firsts.append(i)
+        member.append(i)
+        sample.append(len(keys) - 1)
+        parts.append(split[1])
+    return member, sample, parts, keys, firsts
+
+
+def test_counted_at_once_is_counted_one_name_at_a_time() -> None:
+    """The usual tar's names are split all at once (energon._counted_plain); any other name
+    sends the whole tar through split_member one name at a time: the same members either way."""
+    rng = random.Random(7)
+    odd = ["__meta__.json", "_.x", "__x.y", ".hidden", "nodot", "a..b", "k.tar.gz", "é.jpg", "a\nb.c", "d/e.f",
+           "x\0.y", "x.\0", "0001.", "__.__"]
+    cases: list[list[str]] = [[], ["a.jpg"], [f"{i // 3:04d}.{('jpg', 'cls', 'json')[i % 3]}" for i in range(30)]]
+    for _ in range(300):
+        cases.append([rng.choice([f"{rng.randrange(5)}.{rng.choice('ab')}", *odd]) for _ in range(rng.randrange(1, 12))])
+    for names in cases:
+        found = energon.counted(_Names(names))  # type: ignore[arg-type]
+        got = (found.member.tolist(), found.sample.tolist(), found.parts, found.keys, found.firsts.tolist())
+        assert got == _counted_one_by_one(names), names
