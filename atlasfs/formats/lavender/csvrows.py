@@ -18,9 +18,11 @@ from atlasfs.storage import Storage
 CSV_GAP_ROWS = 64
 #: ...and the rows between them take no more bytes than this (rows the block does not need).
 CSV_GAP_BYTES = 1 << 20
-#: Most bytes one csv line may take (a quoted cell spanning lines: each of its lines). A line is
-#: read whole before csv parses it: a sparse csv (gigabytes of NULs, no newline) was one line
-#: read into memory (3 GiB took info and verify to 6.3 GB); past this it is one error naming it.
+#: Most bytes one csv line may take, and one row (a quoted cell spanning lines: all its lines). A
+#: line is read whole before csv parses it: a sparse csv (gigabytes of NULs, no newline) was one
+#: line read into memory (3 GiB took info and verify to 6.3 GB); past this it is one error naming
+#: it. A row is parsed whole: lines of empty quoted cells, each line's last cell going on to the
+#: next, were one row of as many cells as the file holds (3 bytes a cell, 8 held).
 MAX_CSV_LINE_BYTES = 64 << 20
 #: A csv file up to this size is scanned in memory (split on newlines: fast); a larger one a
 #: line at a time, each line bounded by MAX_CSV_LINE_BYTES.
@@ -116,6 +118,9 @@ class CsvRows:
                 nonlocal position, line
                 for line, raw in csv_lines(f, self.path):
                     position += len(raw)
+                    if position - offsets[-1] > MAX_CSV_LINE_BYTES:  # a row is bounded as a line is
+                        raise LavenderError(f"{self.path} line {line}: a row of more than {MAX_CSV_LINE_BYTES} bytes "
+                                            "(a quoted cell spanning lines); not read")
                     try:
                         yield raw.decode("utf-8")
                     except UnicodeDecodeError:

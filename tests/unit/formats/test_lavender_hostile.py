@@ -15,7 +15,7 @@ import pytest
 
 from atlasfs.formats.lavender import LavenderError, LavenderSource, ShardFile, write_csv_shard
 from atlasfs.formats.lavender.errors import MAX_PROBLEMS
-from atlasfs.formats.lavender import cells, files
+from atlasfs.formats.lavender import cells, csvrows, files
 from atlasfs.formats.lavender.files import MAX_COLUMNS
 
 
@@ -161,3 +161,19 @@ def test_a_serialized_ndarray_states_no_more_than_its_bytes() -> None:
         with pytest.raises(ValueError, match=r"not a lavender serialized ndarray \(its shape states \d+ bytes, "
                                              r"more than the 8 it holds"):
             cells.cell_bytes(cells.NDARRAY, forged)
+
+
+def test_a_csv_row_is_bounded_as_a_line_is(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A quoted cell spanning lines makes one row of many lines: each line within
+    MAX_CSV_LINE_BYTES, and the row too (here lowered to 1,000 bytes)."""
+    monkeypatch.setattr(csvrows, "MAX_CSV_LINE_BYTES", 1000)
+    path = tmp_path / "shard.00000.csv"
+    spanning = b'a","b","c\n'  # starts and ends inside a quoted cell: the row goes on
+    path.write_bytes(b'uid,t\nu0,"a"\nu1,"' + spanning * 200 + b'"\nu2,"b"\n')
+    with pytest.raises(LavenderError) as caught:
+        ShardFile("texts", str(path), 0, "csv").scan("uid")
+    # the row starts on line 3 with 14 bytes; 10 a line after: past 1,000 bytes on line 3 + 99
+    assert str(caught.value) == (f"{path} line 102: a row of more than 1000 bytes (a quoted cell spanning lines); "
+                                 "not read")
+    path.write_bytes(b'uid,t\nu0,"a"\nu1,"' + spanning * 20 + b'"\nu2,"b"\n')
+    assert ShardFile("texts", str(path), 0, "csv").scan("uid").uids == ["u0", None, "u2"]
