@@ -229,23 +229,33 @@ class ParquetRows:
 
 
 class _Opened:
-    """File ``path`` of ``storage`` as pyarrow reads it, and as the page walk reads it: a local
-    file's descriptor, held until :meth:`close` (pyarrow opens that same file, whatever ``path``
-    names meanwhile), or a store's object; and its size, from that descriptor (``fstat``) or
-    object. Its footer's stated length is checked first (:func:`check_footer`)."""
+    """File ``path`` of ``storage`` as pyarrow reads it, and as the page walk reads it, with its
+    size: a local file is one descriptor, pyarrow's own (``/proc/self/fd/N`` of the descriptor
+    :func:`open_regular` checked: the same file, whatever ``path`` names meanwhile; no Python in
+    its reads), shared by the file's readers, its size its ``fstat``; a store's object is opened
+    for each reader, its size as it was when first opened. Its footer's stated length is
+    checked first (:func:`check_footer`)."""
 
     def __init__(self, path: str, storage: Storage) -> None:
         self.path = path
         self.storage = storage
-        self._file: Any = None  # the local descriptor, as a file (closed when collected, too)
+        self._file: Any = None  # a local file: pyarrow's file of the checked descriptor
         self._first: Any = None  # a store's object, opened for the first reader
         if storage.remote:  # read by ranges (its footer, then the row groups asked for)
             self._first = storage.open(path)
             self.size: int = self._first.raw.size
         else:  # opened only once known to be a regular file: pyarrow's open would wait forever on a FIFO
-            fd, st = open_regular(path)
-            self._file = os.fdopen(fd, "rb", buffering=0)
-            self.size = st.st_size
+            import pyarrow as pa
+            fd, _ = open_regular(path)
+            alias = f"/proc/self/fd/{fd}"
+            if os.path.exists(alias):
+                try:
+                    self._file = pa.OSFile(alias)
+                finally:
+                    os.close(fd)
+            else:  # no /proc: the descriptor itself, read through Python
+                self._file = pa.PythonFile(os.fdopen(fd, "rb"), mode="r")
+            self.size = self._file.size()
         try:
             check_footer(self.size, self.pread(max(self.size - 8, 0), 8))
         except BaseException:
@@ -253,26 +263,23 @@ class _Opened:
             raise
 
     def source(self) -> Any:
-        """What one ``pq.ParquetFile`` reads. A local file: the descriptor held, reopened by
-        pyarrow's own file (``/proc/self/fd/N``: no Python in its reads); without ``/proc``, a
-        copy of the descriptor as a Python file."""
-        if self._file is None:
-            first, self._first = self._first, None
-            return first if first is not None else self.storage.open(self.path)
-        alias = f"/proc/self/fd/{self._file.fileno()}"
-        if os.path.exists(alias):
-            return alias
-        return os.fdopen(os.dup(self._file.fileno()), "rb")
+        """What one ``pq.ParquetFile`` reads (its reads are made with the file's lock held)."""
+        if self._file is not None:
+            return self._file
+        first, self._first = self._first, None
+        return first if first is not None else self.storage.open(self.path)
 
     def pread(self, offset: int, size: int) -> bytes:
         """``size`` bytes from ``offset`` (fewer at its end) of the file pyarrow reads."""
+        size = min(size, self.size - offset)  # as the file pyarrow reads ends
+        if size <= 0:
+            return b""
         if self._file is not None:
-            return os.pread(self._file.fileno(), size, offset)
-        size = min(size, self.size - offset)  # as the object pyarrow reads ends
-        return self.storage.read_ranges(self.path, [(offset, size)])[0] if size > 0 else b""
+            return bytes(self._file.read_at(size, offset))
+        return self.storage.read_ranges(self.path, [(offset, size)])[0]
 
     def close(self) -> None:
-        """Let go of the descriptor (pyarrow's readers hold their own)."""
+        """Let go of the file (pyarrow's readers of it fail after)."""
         for file in (self._file, self._first):
             if file is not None:
                 file.close()
