@@ -11,6 +11,7 @@ import threading
 from typing import Any
 
 from atlasfs.formats.lavender import cells
+from atlasfs.formats.lavender.errors import Problems
 from atlasfs.formats.lavender.files import SHARD_FILE, LavenderError, RowGroupCache, ShardFile
 from atlasfs.formats.lavender.shard import LavenderShard
 from atlasfs.formats.source import Source
@@ -197,8 +198,9 @@ class LavenderSource(Source):
 
     def problems(self) -> list[str]:
         """Every rule broken across shards, by a pass over every shard's uid column: a uid in two
-        shards of one shardset, or in one shard index here and another there."""
-        problems = list(self.layout_problems)
+        shards of one shardset, or in one shard index here and another there (the first
+        :data:`.errors.MAX_PROBLEMS` lines of a file, then a count)."""
+        problems = Problems()  # a line each, up to MAX_PROBLEMS a file (a shard repeating another's every uid)
         where: dict[str, dict[str, int]] = {}  # shardset -> uid -> shard index
         for shard in self._shards:
             for name, file in shard.files.items():
@@ -213,7 +215,8 @@ class LavenderSource(Source):
                         continue  # the shard's own problems name these
                     mine.add(uid)
                     if seen.get(uid, shard.index) != shard.index:
-                        problems.append(f"{file.path} row {row + 1}: uid {uid!r} is also in shard {seen[uid]} of {name}")
+                        problems.add(file.path, f"{file.path} row {row + 1}: uid {uid!r} is also in shard {seen[uid]} of "
+                                                f"{name}")
                         continue
                     seen[uid] = shard.index
         home: dict[str, tuple[str, int]] = {}
@@ -221,8 +224,9 @@ class LavenderSource(Source):
             for uid, index in where[name].items():
                 first = home.setdefault(uid, (name, index))
                 if first[1] != index:
-                    problems.append(f"uid {uid!r} is in shard {first[1]} of {first[0]} but in shard {index} of {name}")
-        return problems
+                    problems.add(self.root, f"uid {uid!r} is in shard {first[1]} of {first[0]} but in shard {index} of "
+                                            f"{name}")
+        return self.layout_problems + problems.lines()
 
     def info(self) -> list[str]:
         sets = ", ".join(f"{name} ({len(files)} shards)" for name, files in self.shardsets.items())

@@ -177,3 +177,16 @@ def test_a_csv_row_is_bounded_as_a_line_is(tmp_path: Path, monkeypatch: pytest.M
                                  "not read")
     path.write_bytes(b'uid,t\nu0,"a"\nu1,"' + spanning * 20 + b'"\nu2,"b"\n')
     assert ShardFile("texts", str(path), 0, "csv").scan("uid").uids == ["u0", None, "u2"]
+
+
+def test_problems_across_shards_are_bounded_per_file(tmp_path: Path) -> None:
+    """A shard repeating every uid of another: a line each, up to MAX_PROBLEMS, then a count."""
+    rows = MAX_PROBLEMS + 200
+    for index in (0, 1):
+        write_csv_shard(str(_shardset(tmp_path, "texts").with_name(f"shard.{index:05d}.csv")),
+                        [{"uid": f"u{i}", "t": "x"} for i in range(rows)])
+    problems = LavenderSource(str(tmp_path)).problems()
+    again = tmp_path / "texts" / "shard.00001.csv"
+    assert len(problems) == MAX_PROBLEMS + 1
+    assert problems[0] == f"{again} row 1: uid 'u0' is also in shard 0 of texts"
+    assert problems[-1] == f"{again}: 200 more problems (the first {MAX_PROBLEMS} are listed)"
