@@ -13,8 +13,8 @@ add up to the chunk's ``num_values``. A chunk whose walked pages hold fewer is r
 page pyarrow decodes goes unseen (it reads up to 100 bytes past an old parquet-mr's chunk,
 PARQUET-816). It bounds:
 
-- the pages' decompressed bytes, and the rows times their narrowest width, before anything is
-  decoded (:func:`batch_rows`);
+- the pages' decompressed bytes, the rows times their narrowest width, and the pages' values
+  times the bytes of their levels, before anything is decoded (:func:`batch_rows`);
 - what the rows decode to, in one of three ways (:func:`batch_rows` chooses, :func:`bounded_read`
   reads): plain and whole where the pages bound it (a plain value lies in its page; a
   dictionary-encoded page's values are counted at the dictionary page's size each); else plain,
@@ -53,6 +53,11 @@ DICTIONARY_ENCODINGS = (2, 8)
 DICTIONARY_PAGE = 2
 #: Parquet's ``PageType.DATA_PAGE`` and ``DATA_PAGE_V2``: the pages whose values pyarrow counts.
 DATA_PAGES = (0, 3)
+#: Bytes pyarrow decodes for each value of a data page besides the value itself: its definition
+#: and repetition levels (two bytes each). A bool in a list is a bit in its page and 4 bytes of
+#: levels, 8 once a Python value: 2,048 lists of 50,000 bools, 6 KiB on disk and 13 MB in their
+#: pages, took a block to 1.7 GB.
+LEVEL_BYTES = 4
 #: Most pages one column chunk may have: parsing a header is ~10 µs of Python, with the file's
 #: lock held, so a footer stating millions of values over millions of empty pages must not
 #: buy that many (~0.7 s at most here). Writers make far fewer: pyarrow's pages are 1 MiB,
@@ -114,6 +119,7 @@ def batch_rows(metadata: Any, group: int, columns: list[str], pread: Callable[[i
                       f"the row-group bound of {MAX_ROW_GROUP_BYTES} bytes; not read")
     total = delta = largest = 0  # largest DELTA_BYTE_ARRAY page of a byte array; largest such page or dictionary
     expanded = rows * width  # what the rows decode to at most, as plain arrays
+    values = 0  # the data pages' values (a list's each), levels decoded for each
     for j in chosen:
         chunk = rg.column(j)
         start = chunk.data_page_offset
@@ -152,6 +158,10 @@ def batch_rows(metadata: Any, group: int, columns: list[str], pread: Callable[[i
         if counted < stated:  # a page the walk did not see (pyarrow reads past a chunk's end: PARQUET-816)
             raise Refused(f"{where}: its data pages hold {counted} values, fewer than the {stated} the footer "
                           "states; not read")
+        values += counted
+        if values * LEVEL_BYTES > MAX_ROW_GROUP_BYTES:
+            raise Refused(f"row group {group} holds {values} values (its lists' each), more than the row-group bound "
+                          f"of {MAX_ROW_GROUP_BYTES} bytes allows at {LEVEL_BYTES} bytes a value; not read")
     if expanded <= MAX_ROW_GROUP_BYTES and not delta:
         return 0, False
     batch = MAX_ROW_GROUP_BYTES // (8 * max(largest, 1))

@@ -19,6 +19,11 @@ from atlasfs.storage import Storage, open_regular
 #: the length in the file's last 8 bytes: a sparse 3 GiB parquet stating a 3 GiB footer took
 #: info and verify to 3.2 GB. Real footers are kilobytes to a few megabytes.
 MAX_PARQUET_FOOTER_BYTES = 64 << 20
+#: What a cell's value, and each value of its lists and structs, costs once a Python object (a
+#: reference and most often an object of its own), counted with its Arrow bytes against the
+#: bounds of :meth:`ParquetRows.read` and :meth:`ParquetRows.column_values`: a list of a
+#: million bools is 125 KB of Arrow and 8 MB of Python (a 6 KiB file's block took 1.7 GB).
+PYTHON_VALUE_BYTES = 16
 
 
 class RowGroupCache:
@@ -132,7 +137,8 @@ class ParquetRows:
     def column_values(self, column: str, max_rows: int, max_bytes: int) -> list[Any]:
         """Every cell of ``column``, a row group at a time, each within its bound;
         :class:`LavenderError` for a file of more than ``max_rows`` rows (its footer says) or
-        cells decoded to more than ``max_bytes`` in all (before they become Python values)."""
+        cells of more than ``max_bytes`` in all (:func:`python_bytes`, before they become Python
+        values)."""
         values: list[Any] = []
         held = 0
         with self._lock:
@@ -141,7 +147,7 @@ class ParquetRows:
                 raise LavenderError(f"{self.path}: {metadata.num_rows} rows, more than {max_rows}; not read")
             for group in range(metadata.num_row_groups):
                 cells = self._read_group(group, [column]).column(0)
-                held += cells.nbytes
+                held += python_bytes(cells)
                 if held > max_bytes:
                     raise LavenderError(f"{self.path}: its {column!r} cells take more than {max_bytes} bytes; not read")
                 values.extend(cells.to_pylist())
@@ -186,9 +192,9 @@ class ParquetRows:
 
     def read(self, wanted: np.ndarray, cache: RowGroupCache, max_bytes: int | None = None) -> tuple[dict[int, Any], int]:
         """Rows ``wanted`` (sorted, unique row numbers) as tuples of Python values in column
-        order, and the bytes read: only the row groups that hold them, through ``cache``.
-        :class:`TooLarge` once the rows taken pass ``max_bytes`` (None: no bound), before they
-        become Python values."""
+        order, and about the bytes they take (:func:`python_bytes`): only the row groups that
+        hold them are read, through ``cache``. :class:`TooLarge` once the rows taken pass
+        ``max_bytes`` (None: no bound), before they become Python values."""
         import pyarrow as pa
         with self._lock:
             self._parquet_file()
@@ -211,7 +217,7 @@ class ParquetRows:
                 part = table.slice(int(local[0]), len(local))
             else:
                 part = table.take(pa.array(local))
-            read += part.nbytes
+            read += python_bytes(part)
             if max_bytes is not None and read > max_bytes:  # a row group each within its bound, many of them
                 raise TooLarge(f"{self.path} rows {int(wanted[0]) + 1}..{int(wanted[-1]) + 1}: more than {read} bytes")
             # a column at a time, then zipped: much cheaper than a dict per row
@@ -226,6 +232,33 @@ class ParquetRows:
             self._opened = self._parquet = self._plain = None
             self._batch_rows = {}
             self._refused = {}
+
+
+def python_bytes(cells: Any) -> int:
+    """About the bytes ``cells`` (an Arrow table, array or chunked array) take once Python values:
+    their Arrow bytes and :data:`PYTHON_VALUE_BYTES` a value (a list's each, a struct's each)."""
+    import pyarrow as pa
+
+    columns = cells.columns if isinstance(cells, pa.Table) else [cells]
+    return int(cells.nbytes) + PYTHON_VALUE_BYTES * sum(_values(column) for column in columns)
+
+
+def _values(array: Any) -> int:
+    """How many values ``array`` holds, counting those of its lists, maps and structs."""
+    import pyarrow as pa
+
+    if isinstance(array, pa.ChunkedArray):
+        return sum(_values(chunk) for chunk in array.chunks)
+    kind = array.type
+    count = len(array)
+    if count and (pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_map(kind)):
+        start, end = array.offsets[0].as_py(), array.offsets[-1].as_py()  # the offsets of a slice are its own
+        count += _values(array.values.slice(start, end - start))
+    elif count and pa.types.is_fixed_size_list(kind):
+        count += _values(array.flatten())
+    elif count and pa.types.is_struct(kind):
+        count += sum(_values(field) for field in array.flatten())
+    return count
 
 
 class _Opened:

@@ -190,3 +190,35 @@ def test_problems_across_shards_are_bounded_per_file(tmp_path: Path) -> None:
     assert len(problems) == MAX_PROBLEMS + 1
     assert problems[0] == f"{again} row 1: uid 'u0' is also in shard 0 of texts"
     assert problems[-1] == f"{again}: 200 more problems (the first {MAX_PROBLEMS} are listed)"
+
+
+def _lists(path: Path, rows: int, per_row: int, dtype: str = "bool") -> Path:
+    """A parquet file of ``rows`` uids and a column of lists of ``per_row`` values each."""
+    offsets = pa.array(np.arange(0, (rows + 1) * per_row, per_row, dtype=np.int32))
+    flags = pa.ListArray.from_arrays(offsets, pa.array(np.ones(rows * per_row, dtype=dtype)))
+    pq.write_table(pa.table({"uid": [f"u{i}" for i in range(rows)], "flags": flags}), path, compression="zstd")
+    return path
+
+
+def test_values_in_lists_count_against_the_bounds(tmp_path: Path) -> None:
+    """A bool in a list is a bit on its page, four bytes of levels in pyarrow and a Python value
+    of eight once read: 2,048 lists of 50,000 bools, 6 KiB on disk, took a block to 1.7 GB. A
+    row group's values are counted from its page headers (LEVEL_BYTES each), and a block's
+    rows as the Python values they become (PYTHON_VALUE_BYTES each)."""
+    path = _lists(_shardset(tmp_path, "texts").with_suffix(".parquet"), 2048, 20_000)
+    assert path.stat().st_size < 64 << 10
+    shard = LavenderSource(str(tmp_path)).shards[0]
+    shard.prepare()
+    with pytest.raises(LavenderError, match=r"row group 0 holds \d+ values \(its lists' each\), more than the "
+                                            r"row-group bound of 134217728 bytes allows at 4 bytes a value; not read"):
+        shard.decode_block(0)
+
+    small = tmp_path / "small"
+    _lists(_shardset(small, "texts").with_suffix(".parquet"), 2048, 10, dtype="int8")
+    shard = LavenderSource(str(small)).shards[0]
+    shard.prepare()
+    samples, _ = shard.decode_block(0)
+    assert samples[5]["flags"] == [1] * 10
+    shard.max_block_bytes = 100_000  # its Arrow bytes fit (about 40 KB); its 22,528 Python values do not
+    with pytest.raises(LavenderError, match="its rows take more than the block bound of 100000 bytes"):
+        shard.decode_block(0)
