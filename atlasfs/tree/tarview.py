@@ -113,12 +113,6 @@ def _header(name: str, size: int, mtime: int) -> bytes:
     return _tarfile_header(name, size, mtime)
 
 
-def _header_size(name: str, size: int, mtime: int) -> int:
-    if _plain(name, size, mtime):
-        return BLOCK  # a plain ustar header: no need to make it to know its length
-    return len(_header(name, size, mtime))
-
-
 def _padded(size: int) -> int:
     return -(-size // BLOCK) * BLOCK
 
