@@ -4,6 +4,7 @@ row group is refused, in one line naming the file and the row group, before it d
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -312,3 +313,22 @@ def test_the_pages_walked_are_those_of_the_file_pyarrow_reads(tmp_path: Path) ->
     short.replace(good)  # another file at the path: the one opened is read as it is
     rows, _ = file.read_rows(np.array([0, 99]), RowGroupCache(64 << 20))
     assert rows == {0: ("u0", 0), 99: ("u99", 99)}
+
+
+def test_without_proc_the_descriptor_itself_is_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where ``/proc/self/fd`` is missing, pyarrow and the page walk read the checked descriptor
+    through Python: still the file opened, whatever the path names after."""
+    from atlasfs.formats.lavender import parquetrows
+
+    exists = os.path.exists
+    monkeypatch.setattr(parquetrows.os.path, "exists", lambda p: not str(p).startswith("/proc/self/fd/") and exists(p))
+    good = tmp_path / "shard.00000.parquet"
+    pq.write_table(pa.table({"uid": UIDS[:100], "n": np.arange(100)}), good)
+    file = shard_file(good)
+    assert file.scan("uid").uids == UIDS[:100]
+    short = tmp_path / "short.parquet"
+    short.write_bytes(b"PAR1")
+    short.replace(good)
+    rows, _ = file.read_rows(np.array([0, 99]), RowGroupCache(64 << 20))
+    assert rows == {0: ("u0", 0), 99: ("u99", 99)}
+    assert isinstance(file._parquet._opened._file, pa.PythonFile)
