@@ -11,7 +11,7 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from atlasfs.formats.lavender.errors import LavenderError, Problems, TooLarge
+from atlasfs.formats.lavender.errors import LavenderError, Problems, TooLarge, too_wide
 from atlasfs.storage import Storage
 
 #: Two rows of a csv file closer than this are read in one range when a block needs both...
@@ -48,11 +48,11 @@ class CsvRows:
             lines = csv_lines(f, self.path)
             first = next(lines, (1, b""))[1]
             if b'"' not in first and first.count(b",") >= max_columns:
-                raise _too_wide(self.path, first.count(b",") + 1, max_columns)
+                raise too_wide(self.path, first.count(b",") + 1, max_columns)
             raws = itertools.chain([first], (raw for _, raw in lines))  # a quoted name may span lines
             header = next(csv.reader(raw.decode("utf-8-sig") for raw in raws), [])
         if len(header) > max_columns:
-            raise _too_wide(self.path, len(header), max_columns)
+            raise too_wide(self.path, len(header), max_columns)
         return header
 
     def scan(self, header: list[str], uid: str, max_rows: int,
@@ -181,8 +181,6 @@ def _too_long(path: str, max_rows: int) -> LavenderError:
     return LavenderError(f"{path}: more than {max_rows} rows; not read")
 
 
-def _too_wide(path: str, columns: int, max_columns: int) -> LavenderError:
-    return LavenderError(f"{path}: {columns} columns, more than {max_columns} (a file each a sample); not read")
 
 
 def csv_lines(f: Any, path: str) -> Iterator[tuple[int, bytes]]:

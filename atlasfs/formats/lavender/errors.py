@@ -16,6 +16,11 @@ class TooLarge(LavenderError):
     more is read. The message names the file, the rows and their bytes."""
 
 
+def too_wide(path: str, columns: int, max_columns: int) -> LavenderError:
+    """The error of a shard file with more columns than ``max_columns`` (each a file of every sample)."""
+    return LavenderError(f"{path}: {columns} columns, more than {max_columns} (a file each a sample); not read")
+
+
 def failed(exc: BaseException, message: str) -> Exception:
     """What to raise for ``exc``: the store's own error if it did not answer (transient:
     the file is not bad), else a :class:`LavenderError` saying ``message``."""

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from atlasfs.formats.lavender.csvrows import CSV_GAP_ROWS, MAX_CSV_LINE_BYTES, WHOLE_CSV_BYTES, CsvRows
-from atlasfs.formats.lavender.errors import LavenderError, Problems, failed, reason
+from atlasfs.formats.lavender.errors import LavenderError, Problems, failed, reason, too_wide
 from atlasfs.formats.lavender.parquetrows import MAX_PARQUET_FOOTER_BYTES, ParquetRows, RowGroupCache
 from atlasfs.storage import LOCAL, Storage
 
@@ -70,8 +70,7 @@ class ShardFile:
             try:
                 columns = self._csv.header(MAX_COLUMNS) if self._csv is not None else self._parquet_rows().columns()
                 if len(columns) > MAX_COLUMNS:
-                    raise LavenderError(f"{self.path}: {len(columns)} columns, more than {MAX_COLUMNS} (a file each a "
-                                        "sample); not read")
+                    raise too_wide(self.path, len(columns), MAX_COLUMNS)
                 self._columns = columns
             except (OSError, UnicodeDecodeError, csv.Error, ValueError) as exc:
                 raise failed(exc, f"{self.path}: cannot be read ({reason(exc)})") from None
