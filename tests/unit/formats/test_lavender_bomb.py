@@ -304,15 +304,7 @@ def test_the_pages_walked_are_those_of_the_file_pyarrow_reads(tmp_path: Path) ->
     assert str(caught.value) == (f"{path}: row group 0's pages decompress to more than the row-group bound of "
                                  f"{BOUND} bytes; not read")
 
-    good = tmp_path / "shard.00001.parquet"
-    pq.write_table(pa.table({"uid": UIDS[:100], "n": np.arange(100)}), good)
-    file = shard_file(good)
-    assert file.scan("uid").uids == UIDS[:100]
-    short = tmp_path / "short.parquet"
-    short.write_bytes(b"PAR1")
-    short.replace(good)  # another file at the path: the one opened is read as it is
-    rows, _ = file.read_rows(np.array([0, 99]), RowGroupCache(64 << 20))
-    assert rows == {0: ("u0", 0), 99: ("u99", 99)}
+    _good_file_read_after_its_path_is_replaced(tmp_path / "shard.00001.parquet")
 
 
 def test_without_proc_the_descriptor_itself_is_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -322,13 +314,19 @@ def test_without_proc_the_descriptor_itself_is_read(tmp_path: Path, monkeypatch:
 
     exists = os.path.exists
     monkeypatch.setattr(parquetrows.os.path, "exists", lambda p: not str(p).startswith("/proc/self/fd/") and exists(p))
-    good = tmp_path / "shard.00000.parquet"
+    file = _good_file_read_after_its_path_is_replaced(tmp_path / "shard.00000.parquet")
+    assert isinstance(file._parquet._opened._file, pa.PythonFile)
+
+
+def _good_file_read_after_its_path_is_replaced(good: Path) -> ShardFile:
+    """A good parquet file at ``good``, opened, then another file (4 bytes) put at its path: its
+    rows are read from the file opened, as they are. Returns the opened file."""
     pq.write_table(pa.table({"uid": UIDS[:100], "n": np.arange(100)}), good)
     file = shard_file(good)
     assert file.scan("uid").uids == UIDS[:100]
-    short = tmp_path / "short.parquet"
+    short = good.parent / "short.parquet"
     short.write_bytes(b"PAR1")
     short.replace(good)
     rows, _ = file.read_rows(np.array([0, 99]), RowGroupCache(64 << 20))
     assert rows == {0: ("u0", 0), 99: ("u99", 99)}
-    assert isinstance(file._parquet._opened._file, pa.PythonFile)
+    return file
