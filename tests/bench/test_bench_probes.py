@@ -108,25 +108,19 @@ def test_spans_probe_reads_both_paths(tmp_path: Path) -> None:
 
 
 @pytest.mark.fuse
-def test_ab_compares_a_revision_with_the_working_tree_on_the_same_bytes(tmp_path: Path) -> None:
-    """bench/ab.py runs both revisions over the same dataset, each figure's ratio of the same run."""
+@pytest.mark.parametrize("compared, sides", [(("--baseline", "HEAD"), ("baseline", "working tree")),
+                                             (("--views", "files,both"), ("--view files", "--view both"))],
+                         ids=["revisions", "views"])
+def test_ab_compares_two_sides_on_the_same_bytes(tmp_path: Path, compared: tuple[str, str],
+                                                 sides: tuple[str, str]) -> None:
+    """bench/ab.py runs a revision and the working tree (or two views of the working tree) over
+    the same dataset, each figure's ratio of the same run."""
     require_fuse()
-    run = run_probe("ab.py", "ab", tmp_path, "--smoke", "--baseline", "HEAD", "--datasets", "tiny")
+    run = run_probe("ab.py", "ab", tmp_path, "--smoke", *compared, "--datasets", "tiny")
     assert run.returncode == 0, run.stderr[-3000:]
     figures = run.data["tiny"]
-    assert set(figures) == {"baseline", "working tree"}
-    _check_ratios(run, figures["baseline"], figures["working tree"])
-
-
-@pytest.mark.fuse
-def test_ab_compares_two_views_of_the_working_tree(tmp_path: Path) -> None:
-    """bench/ab.py --views files,both: the same figures, of the two views' mounts."""
-    require_fuse()
-    run = run_probe("ab.py", "ab", tmp_path, "--smoke", "--views", "files,both", "--datasets", "tiny")
-    assert run.returncode == 0, run.stderr[-3000:]
-    figures = run.data["tiny"]
-    assert set(figures) == {"--view files", "--view both"}
-    _check_ratios(run, figures["--view files"], figures["--view both"])
+    assert set(figures) == set(sides)
+    _check_ratios(run, figures[sides[0]], figures[sides[1]])
 
 
 def _check_ratios(run: ProbeRun, a_figures: dict, b_figures: dict) -> None:
