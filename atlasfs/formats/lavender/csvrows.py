@@ -24,6 +24,11 @@ CSV_GAP_BYTES = 1 << 20
 #: it. A row is parsed whole: lines of empty quoted cells, each line's last cell going on to the
 #: next, were one row of as many cells as the file holds (3 bytes a cell, 8 held).
 MAX_CSV_LINE_BYTES = 64 << 20
+# Python's csv refuses a cell over 131,072 characters by default (a process-wide limit): a
+# long text cell, which lavender-data writes and reads, failed its whole file. A row is bounded
+# by MAX_CSV_LINE_BYTES already; the limit is only ever raised to that, never lowered.
+if csv.field_size_limit() < MAX_CSV_LINE_BYTES:
+    csv.field_size_limit(MAX_CSV_LINE_BYTES)
 #: A csv file up to this size is scanned in memory (split on newlines: fast); a larger one a
 #: line at a time, each line bounded by MAX_CSV_LINE_BYTES.
 WHOLE_CSV_BYTES = 64 << 20

@@ -209,3 +209,18 @@ def test_not_lavender(tmp_path: Path) -> None:
     assert not looks_like(str(tmp_path)) and not looks_like(str(tmp_path / "missing"))
     with pytest.raises(LavenderError, match="no shardset folder"):
         LavenderSource(str(tmp_path))
+
+
+@pytest.mark.parametrize("layout", ["unquoted", "quoted, over lines"])
+def test_a_cell_longer_than_pythons_csv_limit_reads_exactly(tmp_path: Path, layout: str) -> None:
+    """A text cell of 200,000 characters (past the 131,072 Python's csv refuses by default):
+    the shard reads, the cell whole, in the scan and in its block's read."""
+    long = "x" * 200_000 if layout == "unquoted" else "a,b\n" * 50_000
+    (tmp_path / "texts").mkdir()
+    rows = [{"uid": f"u{i}", "text": long if i == 1 else f"t{i}"} for i in range(3)]
+    write_csv_shard(str(tmp_path / "texts" / "shard.00000.csv"), rows)
+    shard = LavenderSource(str(tmp_path), main="texts").shards[0]
+    shard.prepare()
+    assert shard.problems() == []
+    samples = [s for b in range(shard.num_blocks) for s in shard.decode_block(b)[0]]
+    assert [(s["__key__"], s["text"]) for s in samples] == [(r["uid"], r["text"]) for r in rows]
