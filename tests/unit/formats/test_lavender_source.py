@@ -224,3 +224,31 @@ def test_a_cell_longer_than_pythons_csv_limit_reads_exactly(tmp_path: Path, layo
     assert shard.problems() == []
     samples = [s for b in range(shard.num_blocks) for s in shard.decode_block(b)[0]]
     assert [(s["__key__"], s["text"]) for s in samples] == [(r["uid"], r["text"]) for r in rows]
+
+
+def test_a_row_group_of_most_of_the_cache_is_decoded_once_for_its_blocks(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """pyarrow's writer puts up to 1,048,576 rows in a row group: a group larger than half the
+    row-group cache is kept (alone if it must), so a pass over its blocks decodes it once, not
+    once a block; a group larger than the whole cache is not kept."""
+    from atlasfs.formats.lavender import bounds, parquetrows
+
+    (tmp_path / "texts").mkdir()
+    rows = 20 * BLOCK_ROWS
+    pq.write_table(pa.table({"uid": [f"u{i:06d}" for i in range(rows)], "text": [f"caption {i}" * 8 for i in range(rows)]}),
+                   tmp_path / "texts" / "shard.00000.parquet")
+    decodes: list[int] = []
+    real = bounds.bounded_read
+    monkeypatch.setattr(bounds, "bounded_read", lambda *a, **k: decodes.append((a[1], a[2])) or real(*a, **k))
+    source = LavenderSource(str(tmp_path), main="texts")
+    shard = source.shards[0]
+    shard.prepare()
+    group_bytes = pq.ParquetFile(tmp_path / "texts" / "shard.00000.parquet").read_row_group(0).nbytes
+    source.row_groups.max_bytes = int(group_bytes * 1.5)  # the group: two thirds of the cache
+    assert shard.num_blocks == 20
+    texts = [s["text"] for b in range(shard.num_blocks) for s in shard.decode_block(b)[0]]
+    assert texts == [f"caption {i}" * 8 for i in range(rows)]
+    assert decodes == [(0, ["uid"]), (0, None)]  # the pass over its uids, then its blocks: once
+    cache = parquetrows.RowGroupCache(group_bytes - 1)
+    cache.put(("f", 0), pq.ParquetFile(tmp_path / "texts" / "shard.00000.parquet").read_row_group(0))
+    assert cache.get(("f", 0)) is None
