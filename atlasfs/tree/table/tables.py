@@ -411,6 +411,7 @@ class Tables:
                 rows.append((f"{key}.{UNREADABLE_SUFFIX}", UNREADABLE, 0, block, pos, 0))
             return rows, False
         kept = False  # a file without a locator: its reads need the block, kept in the cache
+        runs = 0  # bytes of the files located in runs of the block's stored bytes
         for pos, (declared, fields, note) in enumerate(named):
             longest = max(len(suffix.encode("utf-8")) for suffix, _ in fields)
             key, key_note = assigner.assign(declared, base + pos, longest)
@@ -430,8 +431,10 @@ class Tables:
                 rows.append((f"{key}.{suffix}", FILE, size, block, pos, j, locator))
                 if locator is None:
                     kept = True
-        if cost is not None and kept:
-            self._keep_block(s, block, decoded, cost)
+                elif not locator.inline:
+                    runs += locator.length
+        if cost is not None and (kept or not self._stored_as_is(s, block, runs)):
+            self.blocks.cache.put((s, block), decoded, cost)
         return rows, True
 
     def _file_spans(self, s: int, block: int, fields: list[list[tuple[str, Any]]]) -> list[list[Any]] | None:
@@ -452,7 +455,7 @@ class Tables:
         """(declared key, fields, note) of each example of a block, the decoded block, and its
         cost if it was decoded here and not cached (None: it is in the cache). With ``cached``
         the block is decoded through the cache; without, a block not cached already is decoded
-        outside it (:meth:`_keep_block` caches it if its files need it)."""
+        outside it (:meth:`block_rows` caches it unless :meth:`_stored_as_is`)."""
         decoded, cost = None, None
         if not cached:
             decoded = self.blocks.cache.peek((s, block))
@@ -478,9 +481,16 @@ class Tables:
             cost += extra
         return named, decoded, cost
 
-    def _keep_block(self, s: int, block: int, decoded: Block, cost: int) -> None:
-        """Cache a block decoded outside the cache by a table's build, for its files that have
-        no locator. A block whose every file has one is not kept: its files are read through
-        their locators, and a build that kept every block it decoded faulted in fresh pages for
-        all of them (a quarter of the CPU time of an image shard's build)."""
-        self.blocks.cache.put((s, block), decoded, cost)
+    def _stored_as_is(self, s: int, block: int, runs: int) -> bool:
+        """Whether a block decoded outside the cache by a table's build need not be cached:
+        its files, every one located, lie in runs of its bytes as stored (some runs, and no
+        fewer bytes stored than they add up to, as :meth:`LocatedReads.stored_as_is
+        <atlasfs.tree.located.LocatedReads.stored_as_is>` judges a block), in a local file.
+        Reads of them are preads of the stored bytes, not the cache's; and a build that cached
+        every block it decoded faulted fresh pages in for all of them (a quarter of the CPU
+        time of an image shard's build). A compressed block is cached as before: its files'
+        reads would decompress it again."""
+        shard = self.shards[s]
+        if runs <= 0 or getattr(getattr(shard, "storage", None), "remote", False):
+            return False
+        return shard.stored_block_size(block) >= runs

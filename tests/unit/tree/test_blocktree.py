@@ -15,7 +15,7 @@ import pytest
 from atlasfs import AtlasDataset, AtlasWriter
 from atlasfs.tree.blocktree import BlockTree
 from atlasfs.tree.table.filetable import FileTable
-from atlasfs.tree.table.layout import UNKNOWN_SIZE
+from atlasfs.tree.table.layout import NO_LOCATOR, UNKNOWN_SIZE
 from atlasfs.tree.table.store import TableStore
 from threadwait import wait_until
 
@@ -160,7 +160,7 @@ def test_a_first_listing_names_files_without_encoding_any(tmp_path: Path) -> Non
     listing = tree.names(f"/{shard.name}")
     assert list(listing) == [(name, e.is_dir, e.ino) for name, e in full.listdir(f"/{shard.name}")]
     assert sorted(calls) == list(range(shard.num_blocks))  # each block decoded once...
-    assert not tree.cache._items  # ...and not kept: every file has a locator, read without the block
+    assert not tree.cache._items  # ...and not kept: every file is located in its block as stored (random bytes)
     for block, _ in tree.cache._items.values():
         assert block.encoded == [None] * len(block.examples)  # ...and no example encoded
     table = tree.table(0)
@@ -301,3 +301,20 @@ def test_the_folder_cache_keeps_the_recently_listed_within_its_bound(tmp_path: P
     assert first[-1] == first[99] and first[98:200] == list(first)[98:] and first[::50] == list(first)[::50]
     # listdir sized blocks in order: let the read-ahead thread it started end (test_readahead counts them)
     wait_until(lambda: not any(t.name == "atlasfs-readahead" for t in threading.enumerate()))
+
+
+def test_a_build_caches_the_blocks_whose_files_are_not_stored_as_they_are(tmp_path: Path) -> None:
+    """A table's build leaves out of the cache only blocks whose files are all located in runs
+    of their stored bytes (read by preads); a compressed block's files would be decompressed
+    again by their reads, so it stays cached, as every block did before."""
+    dataset = tmp_path / "ds"
+    with AtlasWriter(dataset, shard_size=64, block_size=16, compression_strategy=1) as writer:
+        for i in range(64):
+            writer.add_example({"txt": "word " * 200 + str(i), "bin": random.Random(i).randbytes(4000)})
+    tree = BlockTree(AtlasDataset(dataset))
+    shard = tree.source.shards[0]
+    tree.names(f"/{shard.name}")
+    table = tree.table(0)
+    assert table.locators is not None and int(np.count_nonzero(table.locators.offset == NO_LOCATOR)) == 0
+    assert sorted(block for _, block in tree.cache._items) == list(range(shard.num_blocks))
+    assert tree.cache.misses == shard.num_blocks
