@@ -160,6 +160,20 @@ class Blocks:
             self._give_back()
         return decoded
 
+    def decoded_outside(self, s: int, block: int) -> tuple[Block, int | None]:
+        """A block as :meth:`decoded` gives it, but one not in the cache is decoded outside it
+        (counted as the cache's miss) and returned with its cost, for the caller to cache
+        (``cache.put``) or let go; the cost is None for a block the cache held."""
+        decoded = self.cache.peek((s, block))
+        if decoded is not None:
+            return decoded, None
+        failed = self.failed.get((s, block))
+        if failed is not None:
+            raise eio(failed)
+        decoded, cost = self._decode(s, block)
+        self.cache.misses += 1  # a decode the cache did not spare, counted as its own are
+        return decoded, cost
+
     def _give_back(self) -> None:
         """Hand the pages freed by evictions back to the system (:func:`atlasfs.memory.trim`).
 

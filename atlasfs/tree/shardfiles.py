@@ -5,7 +5,7 @@ A table is built for lookups: every file's row, the path-sorted order, the looku
 the locators of random reads. A pass that writes every file in order needs none of that:
 each block is decoded once, its examples named by the same rules and the same
 :class:`~atlasfs.formats.naming.KeyAssigner` a table is built with
-(:meth:`~atlasfs.tree.table.tables.Tables.block_rows`), and its files encoded as a read
+(:meth:`~atlasfs.tree.table.blockrows.BlockRows.block_rows`), and its files encoded as a read
 encodes them (:meth:`~atlasfs.tree.blocks.Blocks.example_of`), so the names and bytes
 are the table's and the mount's. Memory is one decoded block at a time (through the
 block cache), whatever the shard's size.
@@ -32,7 +32,7 @@ def shard_files(tables: Tables, s: int) -> Iterator[tuple[str, bytes]]:
     tables.prepare(s)
     assigner = KeyAssigner(shard.key_width)
     for block in range(shard.num_blocks):
-        rows, readable = tables.block_rows(s, block, assigner, locate=False)
+        rows, readable = tables.rows.block_rows(s, block, assigner, locate=False)
         if not readable:
             raise eio(blocks.failure(s, block))
         if not rows:
