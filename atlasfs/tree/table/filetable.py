@@ -35,7 +35,6 @@ costs a fallback to the block.
 
 from __future__ import annotations
 
-import operator
 import os
 import tempfile
 from bisect import bisect_left
@@ -45,7 +44,6 @@ from typing import Any, Callable
 import numpy as np
 import zstandard
 
-from atlasfs.formats.naming import paths_problem
 from atlasfs.formats.source import Locator
 from atlasfs.tree.table import ondisk
 from atlasfs.tree.table.layout import (DIR, FILE, INLINE, INLINE_MAX, KEPT, KEPT_BLOCK_MAX, NO_LOCATOR, UNKNOWN_SIZE,
@@ -66,8 +64,6 @@ INLINE_AVERAGE = 64
 #: on average (later blocks past it keep none; a block's, decompressed, at most :data:`KEPT_BLOCK_MAX`).
 KEPT_MAX = 16 << 10
 KEPT_AVERAGE = 256
-#: Paths checked at once when a stored table is loaded (bounds the Python objects it makes).
-_CHECK_CHUNK = 1 << 16
 #: Limits from a stored table's source state (see :meth:`FileTable.load`).
 LimitsOf = Callable[[bytes], "Limits"]
 
@@ -254,6 +250,12 @@ class FileTable:
         """Where each row's path starts in :attr:`names`, then where the last ends (uint64, one
         more than the rows)."""
         return self._offsets
+
+    @property
+    def stored_index(self) -> tuple[np.ndarray, np.ndarray] | None:
+        """The lookup index as the table was given it (stored, or made by :meth:`lookup_index`
+        since); None if not."""
+        return self._index
 
     def nbytes(self) -> int:
         """Bytes the table keeps: its file's if mapped (its size column in memory counted too,
@@ -448,107 +450,6 @@ class FileTable:
             if isinstance(exc, TableError):
                 raise
             raise TableError(f"is corrupt ({exc})") from None
-
-    def _problem(self, limits: "Limits") -> str | None:
-        """Why the table is unsafe to use, or None: paths safe and unique, positions inside
-        the shard, the lookup index pointing at every entry once, in hash order, every folder
-        listed before its entries and holding them contiguously. Paths are checked a chunk
-        at a time (no Python object per entry at once); records ``limits`` in :attr:`limits`."""
-        problem = self._columns_problem(limits)
-        if problem is None:
-            problem = self._paths_problem()
-        if problem is None:
-            self.limits = limits
-        return problem
-
-    def _columns_problem(self, limits: "Limits") -> str | None:
-        n = len(self)
-        if len(self._offsets) != n + 1 or not all(len(c) == n for c in (self.size, self.block, self.pos, self.file,
-                                                                          self.by_path)):
-            return "columns of another length than the table"
-        if n == 0:
-            return None if len(self._names) == 0 and int(self._offsets[0]) == 0 else "names without entries"
-        if int(self._offsets[0]) != 0 or int(self._offsets[-1]) != len(self._names):
-            return "name offsets do not cover the names"
-        if not bool(np.all(self._offsets[1:] > self._offsets[:-1])):
-            return "name offsets out of order (or an empty name)"
-        if bool(np.any(self.kind > UNREADABLE)):
-            return "an unknown entry kind"
-        if bool(np.any(self.block >= max(limits.blocks, 1))) or bool(np.any(self.pos >= max(limits.block_size, 1))):
-            return "a position outside the shard"
-        # A file's bytes come from one block, which may not exceed max_block_bytes: a size past it
-        # is never true (2^62 would have tar pad with zeros without end).
-        if bool(np.any((self.size != UNKNOWN_SIZE) & (self.size > limits.max_file_bytes))):
-            return f"a file size past the {limits.max_file_bytes}-byte block bound"
-        if not _is_permutation(self.by_path, n):
-            return "the path order is not a permutation of the entries"
-        if self._index is not None:
-            hashes, rows = self._index
-            if len(hashes) != n or len(rows) != n:
-                return "a lookup index of another length than the table"
-            if not _is_permutation(rows, n):
-                return "a lookup index pointing outside the entries or twice at one"
-            if not bool(np.all(hashes[1:] >= hashes[:-1])):
-                return "a lookup index out of order"
-        return None
-
-    def _paths_problem(self) -> str | None:
-        n = len(self)
-        names = self._names
-        if names.find(b"\0") >= 0:
-            return "a NUL in a name"
-        first_bytes = np.frombuffer(names, dtype=np.uint8) if n else np.zeros(0, np.uint8)
-        if bool(np.any(first_bytes[self._offsets[:-1]] & 0xC0 == 0x80)):  # a path must start on a character
-            return "a name that is not UTF-8"
-        del first_bytes
-        offsets = self._offsets
-        by_path = self.by_path
-        previous = b""
-        for start in range(0, n, _CHECK_CHUNK):  # paths in path order, a chunk at a time
-            rows = by_path[start:start + _CHECK_CHUNK]
-            ends = offsets[rows + 1].tolist()
-            in_path_order = [names[a:b] for a, b in zip(offsets[rows].tolist(), ends)]
-            if start and not previous < in_path_order[0]:
-                return "paths out of order or repeated"
-            if not all(map(operator.lt, in_path_order, in_path_order[1:])):
-                return "paths out of order or repeated"
-            previous = in_path_order[-1]
-        for start in range(0, n, _CHECK_CHUNK):  # every name by the naming layer's own rule
-            problem = paths_problem(self._chunk(start))
-            if problem:
-                return f"an unsafe name: {problem}"
-        if self.flat:  # one flat folder, the usual shard: no folders to check
-            return None
-        open_folders: list[bytes] = []  # the folders the walk is inside, outermost first
-        for start in range(0, n, _CHECK_CHUNK):
-            paths = self._chunk(start)
-            kinds = self.kind[start:start + _CHECK_CHUNK].tolist()
-            for path, kind in zip(paths, kinds):
-                parent = path.rpartition(b"/")[0]
-                while open_folders and open_folders[-1] != parent:
-                    open_folders.pop()
-                if parent and not open_folders:  # its folder is not listed before it, or was left already
-                    return "entries not grouped under their folders"
-                if kind == DIR:
-                    open_folders.append(path)
-        return None
-
-    def _chunk(self, start: int) -> list[bytes]:
-        """The paths of entries ``start`` to ``start + _CHECK_CHUNK`` (in tree order)."""
-        bounds = self._offsets[start:start + _CHECK_CHUNK + 1].tolist()
-        names = self._names
-        return [names[a:b] for a, b in zip(bounds, bounds[1:])]
-
-
-def _is_permutation(values: np.ndarray, n: int) -> bool:
-    """True if ``values`` holds every number below ``n`` once."""
-    if len(values) != n:
-        return False
-    if n == 0:
-        return True
-    if int(values.max()) >= n:
-        return False
-    return bool(np.all(np.bincount(values, minlength=n) == 1))
 
 
 @dataclass(frozen=True)

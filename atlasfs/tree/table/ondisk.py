@@ -18,7 +18,7 @@ Loading checks, before any column is used: the magic, the header's checksum and
 every bound it states (the sections are exactly the expected ones, in order, not
 overlapping, of the lengths the entry count implies, ending where the file ends:
 nothing is ever read past the end of a file), every section's checksum, then
-:meth:`FileTable._problem`'s checks of the values (paths, permutation, index rows,
+:func:`atlasfs.tree.table.checks.problem`'s checks of the values (paths, permutation, index rows,
 positions). A file found valid once is remembered by its identity (device, inode,
 size, mtime, ctime) so that mapping it again after its table was unmapped costs no pass.
 
@@ -46,6 +46,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
+from atlasfs.tree.table import checks
 from atlasfs.tree.table.layout import ENTRY_SECTIONS, LOCATOR_SECTIONS, UNKNOWN_SIZE
 
 if TYPE_CHECKING:
@@ -243,7 +244,9 @@ def parse(data: Any, key: dict[str, Any], limits: "Limits | LimitsOf",
             limits = limits(table.state)
         except ValueError as exc:
             raise TableError(f"holds a source state that does not fit ({exc})") from None
-    problem = table._problem(limits)
+    problem = checks.problem(table, limits)
+    if problem is None:
+        table.limits = limits
     if problem is None and table.locators is not None:
         problem = table.locators.problem(table.kind, table.size, table.block)
     if problem:

@@ -19,6 +19,7 @@ import pytest
 
 from atlasfs import AtlasDataset, AtlasWriter
 from atlasfs.tree.blocktree import BlockTree
+from atlasfs.tree.table import checks
 from atlasfs.tree.table.filetable import FileTable, Limits, TableError
 from atlasfs.tree.table.layout import FILE, UNKNOWN_SIZE
 from atlasfs.tree.table.store import TableStore, cache_folder
@@ -169,7 +170,7 @@ def test_every_forged_or_damaged_bound_is_refused_at_load(tmp_path: Path, forger
 def test_a_file_found_valid_is_mapped_again_without_a_pass(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     path, _ = _stored(tmp_path)
     assert FileTable.load(str(path), KEY, LIMITS) is not None
-    monkeypatch.setattr(FileTable, "_problem", lambda self, limits: pytest.fail("checked twice"))
+    monkeypatch.setattr(checks, "problem", lambda table, limits: pytest.fail("checked twice"))
     assert FileTable.load(str(path), KEY, LIMITS) is not None
     with pytest.raises(TableError, match="stale or foreign"):  # the header is always checked
         FileTable.load(str(path), {**KEY, "layout": 2}, LIMITS)
