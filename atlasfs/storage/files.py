@@ -21,6 +21,8 @@ import os
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
+from atlasfs.storage import FOLDER_FLAGS
+
 if TYPE_CHECKING:
     from atlasfs.storage import Storage
 
@@ -145,10 +147,9 @@ def walk(storage: "Storage", folder: str,
         yield from walk(storage, os.path.join(folder, name), onerror)
 
 
-#: A sub-folder of a local walk: opened as a folder, never through a link (one swapped in
-#: since the listing is skipped, as os.walk skips links), never blocking nor acting.
-_SUB_FOLDER = (os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY
-               | getattr(os, "O_CLOEXEC", 0))
+#: A sub-folder of a local walk: opened as the top folder is (:data:`~atlasfs.storage.FOLDER_FLAGS`),
+#: but never through a link (one swapped in since the listing is skipped, as os.walk skips links).
+_SUB_FOLDER = FOLDER_FLAGS | os.O_NOFOLLOW
 
 
 def _walk_descriptor(fd: int, here: str, onerror: Callable[[OSError], None] | None
