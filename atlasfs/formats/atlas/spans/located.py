@@ -211,8 +211,9 @@ class LocatedReads:
 
             def raw() -> bytes:
                 return shard.read_raw(block)
-        fingerprint = _once(functools.partial(self._stored_fingerprint, block, source))
-        payload = _once(lambda: codec.decompress(raw(), where))  # a run not stored raw after all: once a batch
+        # each made at most once a batch (a run not stored raw after all: the payload)
+        fingerprint = functools.cache(functools.partial(self._stored_fingerprint, block, source))
+        payload = functools.cache(lambda: codec.decompress(raw(), where))
         strategy0 = codec.strategy == CompressionStrategy.NO_COMPRESSION
         files = []
         for locator in spans:
@@ -224,14 +225,3 @@ class LocatedReads:
                 files.append(read_span(source, locator, codec, where, whole=payload))
         shard.check_unchanged()  # after the reads: none of them is of a changed data.bin
         return files
-
-
-def _once(compute: Callable[[], Any]) -> Callable[[], Any]:
-    """``compute`` called at most once, its result given again (a batch's fingerprint, payload)."""
-    made: list[Any] = []
-
-    def once() -> Any:
-        if not made:
-            made.append(compute())
-        return made[0]
-    return once
