@@ -347,16 +347,16 @@ def _shard_members(tree: Tree, folder: str) -> tuple[bytes, np.ndarray, np.ndarr
     if len(unknown):
         tree.tables.fill_sizes(s, table, unknown.tolist())
     sizes = table.size[rows].astype(np.uint64)
+    mtime = int(tree.placement.shard_entries[s].mtime)
     names, offsets = table.names, table.offsets
     if len(rows) == len(table):  # no folders: every row, in order
         start = offsets.item(0)
-        return bytes(names[start:offsets.item(-1)]), offsets - np.uint64(start), sizes, \
-            int(tree.placement.shard_entries[s].mtime)
+        return bytes(names[start:offsets.item(-1)]), offsets - np.uint64(start), sizes, mtime
     bounds = offsets.tolist()
     paths = [names[bounds[i]:bounds[i + 1]] for i in rows.tolist()]
     own = np.zeros(len(paths) + 1, dtype=np.uint64)
     np.cumsum(np.fromiter(map(len, paths), dtype=np.uint64, count=len(paths)), out=own[1:])
-    return b"".join(paths), own, sizes, int(tree.placement.shard_entries[s].mtime)
+    return b"".join(paths), own, sizes, mtime
 
 
 #: A member of a pass: its name, entry and bytes (None: read them with the tree's ``read``).
